@@ -1,0 +1,27 @@
+"""grpokit.algo: the GRPO math as pure functions of tensors (imports torch only).
+
+Shapes: ``B`` prompts, ``G`` group size, ``N = B·G`` sequences (each group contiguous), ``T``
+completion length, ``V`` vocabulary. ``completion_mask`` is bool ``(N, T)``, True = the token counts.
+"""
+
+from .advantages import SCALES, gae_advantages, group_advantages, process_advantages
+from .kl import KL_ESTIMATORS, kl_penalty
+from .logprobs import token_entropy, token_logprobs
+from .loss import AGGREGATIONS, aggregate_loss, policy_loss
+from .masks import completion_terminated, mask_completions
+
+__all__ = [
+    "AGGREGATIONS",
+    "KL_ESTIMATORS",
+    "SCALES",
+    "aggregate_loss",
+    "completion_terminated",
+    "gae_advantages",
+    "group_advantages",
+    "kl_penalty",
+    "mask_completions",
+    "policy_loss",
+    "process_advantages",
+    "token_entropy",
+    "token_logprobs",
+]

@@ -1,0 +1,186 @@
+"""Advantage estimators: GRPO outcome and process supervision (DeepSeekMath §4.1.2–4.1.3), GAE (PPO).
+
+All statistics are computed in float64 so that a constant group gives advantages of exactly 0.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._checks import check_dim, check_group_size, check_same_shape
+
+SCALES = ("group", "batch", "none")
+
+
+def _pooled_stats(values: torch.Tensor, valid: torch.Tensor):
+    """Mean, sample std (ddof=1) and "spread" flag of each row over its ``valid`` entries (float64).
+
+    ``values``/``valid``: ``(B, K)``. Returns ``mean (B,)``, ``std (B,)``, ``varies (B,)`` where ``varies``
+    is False for rows with < 2 valid entries or all valid entries equal (those get advantage 0 exactly).
+    """
+    count = valid.sum(dim=1)
+    filled = torch.where(valid, values, torch.zeros_like(values))
+    mean = filled.sum(dim=1) / count.clamp(min=1)
+    dev = torch.where(valid, values - mean[:, None], torch.zeros_like(values))
+    std = ((dev**2).sum(dim=1) / (count - 1).clamp(min=1)).sqrt()
+    big = torch.finfo(values.dtype).max
+    vmax = torch.where(valid, values, torch.full_like(values, -big)).amax(dim=1)
+    vmin = torch.where(valid, values, torch.full_like(values, big)).amin(dim=1)
+    varies = (count >= 2) & (vmax > vmin)
+    return mean, std, varies
+
+
+def group_advantages(
+    rewards: torch.Tensor, group_size: int, *, scale: str = "group", eps: float = 1e-4
+) -> torch.Tensor:
+    """Outcome-supervision advantages: each reward normalized within its group of G completions.
+
+    ``A_i = (r_i − mean(r_group)) / (std(r_group) + eps)`` (DeepSeekMath §4.1.2), std = sample std
+    (ddof=1). Every token of completion i later gets ``A_i``.
+
+    - ``scale="group"``: divide by the group's std (the paper).
+    - ``scale="batch"``: mean per group, divide by the sample std of all scorable rewards of the batch.
+    - ``scale="none"``: only subtract the group mean (Dr. GRPO, arXiv 2503.20783).
+
+    Unscorable rewards (NaN) are left out of the mean and std and get 0. A group with fewer than two
+    scorable rewards or no variance gets exactly 0 (statistics in float64, constancy tested exactly).
+
+    Args:
+        rewards: ``(N,)`` float, ``N = B·G``, each group's G rewards contiguous; NaN = unscorable.
+        group_size: G.
+        scale: ``"group" | "batch" | "none"``.
+        eps: added to the std (ignored for ``scale="none"``).
+
+    Returns:
+        ``(N,)`` advantages in ``rewards.dtype`` (float32 for integer input).
+
+    Raises:
+        ValueError: ``rewards`` not 1-D, N not divisible by ``group_size``, unknown ``scale``.
+
+    Example:
+        >>> a = group_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), 4)  # mean 0.25, std 0.5
+        >>> [round(x, 4) for x in a.tolist()]  # 0.75 / 0.5001, -0.25 / 0.5001
+        [1.4997, -0.4999, -0.4999, -0.4999]
+    """
+    check_dim("group_advantages", "rewards", rewards, 1)
+    b = check_group_size("group_advantages", rewards.shape[0], group_size)
+    if scale not in SCALES:
+        raise ValueError(f"group_advantages: scale must be one of {SCALES}, got {scale!r}")
+    out_dtype = rewards.dtype if rewards.is_floating_point() else torch.float32
+    r = rewards.double().view(b, group_size)  # (B, G)
+    valid = torch.isfinite(r)
+    mean, std, varies = _pooled_stats(r, valid)
+    centred = torch.where(valid & varies[:, None], r - mean[:, None], torch.zeros_like(r))
+    if scale == "group":
+        adv = centred / (std[:, None] + eps)
+    elif scale == "batch":
+        _, batch_std, batch_varies = _pooled_stats(r.reshape(1, -1), valid.reshape(1, -1))
+        adv = centred / (batch_std + eps) if bool(batch_varies) else torch.zeros_like(r)
+    else:
+        adv = centred
+    return adv.reshape(-1).to(out_dtype)
+
+
+def process_advantages(
+    step_rewards: torch.Tensor,
+    step_end_mask: torch.Tensor,
+    completion_mask: torch.Tensor,
+    group_size: int,
+    *,
+    eps: float = 1e-4,
+) -> torch.Tensor:
+    """Process-supervision advantages per token (DeepSeekMath §4.1.3).
+
+    Each step reward ``r_k`` (stored at the last token of step k, where ``step_end_mask`` is True)
+    is normalized with the mean and sample std of *all* step rewards of the group's G completions
+    pooled together: ``r̃_k = (r_k − mean) / (std + eps)``. A token's advantage is the sum of the
+    normalized rewards of the steps ending at or after it: ``A_t = Σ_{k: end(k) ≥ t} r̃_k``.
+    Tokens after the last step end, and masked tokens, get 0. Step rewards that are NaN
+    (unscorable), or sit on masked tokens, are left out of the statistics and count as 0. A group
+    with fewer than two scored steps or all step rewards equal gets 0 everywhere.
+
+    Args:
+        step_rewards: ``(N, T)`` float; read only where ``step_end_mask`` is True.
+        step_end_mask: ``(N, T)`` bool, True at the last token of each step.
+        completion_mask: ``(N, T)`` bool, True = token counts.
+        group_size: G; ``N = B·G`` with each group contiguous.
+        eps: added to the pooled std.
+
+    Returns:
+        ``(N, T)`` advantages, dtype of ``step_rewards``.
+
+    Raises:
+        ValueError: mismatched shapes, not 2-D, N not divisible by ``group_size``.
+
+    Example:
+        >>> r = torch.tensor([[1.0, 0.0], [0.0, 0.0]])
+        >>> ends = torch.tensor([[True, False], [True, False]])
+        >>> process_advantages(r, ends, torch.ones(2, 2, dtype=torch.bool), 2).tolist()
+        [[0.7070068120956421, 0.0], [-0.7070068120956421, 0.0]]
+    """
+    fn = "process_advantages"
+    check_dim(fn, "step_rewards", step_rewards, 2)
+    check_same_shape(
+        fn, step_rewards=step_rewards, step_end_mask=step_end_mask, completion_mask=completion_mask
+    )
+    n, t = step_rewards.shape
+    b = check_group_size(fn, n, group_size)
+    r = step_rewards.double()
+    valid = step_end_mask.bool() & completion_mask.bool() & torch.isfinite(r)
+    pooled_r = r.reshape(b, group_size * t)
+    mean, std, varies = _pooled_stats(pooled_r, valid.reshape(b, group_size * t))
+    norm = (pooled_r - mean[:, None]) / (std[:, None] + eps)
+    norm = torch.where(valid.reshape(b, -1) & varies[:, None], norm, torch.zeros_like(norm))
+    norm = norm.reshape(n, t)
+    # reverse cumulative sum over t: A_t = sum_{t' >= t} norm_{t'}
+    adv = norm.flip(1).cumsum(1).flip(1)
+    adv = torch.where(completion_mask.bool(), adv, torch.zeros_like(adv))
+    return adv.to(step_rewards.dtype)
+
+
+def gae_advantages(
+    token_rewards: torch.Tensor,
+    values: torch.Tensor,
+    completion_mask: torch.Tensor,
+    *,
+    gamma: float = 1.0,
+    lam: float = 0.95,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalized advantage estimation for the PPO baseline (Schulman et al. 2016, arXiv 1506.02438).
+
+    ``δ_t = r_t + γ V_{t+1} − V_t`` (``V`` past the last unmasked token is 0),
+    ``A_t = Σ_l (γλ)^l δ_{t+l}``, returns ``R_t = A_t + V_t``. Masked tokens get 0.
+
+    Args:
+        token_rewards: ``(N, T)`` float per-token rewards (e.g. the outcome reward at the last token).
+        values: ``(N, T)`` float value estimates ``V(s_t)``.
+        completion_mask: ``(N, T)`` bool; True tokens must form a prefix of each row.
+        gamma: discount γ in [0, 1]. lam: λ in [0, 1].
+
+    Returns:
+        ``(advantages, returns)``, both ``(N, T)``.
+
+    Raises:
+        ValueError: mismatched shapes.
+
+    Example:
+        >>> a, ret = gae_advantages(torch.tensor([[0.0, 1.0]]), torch.zeros(1, 2),
+        ...                         torch.ones(1, 2, dtype=torch.bool), gamma=1.0, lam=1.0)
+        >>> a.tolist()
+        [[1.0, 1.0]]
+    """
+    check_same_shape(
+        "gae_advantages", token_rewards=token_rewards, values=values, completion_mask=completion_mask
+    )
+    mask = completion_mask.to(values.dtype)
+    v = values * mask
+    r = token_rewards * mask
+    next_v = torch.cat([v[:, 1:], torch.zeros_like(v[:, :1])], dim=1)
+    delta = (r + gamma * next_v - v) * mask
+    adv = torch.zeros_like(delta)
+    running = torch.zeros_like(delta[:, 0])
+    for t in range(delta.shape[1] - 1, -1, -1):
+        running = delta[:, t] + gamma * lam * running
+        adv[:, t] = running
+    adv = adv * mask
+    return adv, (adv + v) * mask
