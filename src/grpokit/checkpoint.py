@@ -1,0 +1,127 @@
+"""Atomic checkpoints: HF-format model (safetensors), optimizer, scheduler, RNG and data position.
+
+A checkpoint is written to a hidden temporary folder in ``output_dir`` and renamed to
+``checkpoint-<step>`` only when complete, so a crash mid-write leaves the previous one intact.
+Only complete checkpoints (named ``checkpoint-<step>`` with a ``trainer_state.json``) are ever read.
+Optimizer/RNG state is loaded with ``torch.load(weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+_NAME = re.compile(r"^checkpoint-(\d+)$")
+
+
+def rng_state() -> dict[str, Any]:
+    """Python, NumPy and torch RNG states in a form ``weights_only`` loading accepts."""
+    np_state = np.random.get_state()
+    return {
+        "python": random.getstate(),
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]],
+        "torch": torch.get_rng_state(),
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Inverse of :func:`rng_state`."""
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    kind, keys, *rest = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), *rest))
+    torch.set_rng_state(state["torch"])
+
+
+def list_checkpoints(output_dir: str | Path) -> list[Path]:
+    """Complete checkpoints in ``output_dir``, oldest first."""
+    out = Path(output_dir)
+    if not out.is_dir():
+        return []
+    found = [
+        (int(m.group(1)), p) for p in out.iterdir()
+        if (m := _NAME.match(p.name)) and (p / "trainer_state.json").is_file()
+    ]
+    return [p for _, p in sorted(found)]
+
+
+def save_checkpoint(
+    output_dir: str | Path,
+    step: int,
+    *,
+    model: torch.nn.Module,
+    tokenizer: Any,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    trainer_state: dict[str, Any],
+    recipe: dict[str, Any],
+    keep: int,
+) -> Path:
+    """Write ``output_dir/checkpoint-<step>`` atomically, then keep only the newest ``keep``.
+
+    Raises:
+        ValueError: a parameter is not finite (no checkpoint ever holds NaN weights).
+    """
+    for name, p in model.named_parameters():
+        if not torch.isfinite(p).all():
+            raise ValueError(f"save_checkpoint: parameter {name} has non-finite values; not saved")
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    final = out / f"checkpoint-{step}"
+    tmp = out / f".tmp-checkpoint-{step}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    torch.save(
+        {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state()},
+        tmp / "training_state.pt",
+    )
+    (tmp / "recipe.json").write_text(json.dumps(recipe, indent=1))
+    (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **trainer_state}))
+    for f in tmp.iterdir():  # durable before the rename makes it visible
+        with open(f, "rb") as fh:
+            os.fsync(fh.fileno())
+    if final.exists():
+        old = out / f".old-checkpoint-{step}-{os.getpid()}"
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+    for stale in list_checkpoints(out)[:-keep]:
+        shutil.rmtree(stale, ignore_errors=True)
+    return final
+
+
+def load_training_state(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(trainer_state, {"optimizer", "scheduler", "rng"})`` of a complete checkpoint."""
+    path = Path(path)
+    state = json.loads((path / "trainer_state.json").read_text())
+    blob = torch.load(path / "training_state.pt", weights_only=True)
+    return state, blob
+
+
+def find_resume_checkpoint(output_dir: str | Path, resume: str) -> Path | None:
+    """Resolve ``train.resume``: ``auto`` (newest complete checkpoint or None), ``none``, or a path.
+
+    Raises:
+        ValueError: a given path is not a complete checkpoint.
+    """
+    if resume == "none":
+        return None
+    if resume == "auto":
+        found = list_checkpoints(output_dir)
+        return found[-1] if found else None
+    p = Path(resume)
+    if not (p / "trainer_state.json").is_file():
+        raise ValueError(f"train.resume: {resume!r} is not a complete checkpoint folder "
+                         "(no trainer_state.json); use auto, none or a checkpoint-<step> folder")
+    return p

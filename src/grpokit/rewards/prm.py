@@ -1,0 +1,270 @@
+"""Learned process reward models (PRMs) as process reward functions.
+
+Both classes follow the process-reward protocol of ``grpokit.rewards.verifier``:
+``prm(prompts, completions, steps, **columns) -> list[list[float | None]]``, one score in [0, 1] per
+step, read at a *tag token* placed after each step.
+
+- :class:`TokenProbPRM` (Math-Shepherd, arXiv 2312.08935): a causal LM; the score of step k is
+  ``softmax([z_good, z_bad])[0]`` where ``z`` are the LM logits at the k-th step tag, i.e. P(good)
+  renormalized over the two candidate tokens.
+- :class:`ClassificationPRM` (Qwen2.5-Math-PRM style): a model emitting C ≥ 2 class logits per
+  token (``AutoModelForTokenClassification``, or a PRM head); the score of step k is
+  ``softmax(logits)[positive_label]`` at the k-th separator.
+
+**Input layout** (one row per completion; pieces are tokenized *separately* and concatenated, so the
+tag positions are known exactly, even if a step contains the tag text or the tag would merge with
+its neighbours under whole-text tokenization)::
+
+    ids = enc(format_prompt(prompt), add_special_tokens=True)
+    for each step:  ids += enc(clean(step)) + tag_ids + enc(step_suffix)     # score at last tag id
+
+``clean(step)`` strips whitespace and a trailing copy of the tag (steps generated in
+``... ки`` format are not tagged twice). ``tag_ids = enc(tag)`` (or ``[tag]`` for an int id); a
+multi-token tag is read at its **last** token. Rows are padded (left or right) with an attention
+mask and explicit ``position_ids = cumsum(mask) - 1``, so a row scores the same alone or in a batch.
+Steps whose tag falls beyond ``max_length`` tokens score None. One forward pass per batch of
+``batch_size`` rows (rows sorted by length), under ``torch.inference_mode()``.
+
+Differences from the reference implementations: they tokenize the whole text and search the tag
+id; we assemble pieces (exact positions, no tag collisions). With a special-token tag such as
+Qwen's ``<extra_0>`` both give the same ids.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable, Sequence
+
+import torch
+
+__all__ = ["TokenProbPRM", "ClassificationPRM"]
+
+Scores = list[list[float | None]]
+
+
+def _default_format_prompt(prompt: str) -> str:
+    return prompt.rstrip() + "\n"
+
+
+def _tag_ids(tokenizer: Any, tag: str | int, what: str, *, single: bool = False) -> list[int]:
+    """Token ids of ``tag`` (an int is taken as an id). Raises ValueError if not representable."""
+    vocab = len(tokenizer)
+    if isinstance(tag, int):
+        ids = [tag]
+    else:
+        ids = tokenizer.encode(tag, add_special_tokens=False) if tag else []
+    unk = getattr(tokenizer, "unk_token_id", None)
+    is_unk = unk is not None and unk in ids and tag not in (unk, getattr(tokenizer, "unk_token", None))
+    if not ids or is_unk or any(not 0 <= i < vocab for i in ids):
+        raise ValueError(f"{what} {tag!r} is not in the tokenizer's vocabulary (encodes to {ids})")
+    if single and len(ids) != 1:
+        raise ValueError(
+            f"{what} {tag!r} must be a single token but encodes to {len(ids)} ids {ids}; "
+            "pass the token id (int) instead"
+        )
+    return ids
+
+
+def _clean_step(step: str, tag: str | int) -> str:
+    s = step.strip()
+    if isinstance(tag, str) and tag.strip() and s.endswith(tag.strip()):
+        s = s[: -len(tag.strip())].rstrip()
+    return s
+
+
+class _Scorer:
+    """Shared state + batching (composition: each PRM owns one and gives it a ``read`` function)."""
+
+    def __init__(self, model, tokenizer, tag, tag_what, step_suffix, format_prompt, batch_size,
+                 device, dtype, padding_side, max_length):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.model = model.to(device=device, dtype=dtype) if dtype is not None else model.to(device)
+        self.model.eval()
+        self.tokenizer, self.tag, self.device = tokenizer, tag, torch.device(device)
+        self.tag_ids = _tag_ids(tokenizer, tag, tag_what)
+        self.suffix_ids = tokenizer.encode(step_suffix, add_special_tokens=False) if step_suffix else []
+        self.format_prompt = format_prompt or _default_format_prompt
+        self.batch_size, self.max_length = batch_size, max_length
+        self.padding_side = padding_side or getattr(tokenizer, "padding_side", None) or "right"
+        if self.padding_side not in ("left", "right"):
+            raise ValueError(f"padding_side must be 'left' or 'right', got {self.padding_side!r}")
+        pad = tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else (tokenizer.eos_token_id or 0)
+        params = inspect.signature(self.model.forward).parameters
+        self.takes_positions = "position_ids" in params
+        self.takes_keep = "logits_to_keep" in params
+
+    def build(self, prompt: str, steps: Sequence[str]) -> tuple[list[int], list[int]]:
+        """``(ids, tag_positions)`` of one row, laid out as in the module docstring."""
+        enc = self.tokenizer.encode
+        ids = list(enc(self.format_prompt(prompt), add_special_tokens=True))
+        positions = []
+        for step in steps:
+            text = _clean_step(step, self.tag)
+            ids += enc(text, add_special_tokens=False) if text else []
+            ids += self.tag_ids
+            positions.append(len(ids) - 1)
+            ids += self.suffix_ids
+        return ids, positions
+
+    def score(self, prompts, steps, read: Callable[[torch.Tensor], torch.Tensor]) -> Scores:
+        if len(prompts) != len(steps):
+            raise ValueError(f"{len(prompts)} prompts but {len(steps)} step lists")
+        rows = [self.build(p, s) for p, s in zip(prompts, steps)]
+        limit = self.max_length
+        out: Scores = [[None] * len(pos) for _, pos in rows]
+        todo = []
+        for i, (ids, pos) in enumerate(rows):
+            keep = [k for k, p in enumerate(pos) if limit is None or p < limit]
+            if keep:
+                todo.append((i, ids[: limit] if limit else ids, keep))
+        todo.sort(key=lambda r: len(r[1]))
+        for b in range(0, len(todo), self.batch_size):
+            batch = todo[b : b + self.batch_size]
+            width = max(len(ids) for _, ids, _ in batch)
+            input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
+            attn = torch.zeros((len(batch), width), dtype=torch.long)
+            where_r, where_t, owners = [], [], []
+            for r, (i, ids, keep) in enumerate(batch):
+                off = width - len(ids) if self.padding_side == "left" else 0
+                input_ids[r, off : off + len(ids)] = torch.tensor(ids)
+                attn[r, off : off + len(ids)] = 1
+                for k in keep:
+                    where_r.append(r)
+                    where_t.append(off + rows[i][1][k])
+                    owners.append((i, k))
+            kwargs: dict[str, Any] = {"input_ids": input_ids.to(self.device),
+                                      "attention_mask": attn.to(self.device)}
+            if self.takes_positions:
+                kwargs["position_ids"] = (attn.cumsum(-1) - 1).clamp(min=0).to(self.device)
+            t_index = torch.tensor(where_t)
+            if self.takes_keep:  # only project the needed positions onto the vocab
+                cols = torch.unique(t_index)  # sorted
+                kwargs["logits_to_keep"] = cols.to(self.device)
+                t_index = torch.searchsorted(cols, t_index)
+            output = self.model(**kwargs)
+            logits = output.logits if hasattr(output, "logits") else output[0]
+            picked = logits[torch.tensor(where_r, device=logits.device), t_index.to(logits.device)]
+            probs = read(picked.float()).tolist()  # (num_positions,)
+            for (i, k), p in zip(owners, probs):
+                out[i][k] = float(p)
+        return out
+
+
+class TokenProbPRM:
+    """Math-Shepherd-style PRM: P(good token) vs P(bad token) at each step tag of a causal LM.
+
+    ``score_k = exp(z_good) / (exp(z_good) + exp(z_bad))`` with ``z = model(ids).logits[tag_k]``
+    (the next-token logits at the k-th tag position), computed in float32.
+
+    Args:
+        model: a causal LM (``.logits (B, L, V)``); moved to ``device`` (and ``dtype`` if given) and
+            put in eval mode.
+        tokenizer: its tokenizer.
+        step_tag: tag string appended after each step (e.g. ``"ки"``), or its token id; a
+            multi-token tag is read at its last token.
+        good_token, bad_token: the two candidate next tokens (e.g. ``"+"``/``"-"``), each a string
+            that encodes to exactly one token, or a token id.
+        batch_size: rows per forward pass.
+        device, dtype: where to run / the model dtype (None keeps it).
+        padding_side: ``"left"``/``"right"``; default the tokenizer's (or right).
+        max_length: truncate rows to this many tokens; steps whose tag is cut off score None.
+        format_prompt: ``prompt -> text`` placed before the steps (default ``prompt.rstrip() +
+            "\\n"``; e.g. use ``lambda q: q + " "`` for Math-Shepherd's ``question + " " + steps``).
+        step_suffix: text after each tag (default ``"\\n"``, Math-Shepherd's ``"... ки\\nStep 2"``).
+
+    Raises:
+        ValueError: a tag/candidate not in the vocabulary, a multi-token candidate, a bad
+            ``padding_side`` or ``batch_size``.
+    """
+
+    def __init__(self, model, tokenizer, step_tag: str | int, good_token: str | int,
+                 bad_token: str | int, *, batch_size: int = 8, device: str | torch.device = "cpu",
+                 dtype: torch.dtype | None = None, padding_side: str | None = None,
+                 max_length: int | None = None, format_prompt: Callable[[str], str] | None = None,
+                 step_suffix: str = "\n"):
+        self._scorer = _Scorer(model, tokenizer, step_tag, "step_tag", step_suffix, format_prompt,
+                               batch_size, device, dtype, padding_side, max_length)
+        self.candidate_ids = [_tag_ids(tokenizer, good_token, "good_token", single=True)[0],
+                              _tag_ids(tokenizer, bad_token, "bad_token", single=True)[0]]
+        self.__name__ = "token_prob_prm"
+
+    def build(self, prompt: str, steps: Sequence[str]) -> tuple[list[int], list[int]]:
+        """The token ids of one row and the positions of its step tags (module docstring)."""
+        return self._scorer.build(prompt, steps)
+
+    @torch.inference_mode()
+    def __call__(self, prompts: Sequence[str], completions: Sequence[str],
+                 steps: Sequence[Sequence[str]], **_: Any) -> Scores:
+        """One score in [0, 1] per step (None beyond ``max_length``); ``completions`` is unused."""
+        cand = self.candidate_ids
+
+        def read(logits: torch.Tensor) -> torch.Tensor:  # (K, V) -> (K,)
+            return torch.softmax(logits[:, cand], dim=-1)[:, 0]
+
+        return self._scorer.score(prompts, steps, read)
+
+
+class ClassificationPRM:
+    """Qwen2.5-Math-PRM-style PRM: a per-token classifier read at each step separator.
+
+    ``score_k = softmax(logits[sep_k])[positive_label]`` (float32), ``logits (B, L, C)`` from
+    ``model(...).logits`` (or ``output[0]``), C ≥ 2.
+
+    Args:
+        model: a token classifier, e.g. ``AutoModelForTokenClassification`` with ``num_labels=2``,
+            or a causal LM whose head has 2 outputs; moved to ``device``/``dtype``, eval mode.
+        tokenizer: its tokenizer.
+        separator: text placed after each step (Qwen: ``"<extra_0>"``), or its token id; a
+            multi-token separator is read at its last token.
+        positive_label: the class index meaning "this step is correct".
+        batch_size, device, dtype, padding_side, max_length, format_prompt: as
+            :class:`TokenProbPRM`.
+        step_suffix: text after each separator (default ``""``: Qwen joins steps as
+            ``"<extra_0>".join(steps) + "<extra_0>"``).
+
+    Raises:
+        ValueError: separator not in the vocabulary, bad ``positive_label`` (when called: fewer
+            than ``positive_label + 1`` classes), bad ``padding_side`` or ``batch_size``.
+
+    For Qwen2.5-Math-PRM, format the prompt with its chat template::
+
+        fmt = lambda q: tok.apply_chat_template(
+            [{"role": "system", "content": "Please reason step by step, and put your final answer "
+              "within \\\\boxed{}."}, {"role": "user", "content": q}], tokenize=False,
+            add_generation_prompt=True)
+        prm = ClassificationPRM(model, tok, "<extra_0>", format_prompt=fmt)
+    """
+
+    def __init__(self, model, tokenizer, separator: str | int, *, positive_label: int = 1,
+                 batch_size: int = 8, device: str | torch.device = "cpu",
+                 dtype: torch.dtype | None = None, padding_side: str | None = None,
+                 max_length: int | None = None, format_prompt: Callable[[str], str] | None = None,
+                 step_suffix: str = ""):
+        if positive_label < 0:
+            raise ValueError(f"positive_label must be >= 0, got {positive_label}")
+        self._scorer = _Scorer(model, tokenizer, separator, "separator", step_suffix, format_prompt,
+                               batch_size, device, dtype, padding_side, max_length)
+        self.positive_label = positive_label
+        self.__name__ = "classification_prm"
+
+    def build(self, prompt: str, steps: Sequence[str]) -> tuple[list[int], list[int]]:
+        """The token ids of one row and the positions of its separators (module docstring)."""
+        return self._scorer.build(prompt, steps)
+
+    @torch.inference_mode()
+    def __call__(self, prompts: Sequence[str], completions: Sequence[str],
+                 steps: Sequence[Sequence[str]], **_: Any) -> Scores:
+        """One score in [0, 1] per step (None beyond ``max_length``); ``completions`` is unused."""
+        label = self.positive_label
+
+        def read(logits: torch.Tensor) -> torch.Tensor:  # (K, C) -> (K,)
+            if logits.shape[-1] <= label:
+                raise ValueError(
+                    f"ClassificationPRM: model gives {logits.shape[-1]} classes, "
+                    f"positive_label={label}"
+                )
+            return torch.softmax(logits, dim=-1)[:, label]
+
+        return self._scorer.score(prompts, steps, read)

@@ -1,0 +1,323 @@
+"""Rollouts with Hugging Face ``model.generate`` (CPU or one GPU).
+
+``generate_rollouts`` samples ``G`` completions for each of ``B`` prompts:
+
+1. tokenize the prompts as given (they are already chat-templated, so no special tokens are
+   added), left-padded to a common length ``P``;
+2. repeat each prompt ``G`` times (``repeat_interleave``), so the ``N = B·G`` rows are grouped:
+   rows ``b·G … b·G+G-1`` are prompt ``b``'s group;
+3. one batched ``model.generate`` call over all rows (or over chunks of ``chunk_size`` rows, padded
+   to a common completion length ``T`` afterwards), under ``torch.inference_mode()``, with an
+   explicit ``GenerationConfig`` built from the recipe's :class:`SamplingParams`;
+4. ``completion_mask`` from ``grpokit.algo.mask_completions`` (True up to and including the first
+   EOS, never derived from the pad id), ``truncated`` = no EOS within ``max_new_tokens``;
+5. decode each completion up to (excluding) its first EOS, skipping special tokens.
+
+The model's own ``generation_config`` (which may carry ``top_p``, ``temperature``, ``top_k``,
+``max_length`` from the hub) never overrides the recipe: transformers fills every field left
+``None`` from it, so :func:`build_generation_config` sets each sampling field explicitly, including
+the "off" values (``top_k=0``, ``min_p=0.0``, ``top_p=1.0``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from grpokit.algo import completion_terminated, mask_completions
+
+# Fields that transformers only switches off when they are ``None`` -- which it then fills from
+# the model's generation_config. We cannot neutralise them through our config; warn if set.
+_NONE_ONLY_FIELDS = (
+    "top_h",
+    "sequence_bias",
+    "bad_words_ids",
+    "suppress_tokens",
+    "begin_suppress_tokens",
+    "forced_bos_token_id",
+    "forced_eos_token_id",
+    "exponential_decay_length_penalty",
+    "watermarking_config",
+    "stop_strings",
+    "max_time",
+)
+
+
+@dataclass
+class SamplingParams:
+    """How completions are sampled. ``temperature == 0`` means greedy decoding."""
+
+    temperature: float = 1.0
+    """Softmax temperature; 0 = greedy (argmax). The trainer divides logits by the same value."""
+    top_p: float = 1.0
+    """Nucleus sampling mass in (0, 1]; 1 = off."""
+    top_k: int = 0
+    """Keep the k most likely tokens; 0 = off."""
+    min_p: float = 0.0
+    """Drop tokens with probability below min_p × the top token's probability; 0 = off."""
+    max_new_tokens: int = 256
+    """Completion length limit T_max (>= 1); a completion without EOS by then is truncated."""
+    repetition_penalty: float = 1.0
+    """CTRL repetition penalty (> 0); 1 = off."""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the first field out of range."""
+        checks = [
+            ("temperature", self.temperature >= 0, ">= 0"),
+            ("top_p", 0 < self.top_p <= 1, "in (0, 1]"),
+            ("top_k", isinstance(self.top_k, int) and self.top_k >= 0, "an int >= 0"),
+            ("min_p", 0 <= self.min_p <= 1, "in [0, 1]"),
+            ("max_new_tokens", isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1,
+             "an int >= 1"),
+            ("repetition_penalty", self.repetition_penalty > 0, "> 0"),
+        ]
+        for name, ok, want in checks:
+            if not ok:
+                raise ValueError(f"SamplingParams.{name} must be {want}, got {getattr(self, name)!r}")
+
+
+@dataclass
+class Rollout:
+    """``N = B·G`` sampled completions, grouped by prompt. Tensors live on the model's device.
+
+    Rows ``b·G … b·G+G-1`` all come from prompt ``b`` (``prompt_index[b·G + g] == b``).
+    Feed ``torch.cat([prompt_ids, completion_ids], 1)`` with attention mask
+    ``torch.cat([prompt_mask, completion_mask], 1)`` to score the completions.
+    """
+
+    prompt_ids: torch.Tensor
+    """``(N, P)`` long, left-padded prompt tokens (each prompt repeated G times)."""
+    prompt_mask: torch.Tensor
+    """``(N, P)`` bool, True on real prompt tokens (False on left padding)."""
+    completion_ids: torch.Tensor
+    """``(N, T)`` long, sampled tokens; after the first EOS the content is padding (any id)."""
+    completion_mask: torch.Tensor
+    """``(N, T)`` bool, True up to and including the first EOS (``mask_completions``)."""
+    truncated: torch.Tensor
+    """``(N,)`` bool, True where no EOS was produced within ``max_new_tokens``."""
+    completions: list[str]
+    """``N`` decoded completions: text before the first EOS, special tokens skipped."""
+    prompt_index: torch.Tensor
+    """``(N,)`` long, which prompt (0 … B-1) each row came from."""
+    group_size: int
+    """``G``."""
+    gen_s: float
+    """Wall-clock seconds spent in ``model.generate``."""
+
+    def __len__(self) -> int:
+        return self.completion_ids.shape[0]
+
+
+def build_generation_config(
+    params: SamplingParams,
+    *,
+    eos_token_ids: Sequence[int],
+    pad_token_id: int,
+    bos_token_id: int | None = None,
+) -> Any:
+    """A ``transformers.GenerationConfig`` that states every field the recipe controls.
+
+    Every sampling field is explicit (transformers would fill a ``None`` from the model's own
+    ``generation_config``, or fall back to its global ``top_k=50``): ``do_sample``,
+    ``temperature``, ``top_p``, ``top_k`` (0 = off), ``min_p`` (0.0 = off), ``repetition_penalty``,
+    ``max_new_tokens`` (wins over any ``max_length``), ``min_new_tokens=0`` (wins over any
+    ``min_length``), one sequence per row, no beams,
+    no other warpers (``typical_p``, ``epsilon_cutoff``, ``eta_cutoff``, n-gram blocking).
+    ``temperature == 0`` gives greedy decoding (``do_sample=False``; the sampling-only fields
+    ``temperature/top_p/top_k/min_p`` are then left unset: transformers ignores them without
+    sampling).
+    """
+    from transformers import GenerationConfig
+
+    sample = params.temperature > 0
+    return GenerationConfig(
+        do_sample=sample,
+        # Sampling-only fields: explicit when sampling; unused (so left unset) when greedy.
+        temperature=float(params.temperature) if sample else None,
+        top_p=float(params.top_p) if sample else None,
+        top_k=int(params.top_k) if sample else None,
+        min_p=float(params.min_p) if sample else None,
+        repetition_penalty=float(params.repetition_penalty),
+        max_new_tokens=int(params.max_new_tokens),  # takes precedence over any max_length
+        max_length=None,
+        min_new_tokens=0,  # takes precedence over any min_length
+        num_beams=1,
+        num_return_sequences=1,
+        typical_p=1.0,
+        epsilon_cutoff=0.0,
+        eta_cutoff=0.0,
+        no_repeat_ngram_size=0,
+        encoder_repetition_penalty=1.0,
+        length_penalty=1.0,
+        renormalize_logits=False,
+        remove_invalid_values=False,
+        use_cache=True,
+        output_scores=False,
+        output_logits=False,
+        return_dict_in_generate=False,
+        eos_token_id=list(eos_token_ids),
+        pad_token_id=int(pad_token_id),
+        bos_token_id=bos_token_id,
+    )
+
+
+def generate_rollouts(
+    model: Any,
+    tokenizer: Any,
+    prompts: list[str],
+    group_size: int,
+    params: SamplingParams,
+    *,
+    eos_token_ids: Sequence[int],
+    chunk_size: int | None = None,
+    seed: int | None = None,
+) -> Rollout:
+    """Sample ``group_size`` completions for each prompt with ``model.generate``.
+
+    Args:
+        model: a Hugging Face causal LM (train/eval mode is left as is; generation runs under
+            ``torch.inference_mode()``).
+        tokenizer: its tokenizer, with a pad token (see ``grpokit.models.load_tokenizer``).
+            Prompts are always padded on the left, whatever ``tokenizer.padding_side`` says.
+        prompts: ``B`` prompt strings, already chat-templated (``add_special_tokens=False``).
+        group_size: ``G >= 1`` completions per prompt.
+        params: the sampling recipe; the model's ``generation_config`` cannot override it.
+        eos_token_ids: every id that ends a completion (``grpokit.models.eos_token_ids``).
+        chunk_size: generate at most this many rows per ``generate`` call (memory bound); the
+            chunks are right-padded with the pad id to a common ``T``. ``None`` = all ``N`` rows.
+        seed: if given, sampling is seeded with ``torch.manual_seed(seed)`` inside
+            ``torch.random.fork_rng``, so the output is reproducible and the caller's global RNG
+            state is left untouched. Pass a different seed per step.
+
+    Returns:
+        :class:`Rollout` with ``N = B·G`` rows, grouped by prompt, ``T <= max_new_tokens``.
+
+    Raises:
+        ValueError: ``group_size < 1``; ``prompts`` empty, not a list of strings, or containing an
+            empty prompt; ``params.max_new_tokens < 1`` (or another field out of range);
+            ``eos_token_ids`` empty; ``chunk_size < 1``; the tokenizer has no pad token.
+    """
+    if isinstance(prompts, str) or not isinstance(prompts, Sequence):
+        raise ValueError(f"prompts must be a list of strings, got {type(prompts).__name__}")
+    if len(prompts) == 0:
+        raise ValueError("prompts is empty; pass at least one prompt")
+    for i, p in enumerate(prompts):
+        if not isinstance(p, str) or not p:
+            raise ValueError(f"prompts[{i}] must be a non-empty string, got {p!r}")
+    if not isinstance(group_size, int) or group_size < 1:
+        raise ValueError(f"group_size must be an int >= 1, got {group_size!r}")
+    params.validate()
+    eos = [int(i) for i in eos_token_ids]
+    if not eos:
+        raise ValueError("eos_token_ids is empty; pass at least one EOS id")
+    if chunk_size is not None and chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1 or None, got {chunk_size!r}")
+    pad_id = tokenizer.pad_token_id
+    if pad_id is None:
+        raise ValueError("tokenizer has no pad token; load it with grpokit.models.load_tokenizer")
+    _warn_on_model_overrides(model)
+
+    device = _model_device(model)
+    enc = tokenizer(
+        list(prompts),
+        return_tensors="pt",
+        padding=True,
+        padding_side="left",
+        add_special_tokens=False,
+    )
+    lengths = enc["attention_mask"].sum(1)
+    if (lengths == 0).any():
+        i = int((lengths == 0).nonzero()[0])
+        raise ValueError(f"prompts[{i}] tokenizes to no tokens")
+    G = group_size
+    prompt_ids = enc["input_ids"].repeat_interleave(G, dim=0).to(device)  # (N, P)
+    prompt_mask = enc["attention_mask"].bool().repeat_interleave(G, dim=0).to(device)  # (N, P)
+    prompt_index = torch.arange(len(prompts), device=device).repeat_interleave(G)  # (N,)
+    N, P = prompt_ids.shape
+    rows = N if chunk_size is None else chunk_size
+
+    gen_config = build_generation_config(
+        params, eos_token_ids=eos, pad_token_id=pad_id, bos_token_id=tokenizer.bos_token_id
+    )
+    chunks: list[torch.Tensor] = []
+    t0 = time.perf_counter()
+    with torch.inference_mode(), _seeded(seed, device):
+        for start in range(0, N, rows):
+            out = model.generate(
+                input_ids=prompt_ids[start : start + rows],
+                attention_mask=prompt_mask[start : start + rows].long(),
+                generation_config=gen_config,
+            )
+            chunks.append(out[:, P:])  # (n, T_chunk): generate returns prompt + new tokens
+    gen_s = time.perf_counter() - t0
+
+    # A chunk shorter than the longest stopped early because all its rows hit EOS, so padding
+    # it on the right never hides a truncation.
+    T = max(c.shape[1] for c in chunks)
+    completion_ids = torch.full((N, T), pad_id, dtype=torch.long, device=device)  # (N, T)
+    start = 0
+    for c in chunks:
+        completion_ids[start : start + c.shape[0], : c.shape[1]] = c
+        start += c.shape[0]
+
+    completion_mask = mask_completions(completion_ids, eos)  # (N, T)
+    truncated = ~completion_terminated(completion_ids, eos)  # (N,)
+    n_text = completion_mask.sum(1) - (~truncated).long()  # tokens before the first EOS
+    completions = tokenizer.batch_decode(
+        [ids[:n].tolist() for ids, n in zip(completion_ids, n_text.tolist())],
+        skip_special_tokens=True,
+    )
+    return Rollout(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        completion_ids=completion_ids,
+        completion_mask=completion_mask,
+        truncated=truncated,
+        completions=completions,
+        prompt_index=prompt_index,
+        group_size=G,
+        gen_s=gen_s,
+    )
+
+
+def _model_device(model: Any) -> torch.device:
+    device = getattr(model, "device", None)
+    if isinstance(device, torch.device):
+        return device
+    return next(model.parameters()).device
+
+
+@contextlib.contextmanager
+def _seeded(seed: int | None, device: torch.device) -> Iterator[None]:
+    """Seed torch's RNGs for the block and restore the caller's RNG state afterwards."""
+    if seed is None:
+        yield
+        return
+    accel = device.type != "cpu"
+    devices = [device.index if device.index is not None else 0] if accel else []
+    with torch.random.fork_rng(devices=devices, device_type=device.type if accel else "cuda"):
+        torch.manual_seed(seed)
+        yield
+
+
+def _warn_on_model_overrides(model: Any) -> None:
+    gen = getattr(model, "generation_config", None)
+    if gen is None:
+        return
+    set_fields = [f for f in _NONE_ONLY_FIELDS if getattr(gen, f, None) is not None]
+    if set_fields:
+        warnings.warn(
+            f"model.generation_config sets {set_fields}; transformers applies these on top of the "
+            "sampling recipe (they cannot be switched off from an explicit GenerationConfig). "
+            "Clear them on model.generation_config to sample from the recipe alone.",
+            stacklevel=3,
+        )

@@ -1,0 +1,292 @@
+"""The GRPO loop (DeepSeekMath Algorithm 1), as numbered steps; all math lives in ``grpokit.algo``.
+
+Per step:
+  1. take B prompts (a seeded permutation per epoch; the position is checkpointed);
+  2. sample G completions per prompt from π_old = the current policy (``rollout.hf``);
+  3. score them (outcome: one reward per completion; process: one per reasoning step);
+  4. advantages: ``group_advantages`` (outcome) or ``process_advantages`` (process);
+  5. π_ref log-probs when β > 0; π_old log-probs only when μ > 1 (else π_old = π_θ by value);
+  6. μ = ``train.num_iterations`` passes, each one optimizer step over micro-batches whose losses
+     are normalized by the whole batch's counts (so accumulation equals one big batch);
+  7. log metrics, samples, checkpoints.
+
+Departures from the textbook: the model stays in ``eval()`` mode throughout (no dropout, so the
+sampler and the trainer see the same π); the generation seed is ``seed + step`` so a resumed run
+samples exactly what the uninterrupted run sampled.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from grpokit import algo
+from grpokit.checkpoint import find_resume_checkpoint, load_training_state, save_checkpoint, set_rng_state
+from grpokit.config import Recipe
+from grpokit.metrics import RunLogger, plot_curves
+from grpokit.policy import Batch, batch_logprobs, completion_logprobs, micro_batches
+from grpokit.rewards.guard import GuardedReward
+from grpokit.setup import Setup, prepare
+
+
+@dataclass
+class TrainState:
+    """What a checkpoint needs to continue the data order exactly."""
+
+    step: int = 0
+    epoch: int = 0
+    position: int = 0
+    consecutive_skips: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def next_prompt_indices(state: TrainState, n_rows: int, b: int, seed: int) -> list[int]:
+    """B row indices from the epoch's seeded permutation; advances ``state``."""
+    out = []
+    while len(out) < b:
+        order = torch.randperm(n_rows, generator=torch.Generator().manual_seed(seed * 1000 + state.epoch))
+        take = order[state.position : state.position + b - len(out)].tolist()
+        out += take
+        state.position += len(take)
+        if state.position >= n_rows:
+            state.epoch, state.position = state.epoch + 1, 0
+    return out
+
+
+def make_optimizer(model: torch.nn.Module, recipe: Recipe):
+    t = recipe.train
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=t.learning_rate, betas=tuple(t.adam_betas), weight_decay=t.weight_decay)
+    total = max(t.max_steps * t.num_iterations, 1)
+
+    def factor(i: int) -> float:
+        if i < t.warmup_steps:
+            return (i + 1) / (t.warmup_steps + 1)
+        frac = (i - t.warmup_steps) / max(total - t.warmup_steps, 1)
+        if t.lr_scheduler == "linear":
+            return max(0.0, 1.0 - frac)
+        if t.lr_scheduler == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * min(frac, 1.0)))
+        return 1.0
+
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+class _StopFlag:
+    """SIGTERM/SIGINT: finish the step, checkpoint, stop. A second signal aborts at once."""
+
+    def __init__(self):
+        self.requested = False
+        self._old = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._old[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread
+                pass
+        return self
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt(f"second signal {signum}: aborting")
+        self.requested = True
+        print(f"\n[grpokit] signal {signum}: stopping after this step (checkpoint first); "
+              "send again to abort", flush=True)
+
+    def __exit__(self, *exc):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+def score_rollout(s: Setup, rows: list[dict], rollout) -> dict[str, Any]:
+    """Step 3-4: rewards and advantages. Returns tensors and metrics for the step."""
+    recipe, g = s.recipe, recipe_group_size(s.recipe)
+    n = len(rollout)
+    prompts = [rows[i // g]["prompt"] for i in range(n)]
+    columns = {k: [rows[i // g].get(k) for i in range(n)] for k in s.row_columns}
+    total, per_fn = s.compute_rewards(prompts, rollout.completions, columns)
+    rewards = torch.tensor([math.nan if r is None else r for r in total], dtype=torch.float64)
+    metrics: dict[str, Any] = {}
+    for name, vals in per_fn.items():
+        ok = [v for v in vals if v is not None]
+        metrics[f"rewards/{name}"] = sum(ok) / len(ok) if ok else None
+    metrics["unscorable_frac"] = float(torch.isnan(rewards).float().mean())
+    grouped = rewards.view(-1, g)
+    finite = torch.where(torch.isfinite(grouped), grouped, torch.nan)
+    spread = torch.nan_to_num(finite.nanquantile(1.0, dim=1) - finite.nanquantile(0.0, dim=1), nan=0.0)
+    metrics["frac_zero_std"] = float((spread == 0).float().mean())
+    ok = rewards[torch.isfinite(rewards)]
+    metrics["reward_mean"] = float(ok.mean()) if len(ok) else None
+    metrics["reward_std"] = float(ok.std()) if len(ok) > 1 else 0.0
+    if recipe.algo.supervision == "process":
+        from grpokit.process import process_step_advantages
+
+        advantages, pm = process_step_advantages(s, rows, rollout, prompts, columns)
+        metrics.update(pm)
+    else:
+        advantages = algo.group_advantages(
+            rewards, g, scale=recipe.algo.advantage_scale, eps=recipe.algo.advantage_eps
+        ).float()
+    return {"rewards": rewards, "advantages": advantages, "metrics": metrics}
+
+
+def recipe_group_size(recipe: Recipe) -> int:
+    return recipe.rollout.group_size
+
+
+def optimize(s: Setup, batch: Batch, advantages: torch.Tensor) -> dict[str, Any]:
+    """Steps 5-6: reference/old log-probs, then μ passes of clipped-surrogate updates."""
+    r, a, t = s.recipe, s.recipe.algo, s.recipe.train
+    temp, mbs, ac = r.rollout.temperature, t.micro_batch_size, r.model.autocast_bf16
+    t0 = time.perf_counter()
+    ref_logp = (batch_logprobs(s.ref_model, batch, temperature=temp, micro_batch_size=mbs, autocast_bf16=ac)
+                if s.ref_model is not None else None)
+    old_logp = (batch_logprobs(s.model, batch, temperature=temp, micro_batch_size=mbs, autocast_bf16=ac)
+                if t.num_iterations > 1 else None)
+    ref_s = time.perf_counter() - t0
+    n, n_tok = len(batch), int(batch.completion_mask.sum())
+    sums: dict[str, float] = {}
+    grad_norms, skipped = [], 0
+    for it in range(t.num_iterations):
+        s.optimizer.zero_grad(set_to_none=True)
+        loss_total = 0.0
+        for sl in micro_batches(n, mbs):
+            sub = batch.rows(sl)
+            tt = sub.completion_ids.shape[1]
+            logp, ent = completion_logprobs(s.model, sub, temperature=temp, with_entropy=it == 0, autocast_bf16=ac)
+            old = old_logp[sl, :tt] if old_logp is not None else logp.detach()
+            adv = advantages[sl] if advantages.dim() == 1 else advantages[sl, :tt]
+            loss, st = algo.policy_loss(
+                logp, old, adv, sub.completion_mask, ref_logp=None if ref_logp is None else ref_logp[sl, :tt],
+                beta=a.beta, clip_eps_low=a.clip_eps_low, clip_eps_high=a.clip_eps_high,
+                kl_estimator=a.kl_estimator, aggregation=a.loss_aggregation,
+                max_completion_length=r.rollout.max_new_tokens, num_sequences=n, num_tokens=n_tok,
+            )
+            loss.backward()
+            loss_total += loss.item()
+            w = st["num_tokens"].item() / max(n_tok, 1)  # token-weighted means over the batch
+            for k in ("kl", "clip_frac_low", "clip_frac_high", "ratio_mean"):
+                sums[f"{k}@{it}"] = sums.get(f"{k}@{it}", 0.0) + w * st[k].item()
+            if ent is not None:
+                m = sub.completion_mask.float()
+                sums["entropy"] = sums.get("entropy", 0.0) + float((ent * m).sum()) / max(n_tok, 1)
+        sums[f"loss@{it}"] = loss_total
+        clip = t.max_grad_norm if t.max_grad_norm > 0 else float("inf")
+        gn = float(torch.nn.utils.clip_grad_norm_(s.model.parameters(), clip))
+        grad_norms.append(gn)
+        if math.isfinite(gn) and math.isfinite(loss_total):
+            s.optimizer.step()
+            s.state.consecutive_skips = 0
+        else:
+            skipped += 1
+            s.state.consecutive_skips += 1
+        s.scheduler.step()
+    s.optimizer.zero_grad(set_to_none=True)
+    mu = t.num_iterations
+    out = {k: sum(sums[f"{k}@{i}"] for i in range(mu)) / mu for k in ("loss", "kl", "clip_frac_low", "clip_frac_high", "ratio_mean")}
+    out.update(entropy=sums.get("entropy"), grad_norm=sum(grad_norms) / len(grad_norms),
+               skipped_updates=skipped, ref_s=ref_s)
+    return out
+
+
+def train(recipe: Recipe, *, progress: bool = True) -> dict[str, Any]:
+    """Run GRPO as the recipe says; returns a summary (last metrics, eval results, paths)."""
+    s = prepare(recipe)  # validates data and rewards before any model loads, then loads models
+    out = Path(recipe.train.output_dir)
+    logger = RunLogger(out)
+    summary: dict[str, Any] = {"output_dir": str(out)}
+    start = find_resume_checkpoint(out, recipe.train.resume)
+    if start is not None:
+        state, blob = load_training_state(start)
+        s.load_weights(start)
+        s.optimizer.load_state_dict(blob["optimizer"])
+        s.scheduler.load_state_dict(blob["scheduler"])
+        set_rng_state(blob["rng"])
+        s.state = TrainState(step=state["step"], epoch=state["epoch"], position=state["position"],
+                             extra=state.get("extra", {}))
+        logger.truncate_after(s.state.step)
+        summary["resumed_from"] = str(start)
+        print(f"[grpokit] resumed from {start} at step {s.state.step}", flush=True)
+    elif recipe.eval.dataset and recipe.eval.before:
+        summary["eval_before"] = s.run_eval("before")
+    bar = s.progress_bar(progress)
+    last: dict[str, Any] = {}
+    with _StopFlag() as stop:
+        while s.state.step < recipe.train.max_steps:
+            last = run_step(s, logger)
+            bar.update(1)
+            bar.set_postfix(reward=f"{last['reward_mean'] or 0:.3f}", step_s=f"{last['step_s']:.1f}")
+            step = s.state.step
+            if s.state.consecutive_skips >= recipe.train.max_consecutive_skips:
+                raise RuntimeError(f"{s.state.consecutive_skips} consecutive non-finite updates "
+                                   f"(loss or gradient norm) up to step {step}; stopping. See metrics.jsonl.")
+            every = recipe.train.save_steps
+            if (every and step % every == 0) or stop.requested or step == recipe.train.max_steps:
+                s.checkpoint(logger)
+            if stop.requested:
+                summary["stopped_at"] = step
+                break
+    bar.close()
+    summary["last_metrics"] = last
+    if not stop.requested:
+        if recipe.eval.dataset and recipe.eval.after:
+            summary["eval_after"] = s.run_eval("after")
+        if logger.metrics_path.exists():
+            plot_curves(logger.metrics_path, out / "curves.png")
+    logger.close()
+    s.write_summary(summary)
+    return summary
+
+
+def run_step(s: Setup, logger: RunLogger) -> dict[str, Any]:
+    """One GRPO step (1-7 in the module docstring); returns its metrics line."""
+    recipe = s.recipe
+    t_start = time.perf_counter()
+    idx = next_prompt_indices(s.state, len(s.rows), recipe.train.prompts_per_step, recipe.train.seed)
+    rows = [s.rows[i] for i in idx]
+    step = s.state.step + 1
+    rollout = s.generate([s.prompts[i] for i in idx], seed=recipe.train.seed * 100003 + step)
+    t_reward = time.perf_counter()
+    scored = score_rollout(s, rows, rollout)
+    reward_s = time.perf_counter() - t_reward
+    batch = Batch(rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids, rollout.completion_mask)
+    t_train = time.perf_counter()
+    opt = optimize(s, batch, scored["advantages"])
+    train_s = time.perf_counter() - t_train
+    s.state.step = step
+    lengths = rollout.completion_mask.sum(1).float()
+    step_s = time.perf_counter() - t_start
+    metrics = {
+        "step": step, **{k: scored["metrics"][k] for k in ("reward_mean", "reward_std", "frac_zero_std")},
+        **{k: v for k, v in scored["metrics"].items() if k not in ("reward_mean", "reward_std", "frac_zero_std")},
+        **opt,
+        "completion_len_mean": float(lengths.mean()),
+        "truncated_frac": float(rollout.truncated.float().mean()),
+        "lr": s.scheduler.get_last_lr()[0],
+        "step_s": step_s, "gen_s": rollout.gen_s, "reward_s": reward_s, "train_s": train_s,
+        "tokens_per_s": float(lengths.sum()) / step_s,
+    }
+    logger.log(metrics)
+    every = recipe.train.sample_every
+    if every and (step % every == 0 or step == 1):
+        logger.log_samples(step, [
+            {"prompt": rows[i // recipe.rollout.group_size]["prompt"], "answer": rows[i // recipe.rollout.group_size]["answer"],
+             "completion": rollout.completions[i], "reward": None if math.isnan(r) else float(r)}
+            for i, r in enumerate(scored["rewards"].tolist())
+        ])
+    return metrics

