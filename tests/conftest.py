@@ -120,3 +120,17 @@ def tiny_model():
 @pytest.fixture
 def tiny_model_v64():
     return _make_tiny_model(vocab_size=64, pad_token_id=0)
+
+
+# -- trainer fixtures ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, smollm2_tokenizer) -> str:
+    """A folder holding a tiny random SmolLM2-vocab Llama (``_make_tiny_model()``, safetensors,
+    ``generation_config.eos_token_id == [2, 0]``) and the real SmolLM2 tokenizer: what recipes in
+    trainer tests point ``model.name_or_path`` at. Session-scoped; treat it as read-only."""
+    path = tmp_path_factory.mktemp("tiny_llama")
+    _make_tiny_model().save_pretrained(path, safe_serialization=True)
+    smollm2_tokenizer.save_pretrained(path)
+    return str(path)

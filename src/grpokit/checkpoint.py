@@ -2,7 +2,8 @@
 
 A checkpoint is written to a hidden temporary folder in ``output_dir`` and renamed to
 ``checkpoint-<step>`` only when complete, so a crash mid-write leaves the previous one intact.
-Only complete checkpoints (named ``checkpoint-<step>`` with a ``trainer_state.json``) are ever read.
+Only complete checkpoints (named ``checkpoint-<step>`` with a ``trainer_state.json``) are ever read;
+a failed write removes its temporary folder, and the next save removes those a killed run left.
 Optimizer/RNG state is loaded with ``torch.load(weights_only=True)``.
 """
 
@@ -20,6 +21,7 @@ import numpy as np
 import torch
 
 _NAME = re.compile(r"^checkpoint-(\d+)$")
+_LEFTOVER = re.compile(r"^\.(tmp|old)-checkpoint-\d+-\d+$")
 
 
 def rng_state() -> dict[str, Any]:
@@ -78,17 +80,22 @@ def save_checkpoint(
     final = out / f"checkpoint-{step}"
     tmp = out / f".tmp-checkpoint-{step}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    torch.save(
-        {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state()},
-        tmp / "training_state.pt",
-    )
-    (tmp / "recipe.json").write_text(json.dumps(recipe, indent=1))
-    (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **trainer_state}))
-    for f in tmp.iterdir():  # durable before the rename makes it visible
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        torch.save(
+            {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state()},
+            tmp / "training_state.pt",
+        )
+        (tmp / "recipe.json").write_text(json.dumps(recipe, indent=1))
+        (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **trainer_state}))
+        for f in tmp.iterdir():  # durable before the rename makes it visible
+            if f.is_file():
+                with open(f, "rb") as fh:
+                    os.fsync(fh.fileno())
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # a failed write leaves nothing behind
+        raise
     if final.exists():
         old = out / f".old-checkpoint-{step}-{os.getpid()}"
         os.replace(final, old)
@@ -98,6 +105,9 @@ def save_checkpoint(
         os.replace(tmp, final)
     for stale in list_checkpoints(out)[:-keep]:
         shutil.rmtree(stale, ignore_errors=True)
+    for leftover in out.glob(".*-checkpoint-*"):  # half-written by a killed run (one run per folder)
+        if _LEFTOVER.match(leftover.name):
+            shutil.rmtree(leftover, ignore_errors=True)
     return final
 
 

@@ -1,4 +1,10 @@
-"""``grpokit train [RECIPE.yaml] [section.key=value ...]`` and ``grpokit eval MODEL --dataset NAME``."""
+"""``grpokit train [RECIPE.yaml] [section.key=value ...]`` and ``grpokit eval MODEL --dataset NAME``.
+
+Exit status of ``grpokit train``: 0 when the run ends, including a run stopped by SIGTERM/SIGINT
+(it finishes the step and writes a checkpoint first; ``train.resume=auto`` continues it); 1 for an
+error of the run (bad data, reward function failure, non-finite updates, missing model);
+2 for a recipe error (unknown key, wrong type, value out of range).
+"""
 
 from __future__ import annotations
 
@@ -42,7 +48,7 @@ def _train(argv: list[str]) -> int:
 
     try:
         summary = train(recipe, progress=not ns.no_progress)
-    except (ValueError, RuntimeError) as e:
+    except (ValueError, RuntimeError, FileNotFoundError, ImportError) as e:
         print(f"grpokit train: error: {e}", file=sys.stderr)
         return 1
     print(_report(summary))

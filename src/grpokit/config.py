@@ -8,6 +8,7 @@ Each field's ``help`` metadata is what ``grpokit train --help`` prints.
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -15,6 +16,22 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+
+class _YamlLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that also reads ``1e-6`` as a float (YAML 1.1 wants ``1.0e-6``, so plain
+    PyYAML returns the string ``"1e-6"`` and ``train.learning_rate=1e-6`` would be rejected)."""
+
+
+_YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
+def _yaml_load(text: str) -> Any:
+    return yaml.load(text, Loader=_YamlLoader)  # noqa: S506 - a SafeLoader subclass
 
 
 def _f(default, help: str, choices: tuple | None = None, **kw):
@@ -42,6 +59,7 @@ class DataConfig:
                       "local .jsonl/.parquet, hf:NAME, or reasoning_gym:TASK")
     split: str = _f("singleop", "split of the dataset (train/test, or a MAWPS subset)")
     limit: int | None = _f(None, "use only the first N rows")
+    skip: int = _f(0, "leave out the first N rows (e.g. to hold them out for eval.limit=N on the same split)")
     options: dict = _f({}, "extra options for the dataset (reasoning_gym generator options, size)")
     prompt_field: str | None = _f(None, "column holding the question (local/HF datasets)")
     answer_field: str | None = _f(None, "column holding the reference answer (local/HF datasets)")
@@ -233,7 +251,7 @@ def validate(recipe: Recipe) -> None:
         "algo.advantage_eps": a.advantage_eps, "rollout.temperature": r.temperature,
         "train.learning_rate": t.learning_rate, "train.warmup_steps": t.warmup_steps,
         "train.max_grad_norm": t.max_grad_norm, "train.save_steps": t.save_steps,
-        "train.weight_decay": t.weight_decay,
+        "train.weight_decay": t.weight_decay, "data.skip": recipe.data.skip,
     }
     for key, v in non_negative.items():
         if v < 0:
@@ -253,19 +271,70 @@ def validate(recipe: Recipe) -> None:
         raise RecipeError("rewards.functions: at least one reward function is needed")
     if t.save_total_limit < 1:
         raise RecipeError(f"train.save_total_limit: must be >= 1, got {t.save_total_limit}")
-    if len(t.adam_betas) != 2:
-        raise RecipeError(f"train.adam_betas: two numbers expected, got {t.adam_betas}")
+    if t.max_consecutive_skips < 1:
+        raise RecipeError(f"train.max_consecutive_skips: must be >= 1, got {t.max_consecutive_skips}")
+    if t.sample_every < 0:
+        raise RecipeError(f"train.sample_every: must be >= 0 (0 = never), got {t.sample_every}")
+    if len(t.adam_betas) != 2 or not all(
+        isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in t.adam_betas
+    ):
+        raise RecipeError(f"train.adam_betas: two numbers in [0, 1) expected, got {t.adam_betas}")
+    optional_positive = {
+        "data.limit": recipe.data.limit, "eval.limit": recipe.eval.limit,
+        "rollout.chunk_size": r.chunk_size, "eval.max_new_tokens": recipe.eval.max_new_tokens,
+    }
+    for key, v in optional_positive.items():
+        if v is not None and v <= 0:
+            raise RecipeError(f"{key}: must be > 0 or null, got {v}")
+    if r.top_k < 0:
+        raise RecipeError(f"rollout.top_k: must be >= 0 (0 = off), got {r.top_k}")
+    if not 0 <= r.min_p <= 1:
+        raise RecipeError(f"rollout.min_p: must be in [0, 1] (0 = off), got {r.min_p}")
+    tpl = recipe.data.prompt_template
+    try:
+        filled = tpl.format(question="\0")
+    except (KeyError, IndexError, ValueError) as e:
+        raise RecipeError(f"data.prompt_template: {tpl!r} may use only the field {{question}} "
+                          f"(write literal braces as {{{{ }}}}): {e!r}") from None
+    if "\0" not in filled:
+        raise RecipeError(f"data.prompt_template: {tpl!r} has no {{question}} field, so every "
+                          "prompt would be the same text")
+
+
+def _is_text_field(sec: str, key: str) -> bool:
+    """Whether ``sec.key`` is a ``str`` (or ``str | None``) field of the recipe."""
+    cls = _hints(Recipe).get(sec)
+    hint = _hints(cls).get(key) if dataclasses.is_dataclass(cls) else None
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        hint = next((a for a in typing.get_args(hint) if a is not type(None)), None)
+    return hint is str
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
-    """``"train.max_steps=5"`` -> ``(["train", "max_steps"], 5)``; the value is parsed as YAML."""
+    """``"train.max_steps=5"`` -> ``(["train", "max_steps"], 5)``; the value is parsed as YAML.
+
+    An empty value is ``None``. For text fields (``data.prompt_template``, ...) a value that YAML
+    reads as something other than a string or null (``{question}`` is a YAML mapping, ``42`` an
+    int) or cannot parse at all is kept as the literal text after the first ``=``.
+    """
     if "=" not in text:
         raise RecipeError(f"override {text!r}: expected key.sub=value")
     key, _, value = text.partition("=")
     parts = key.strip().split(".")
     if len(parts) != 2 or not all(parts):
         raise RecipeError(f"override {text!r}: key must be section.name, e.g. train.max_steps")
-    return parts, yaml.safe_load(value) if value.strip() else None
+    if not value.strip():
+        return parts, None
+    text_field = _is_text_field(*parts)
+    try:
+        parsed = _yaml_load(value)
+    except yaml.YAMLError as e:
+        if not text_field:
+            raise RecipeError(f"override {text!r}: value is not valid YAML: {e}") from None
+        return parts, value
+    if text_field and parsed is not None and not isinstance(parsed, str):
+        return parts, value
+    return parts, parsed
 
 
 def load_recipe(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> Recipe:
@@ -277,7 +346,7 @@ def load_recipe(path: str | Path | None = None, overrides: list[str] | tuple = (
     raw: dict = {}
     if path is not None:
         try:
-            raw = yaml.safe_load(Path(path).read_text()) or {}
+            raw = _yaml_load(Path(path).read_text()) or {}
         except FileNotFoundError:
             raise RecipeError(f"recipe file not found: {path}") from None
         except yaml.YAMLError as e:

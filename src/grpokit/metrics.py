@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,17 @@ METRIC_KEYS = (
     "step", "reward_mean", "reward_std", "frac_zero_std", "loss", "kl", "clip_frac_low",
     "clip_frac_high", "entropy", "completion_len_mean", "truncated_frac", "grad_norm", "lr",
     "step_s", "gen_s", "train_s", "tokens_per_s",
+    # reliability: unscorable rewards, reward rows that raised/timed out, updates skipped as non-finite
+    "unscorable_frac", "reward_failures", "skipped_updates",
 )
+
+
+def _step_of(line: str) -> int | None:
+    """The ``step`` of a JSON line, or None for a blank or torn (half-written) line."""
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 class RunLogger:
@@ -33,11 +44,15 @@ class RunLogger:
                 self._tb = None
 
     def truncate_after(self, step: int) -> None:
-        """Drop lines of steps > ``step`` (a resumed run rewrites them)."""
+        """Drop lines of steps > ``step`` (a resumed run rewrites them), and a line torn by a kill
+        mid-write. The file is replaced atomically."""
         for path in (self.metrics_path, self.samples_path):
             if path.exists():
-                keep = [l for l in path.read_text().splitlines() if l and json.loads(l)["step"] <= step]
-                path.write_text("".join(l + "\n" for l in keep))
+                steps = [(l, _step_of(l)) for l in path.read_text().splitlines()]
+                keep = [l for l, st in steps if st is not None and st <= step]
+                tmp = path.with_name(path.name + ".tmp")
+                tmp.write_text("".join(l + "\n" for l in keep))
+                os.replace(tmp, path)
 
     def log(self, metrics: dict[str, Any]) -> None:
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}

@@ -19,13 +19,39 @@ def _dtype(name: str) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
 
 
-def load_prompts(recipe: Recipe, tokenizer, *, dataset: str, split: str, limit: int | None):
-    """Rows of ``dataset``/``split`` and their chat prompts; over-long prompts dropped (counted)."""
-    from grpokit.data import build_chat_prompt, filter_by_prompt_length, load_rows
+def load_data_rows(recipe: Recipe, *, dataset: str, split: str, limit: int | None) -> list[dict]:
+    """Rows of ``dataset``/``split`` (validated: known dataset and split, prompt/answer columns,
+    non-empty prompts); needs no tokenizer, so bad data fails before anything slow loads."""
+    from grpokit.data import load_rows
 
     d = recipe.data
-    rows = load_rows(dataset, split, limit=limit, seed=recipe.train.seed, options=dict(d.options),
+    return load_rows(dataset, split, limit=limit, seed=recipe.train.seed, options=dict(d.options),
                      prompt_field=d.prompt_field, answer_field=d.answer_field)
+
+
+def _section_rows(recipe: Recipe, section: str) -> list[dict]:
+    """``load_data_rows`` for the ``data`` or ``eval`` section; errors say which keys they concern."""
+    sec = getattr(recipe, section)
+    skip = recipe.data.skip if section == "data" else 0
+    try:
+        limit = None if sec.limit is None else skip + sec.limit
+        rows = load_data_rows(recipe, dataset=sec.dataset, split=sec.split, limit=limit)[skip:]
+        if not rows:
+            raise ValueError(f"no rows left after data.skip={skip}")
+        return rows
+    except (ValueError, FileNotFoundError) as e:
+        raise type(e)(f"{section}.dataset={sec.dataset!r} {section}.split={sec.split!r}: {e}") from e
+
+
+def load_prompts(recipe: Recipe, tokenizer, *, dataset: str, split: str, limit: int | None,
+                 rows: list[dict] | None = None):
+    """Rows of ``dataset``/``split`` (or the given ``rows``) and their chat prompts; over-long
+    prompts dropped (counted)."""
+    from grpokit.data import build_chat_prompt, filter_by_prompt_length
+
+    d = recipe.data
+    if rows is None:
+        rows = load_data_rows(recipe, dataset=dataset, split=split, limit=limit)
     prompts = [build_chat_prompt(tokenizer, r["prompt"], system_prompt=d.system_prompt,
                                  template=d.prompt_template) for r in rows]
     keep, skipped = filter_by_prompt_length(prompts, tokenizer, d.max_prompt_tokens)
@@ -41,10 +67,13 @@ def resolve_rewards(recipe: Recipe) -> tuple[dict, dict]:
     from grpokit.rewards.guard import GuardedReward
 
     rc = recipe.rewards
-    funcs = {
-        name: GuardedReward(name, get_reward_function(name), timeout_s=rc.timeout_s, on_error=rc.on_error)
-        for name in rc.functions
-    }
+    funcs = {}
+    for name in rc.functions:
+        try:
+            fn = get_reward_function(name)
+        except ValueError as e:
+            raise ValueError(f"rewards.functions: {e}") from e
+        funcs[name] = GuardedReward(name, fn, timeout_s=rc.timeout_s, on_error=rc.on_error)
     weights = dict(zip(rc.functions, rc.weights)) if rc.weights else {n: 1.0 for n in rc.functions}
     return funcs, weights
 
@@ -59,14 +88,24 @@ class Setup:
         self.recipe = recipe
         m = recipe.model
         seed_everything(recipe.train.seed)
+        # 1. what can be checked without the tokenizer or the model: rewards, step rule, data
         self.reward_funcs, self.reward_weights = resolve_rewards(recipe)
         if recipe.algo.supervision == "process":
             from grpokit.process import resolve_process_reward
+            from grpokit.rewards.steps import split_steps
 
             self.process_reward = resolve_process_reward(recipe)
+            try:
+                split_steps("a\nb", recipe.algo.step_rule)
+            except ValueError as e:
+                raise ValueError(f"algo.step_rule: {e}") from None
+        d, e = recipe.data, recipe.eval
+        rows = _section_rows(recipe, "data")
+        self.eval_rows = _section_rows(recipe, "eval") if e.dataset else None
+        # 2. tokenizer, prompts; 3. models
         self.tokenizer = load_tokenizer(m.name_or_path, trust_remote_code=m.trust_remote_code)
         self.rows, self.prompts, self.skipped_prompts = load_prompts(
-            recipe, self.tokenizer, dataset=recipe.data.dataset, split=recipe.data.split, limit=recipe.data.limit)
+            recipe, self.tokenizer, dataset=d.dataset, split=d.split, limit=d.limit, rows=rows)
         if len(self.rows) < recipe.train.prompts_per_step:
             print(f"[grpokit] note: {len(self.rows)} prompts < train.prompts_per_step; prompts repeat "
                   "within a step", file=sys.stderr)
@@ -108,7 +147,8 @@ class Setup:
         from grpokit.evaluate import evaluate
 
         e = self.recipe.eval
-        rows, prompts, _ = load_prompts(self.recipe, self.tokenizer, dataset=e.dataset, split=e.split, limit=e.limit)
+        rows, prompts, _ = load_prompts(self.recipe, self.tokenizer, dataset=e.dataset, split=e.split,
+                                        limit=e.limit, rows=self.eval_rows)
         res = evaluate(self.model, self.tokenizer, prompts, rows, eos_token_ids=self.eos_ids,
                        max_new_tokens=e.max_new_tokens or self.recipe.rollout.max_new_tokens,
                        batch_size=e.batch_size)
@@ -124,7 +164,9 @@ class Setup:
         st = self.state
         return save_checkpoint(
             self.out, st.step, model=self.model, tokenizer=self.tokenizer, optimizer=self.optimizer,
-            scheduler=self.scheduler, trainer_state={"epoch": st.epoch, "position": st.position, "extra": st.extra},
+            scheduler=self.scheduler,
+            trainer_state={"epoch": st.epoch, "position": st.position,
+                           "consecutive_skips": st.consecutive_skips, "extra": st.extra},
             recipe=self.recipe.to_dict(), keep=self.recipe.train.save_total_limit,
         )
 

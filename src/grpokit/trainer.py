@@ -21,6 +21,7 @@ import math
 import random
 import signal
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -119,13 +120,17 @@ def score_rollout(s: Setup, rows: list[dict], rollout) -> dict[str, Any]:
     n = len(rollout)
     prompts = [rows[i // g]["prompt"] for i in range(n)]
     columns = {k: [rows[i // g].get(k) for i in range(n)] for k in s.row_columns}
+    guards = [f for f in [*s.reward_funcs.values(), getattr(s, "process_reward", None)]
+              if isinstance(f, GuardedReward)]
+    failures_before = sum(f.failures for f in guards)
     total, per_fn = s.compute_rewards(prompts, rollout.completions, columns)
     rewards = torch.tensor([math.nan if r is None else r for r in total], dtype=torch.float64)
     metrics: dict[str, Any] = {}
     for name, vals in per_fn.items():
         ok = [v for v in vals if v is not None]
         metrics[f"rewards/{name}"] = sum(ok) / len(ok) if ok else None
-    metrics["unscorable_frac"] = float(torch.isnan(rewards).float().mean())
+    # None/NaN (and ±inf from a buggy reward) are unscorable: left out of the statistics, advantage 0
+    metrics["unscorable_frac"] = float((~torch.isfinite(rewards)).float().mean())
     grouped = rewards.view(-1, g)
     finite = torch.where(torch.isfinite(grouped), grouped, torch.nan)
     spread = torch.nan_to_num(finite.nanquantile(1.0, dim=1) - finite.nanquantile(0.0, dim=1), nan=0.0)
@@ -142,6 +147,8 @@ def score_rollout(s: Setup, rows: list[dict], rollout) -> dict[str, Any]:
         advantages = algo.group_advantages(
             rewards, g, scale=recipe.algo.advantage_scale, eps=recipe.algo.advantage_eps
         ).float()
+    # rows that raised or timed out this step (rewards.on_error=none scores them None)
+    metrics["reward_failures"] = sum(f.failures for f in guards) - failures_before
     return {"rewards": rewards, "advantages": advantages, "metrics": metrics}
 
 
@@ -192,10 +199,13 @@ def optimize(s: Setup, batch: Batch, advantages: torch.Tensor) -> dict[str, Any]
         if math.isfinite(gn) and math.isfinite(loss_total):
             s.optimizer.step()
             s.state.consecutive_skips = 0
+            s.scheduler.step()
         else:
             skipped += 1
             s.state.consecutive_skips += 1
-        s.scheduler.step()
+            with warnings.catch_warnings():  # the schedule follows steps taken or skipped
+                warnings.filterwarnings("ignore", message=".*lr_scheduler.step.*optimizer.step")
+                s.scheduler.step()
     s.optimizer.zero_grad(set_to_none=True)
     mu = t.num_iterations
     out = {k: sum(sums[f"{k}@{i}"] for i in range(mu)) / mu for k in ("loss", "kl", "clip_frac_low", "clip_frac_high", "ratio_mean")}
@@ -206,11 +216,11 @@ def optimize(s: Setup, batch: Batch, advantages: torch.Tensor) -> dict[str, Any]
 
 def train(recipe: Recipe, *, progress: bool = True) -> dict[str, Any]:
     """Run GRPO as the recipe says; returns a summary (last metrics, eval results, paths)."""
-    s = prepare(recipe)  # validates data and rewards before any model loads, then loads models
     out = Path(recipe.train.output_dir)
+    start = find_resume_checkpoint(out, recipe.train.resume)  # a bad train.resume fails first
+    s = prepare(recipe)  # validates data and rewards before any model loads, then loads models
     logger = RunLogger(out)
     summary: dict[str, Any] = {"output_dir": str(out)}
-    start = find_resume_checkpoint(out, recipe.train.resume)
     if start is not None:
         state, blob = load_training_state(start)
         s.load_weights(start)
@@ -218,6 +228,7 @@ def train(recipe: Recipe, *, progress: bool = True) -> dict[str, Any]:
         s.scheduler.load_state_dict(blob["scheduler"])
         set_rng_state(blob["rng"])
         s.state = TrainState(step=state["step"], epoch=state["epoch"], position=state["position"],
+                             consecutive_skips=state.get("consecutive_skips", 0),
                              extra=state.get("extra", {}))
         logger.truncate_after(s.state.step)
         summary["resumed_from"] = str(start)
@@ -286,7 +297,7 @@ def run_step(s: Setup, logger: RunLogger) -> dict[str, Any]:
     if every and (step % every == 0 or step == 1):
         logger.log_samples(step, [
             {"prompt": rows[i // recipe.rollout.group_size]["prompt"], "answer": rows[i // recipe.rollout.group_size]["answer"],
-             "completion": rollout.completions[i], "reward": None if math.isnan(r) else float(r)}
+             "completion": rollout.completions[i], "reward": float(r) if math.isfinite(r) else None}
             for i, r in enumerate(scored["rewards"].tolist())
         ])
     return metrics

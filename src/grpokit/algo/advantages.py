@@ -30,6 +30,12 @@ def _pooled_stats(values: torch.Tensor, valid: torch.Tensor):
     return mean, std, varies
 
 
+def _safe_div(num: torch.Tensor, denom: torch.Tensor) -> torch.Tensor:
+    """``num / denom``, and 0 where ``denom`` is 0 (a constant group with ``eps = 0``: 0/0)."""
+    denom = denom.expand_as(num)
+    return torch.where(denom > 0, num / torch.where(denom > 0, denom, 1.0), torch.zeros_like(num))
+
+
 def group_advantages(
     rewards: torch.Tensor, group_size: int, *, scale: str = "group", eps: float = 1e-4
 ) -> torch.Tensor:
@@ -72,10 +78,10 @@ def group_advantages(
     mean, std, varies = _pooled_stats(r, valid)
     centred = torch.where(valid & varies[:, None], r - mean[:, None], torch.zeros_like(r))
     if scale == "group":
-        adv = centred / (std[:, None] + eps)
+        adv = _safe_div(centred, std[:, None] + eps)
     elif scale == "batch":
         _, batch_std, batch_varies = _pooled_stats(r.reshape(1, -1), valid.reshape(1, -1))
-        adv = centred / (batch_std + eps) if bool(batch_varies) else torch.zeros_like(r)
+        adv = _safe_div(centred, batch_std + eps) if bool(batch_varies) else torch.zeros_like(r)
     else:
         adv = centred
     return adv.reshape(-1).to(out_dtype)

@@ -13,6 +13,15 @@
    EOS, never derived from the pad id), ``truncated`` = no EOS within ``max_new_tokens``;
 5. decode each completion up to (excluding) its first EOS, skipping special tokens.
 
+Prompt sharing (``share_prompt=True``, the default): ``generate`` would run the prefill over all
+``N = B·G`` rows, i.e. each prompt G times. Instead the first ``P-1`` prompt columns of each
+*distinct* prompt in a chunk are run once into a ``DynamicCache``, which is repeated to the rows
+(``batch_select_indices``) and handed to ``generate``; ``generate`` then only runs the last prompt
+column before sampling. The sampling itself (logits processors, RNG draws) is untouched, so with
+the same seed the samples equal the plain path's wherever the logits agree (float rounding aside;
+``tests/test_policy_fast.py`` checks equal tokens on a tiny model). Models whose cache has
+sliding-window/static layers, and prompts one token long, take the plain path.
+
 The model's own ``generation_config`` (which may carry ``top_p``, ``temperature``, ``top_k``,
 ``max_length`` from the hub) never overrides the recipe: transformers fills every field left
 ``None`` from it, so :func:`build_generation_config` sets each sampling field explicitly, including
@@ -31,6 +40,7 @@ from typing import Any
 import torch
 
 from grpokit.algo import completion_terminated, mask_completions
+from grpokit.policy import autocast_context, cache_kwarg, distinct_rows, dynamic_prefix_cache
 
 # Fields that transformers only switches off when they are ``None`` -- which it then fills from
 # the model's generation_config. We cannot neutralise them through our config; warn if set.
@@ -180,6 +190,8 @@ def generate_rollouts(
     eos_token_ids: Sequence[int],
     chunk_size: int | None = None,
     seed: int | None = None,
+    share_prompt: bool = True,
+    autocast_bf16: bool = False,
 ) -> Rollout:
     """Sample ``group_size`` completions for each prompt with ``model.generate``.
 
@@ -197,6 +209,10 @@ def generate_rollouts(
         seed: if given, sampling is seeded with ``torch.manual_seed(seed)`` inside
             ``torch.random.fork_rng``, so the output is reproducible and the caller's global RNG
             state is left untouched. Pass a different seed per step.
+        share_prompt: prefill each distinct prompt once and repeat its KV cache to its G rows
+            (module docstring); False = plain ``generate`` over all rows.
+        autocast_bf16: run generation under CPU/GPU bf16 autocast (as the trainer's log-prob
+            passes do with ``model.autocast_bf16``, so sampler and trainer use the same precision).
 
     Returns:
         :class:`Rollout` with ``N = B·G`` rows, grouped by prompt, ``T <= max_new_tokens``.
@@ -250,12 +266,13 @@ def generate_rollouts(
     )
     chunks: list[torch.Tensor] = []
     t0 = time.perf_counter()
-    with torch.inference_mode(), _seeded(seed, device):
+    with torch.inference_mode(), _seeded(seed, device), autocast_context(autocast_bf16, device):
         for start in range(0, N, rows):
+            ids = prompt_ids[start : start + rows]
+            mask = prompt_mask[start : start + rows]
+            extra = _shared_prefix_cache(model, ids, mask) if share_prompt else {}
             out = model.generate(
-                input_ids=prompt_ids[start : start + rows],
-                attention_mask=prompt_mask[start : start + rows].long(),
-                generation_config=gen_config,
+                input_ids=ids, attention_mask=mask.long(), generation_config=gen_config, **extra
             )
             chunks.append(out[:, P:])  # (n, T_chunk): generate returns prompt + new tokens
     gen_s = time.perf_counter() - t0
@@ -287,6 +304,26 @@ def generate_rollouts(
         group_size=G,
         gen_s=gen_s,
     )
+
+
+def _shared_prefix_cache(model: Any, ids: torch.Tensor, mask: torch.Tensor) -> dict[str, Any]:
+    """``{cache_kwarg: cache}`` holding the first ``P-1`` columns of ``ids`` for every row, computed
+    once per distinct prompt; ``{}`` when sharing does not apply (plain ``generate`` then)."""
+    n, p = ids.shape
+    if n < 2 or p < 2:
+        return {}
+    first, inverse = distinct_rows(ids, mask)
+    if len(first) == n:
+        return {}
+    cache = dynamic_prefix_cache(model)
+    if cache is None:
+        return {}
+    attn = mask[first, : p - 1].long()
+    position_ids = (attn.cumsum(1) - 1).clamp(min=0)  # as generate numbers left-padded rows
+    model(input_ids=ids[first, : p - 1], attention_mask=attn, position_ids=position_ids, use_cache=True,
+          logits_to_keep=1, **{cache_kwarg(model.forward): cache})
+    cache.batch_select_indices(inverse)  # (U, ...) -> (n, ...)
+    return {cache_kwarg(model.forward): cache}  # generate passes it on to forward under this name
 
 
 def _model_device(model: Any) -> torch.device:

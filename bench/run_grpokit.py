@@ -1,0 +1,215 @@
+"""Benchmark child: grpokit's own training loop (``grpokit.trainer.run_step``) on the workload.
+
+Run by ``bench_vs_trl.py`` in the main ``.venv``; writes one JSON ``Result``. Phases are timed by
+wrapping the functions the trainer calls (generation, the no-grad log-prob passes, rewards); the
+rest of the step is the policy forward with gradient, backward and optimizer step.
+
+    python bench/run_grpokit.py --out r.json --precision bf16_autocast --steps 4 [--parity]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import (  # noqa: E402
+    MODEL_ALIAS, Clock, Result, StepRecord, Workload, load_avg, ordered_rows, peak_rss_gb, versions,
+)
+
+import torch  # noqa: E402
+
+
+def build_recipe(w: Workload, out_dir: str):
+    from grpokit.config import recipe_from_dict
+
+    model = {"name_or_path": MODEL_ALIAS, "dtype": "bfloat16" if w.precision == "bf16" else "float32",
+             "autocast_bf16": w.precision == "bf16_autocast"}
+    return recipe_from_dict({
+        "model": model,
+        "data": {"dataset": "gsm8k", "split": "train"},
+        "rollout": {"group_size": w.G, "max_new_tokens": w.max_new_tokens, "temperature": w.temperature},
+        "rewards": {"functions": ["math_correct"]},
+        "algo": {"beta": w.beta},
+        "train": {"prompts_per_step": w.B, "max_steps": w.steps, "micro_batch_size": w.micro_batch_size,
+                  "learning_rate": w.learning_rate, "seed": w.seed, "output_dir": out_dir,
+                  "sample_every": 0, "save_steps": 0},
+    })
+
+
+def _processed_tokens(batch, share: bool) -> tuple[int, int]:
+    """(non-padding, padded) tokens one ``completion_logprobs`` call runs through the model."""
+    from grpokit.policy import distinct_rows
+
+    n, p = batch.prompt_ids.shape
+    t = batch.completion_ids.shape[1]
+    pm, cm = batch.prompt_mask, batch.completion_mask
+    if share and n > 1 and p > 1:
+        first, _ = distinct_rows(batch.prompt_ids, pm)
+        if len(first) < n:  # prefix once per distinct prompt, then T tokens per row
+            real = int(pm[first, : p - 1].sum()) + n + int(cm[:, :-1].sum())
+            return real, len(first) * (p - 1) + n * t
+    return int(pm.sum() + cm.sum()), n * (p + t)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--G", type=int, default=8)
+    ap.add_argument("--B", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--micro-batch-size", type=int, default=8)
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16_autocast", "bf16"])
+    ap.add_argument("--plain", action="store_true", help="switch off prompt sharing (the unoptimized path)")
+    ap.add_argument("--gen-autocast", action="store_true",
+                    help="also sample under bf16 autocast (generate_rollouts(autocast_bf16=True))")
+    ap.add_argument("--parity", action="store_true",
+                    help="after the steps: loss/grad of this setting vs the plain fp32 path on the last batch")
+    a = ap.parse_args()
+    w = Workload(G=a.G, B=a.B, max_new_tokens=a.max_new_tokens, steps=a.steps,
+                 micro_batch_size=a.micro_batch_size, precision=a.precision)
+    setting = a.precision + ("_plain" if a.plain else "") + ("_genbf16" if a.gen_autocast else "")
+    res = Result(peer="grpokit", setting=setting, workload=vars(w) | {"N": w.N}, load_avg_before=load_avg(),
+                 versions=versions())
+
+    import grpokit.policy as policy
+    import grpokit.rollout.hf as hf
+    import grpokit.trainer as trainer
+    from grpokit.metrics import RunLogger
+    from grpokit.setup import prepare
+
+    share = not a.plain
+    clock = Clock()
+    counts = {"train_tokens": 0, "train_tokens_padded": 0, "sequence_tokens": 0}
+
+    # -- instrument the functions the trainer looks up at call time ------------------------------
+    gen_kw = {"share_prompt": share, "autocast_bf16": a.gen_autocast}
+    hf.generate_rollouts = functools.partial(hf.generate_rollouts, **gen_kw)
+    orig_batch_logprobs, orig_completion_logprobs = trainer.batch_logprobs, trainer.completion_logprobs
+
+    def batch_logprobs(*args, **kw):
+        with clock.timed("logp_ref"):
+            return orig_batch_logprobs(*args, share_prompt=share, **kw)
+
+    def completion_logprobs(model, batch, **kw):
+        real, padded = _processed_tokens(batch, share)
+        counts["train_tokens"] += real
+        counts["train_tokens_padded"] += padded
+        counts["sequence_tokens"] += int(batch.prompt_mask.sum() + batch.completion_mask.sum())
+        return orig_completion_logprobs(model, batch, share_prompt=share, **kw)
+
+    trainer.batch_logprobs, trainer.completion_logprobs = batch_logprobs, completion_logprobs
+    captured = {}
+    orig_optimize = trainer.optimize
+
+    def optimize(s, batch, advantages):
+        captured["batch"], captured["advantages"] = batch, advantages
+        return orig_optimize(s, batch, advantages)
+
+    trainer.optimize = optimize
+
+    with tempfile.TemporaryDirectory(prefix="grpokit-bench-") as tmp:
+        recipe = build_recipe(w, tmp)
+        s = prepare(recipe)
+        res.n_params = sum(p.numel() for p in s.model.parameters())
+        expected = [r["prompt_text"] for r in ordered_rows(s.tokenizer, w)]
+        seen: list[str] = []
+        orig_generate, orig_rewards = s.generate, s.compute_rewards
+
+        def generate(prompts, **kw):
+            seen.extend(prompts)
+            with clock.timed("gen"):
+                return orig_generate(prompts, **kw)
+
+        def compute_rewards(*args, **kw):
+            with clock.timed("reward"):
+                return orig_rewards(*args, **kw)
+
+        s.generate, s.compute_rewards = generate, compute_rewards
+        logger = RunLogger(tmp, tensorboard=False)
+        for _ in range(w.steps):
+            counts.update(train_tokens=0, train_tokens_padded=0, sequence_tokens=0)
+            t0 = time.perf_counter()
+            m = trainer.run_step(s, logger)
+            step_s = time.perf_counter() - t0
+            ph = clock.pop()
+            cm = captured["batch"].completion_mask
+            rec = StepRecord(
+                step=m["step"], step_s=step_s, gen_s=ph.get("gen", 0.0), logp_ref_s=ph.get("logp_ref", 0.0),
+                train_s=step_s - ph.get("gen", 0.0) - ph.get("logp_ref", 0.0) - ph.get("reward", 0.0),
+                completion_tokens=int(cm.sum()), completion_len_mean=float(cm.sum(1).float().mean()),
+                train_tokens=counts["train_tokens"], train_tokens_padded=counts["train_tokens_padded"],
+                sequence_tokens=counts["sequence_tokens"], reward_mean=m.get("reward_mean"), loss=m.get("loss"),
+            )
+            res.steps.append(vars(rec))
+            print(f"[grpokit {setting}] step {rec.step}: {rec.step_s:.1f}s (gen {rec.gen_s:.1f}, "
+                  f"logp/ref {rec.logp_ref_s:.1f}, train {rec.train_s:.1f}); len {rec.completion_len_mean:.1f}",
+                  flush=True)
+        logger.close()
+        res.notes["same_prompts_as_workload"] = seen == expected[: len(seen)]
+        res.peak_rss_gb = peak_rss_gb()  # before the parity check (which builds a second graph)
+        if a.parity:
+            res.notes["parity"] = parity(s, captured["batch"], captured["advantages"], w, share=share)
+            print(f"[grpokit {setting}] parity vs plain fp32: {res.notes['parity']}", flush=True)
+    res.load_avg_after = load_avg()
+    res.write(a.out)
+
+
+def _loss_and_grad(s, batch, advantages, *, share: bool, autocast: bool):
+    """The trainer's μ = 1 loss on ``batch`` (micro-batches, batch-wide normalization) and the
+    flattened gradient, computed with the given path."""
+    from grpokit import algo
+    from grpokit.policy import batch_logprobs, completion_logprobs, micro_batches
+
+    r = s.recipe
+    temp, mbs = r.rollout.temperature, r.train.micro_batch_size
+    ref = batch_logprobs(s.ref_model, batch, temperature=temp, micro_batch_size=mbs, autocast_bf16=autocast,
+                         share_prompt=share)
+    n, n_tok = len(batch), int(batch.completion_mask.sum())
+    s.model.zero_grad(set_to_none=True)
+    total, logps = 0.0, []
+    for sl in micro_batches(n, mbs):
+        sub = batch.rows(sl)
+        tt = sub.completion_ids.shape[1]
+        logp, _ = completion_logprobs(s.model, sub, temperature=temp, autocast_bf16=autocast, share_prompt=share)
+        loss, _ = algo.policy_loss(
+            logp, logp.detach(), advantages[sl], sub.completion_mask, ref_logp=ref[sl, :tt], beta=r.algo.beta,
+            aggregation=r.algo.loss_aggregation, max_completion_length=r.rollout.max_new_tokens,
+            num_sequences=n, num_tokens=n_tok,
+        )
+        loss.backward()
+        total += loss.item()
+        full = torch.zeros(sub.completion_ids.shape[0], batch.completion_ids.shape[1])
+        full[:, :tt] = logp.detach().float() * sub.completion_mask
+        logps.append(full)
+    grad = torch.cat([p.grad.flatten().float() for p in s.model.parameters() if p.grad is not None])
+    s.model.zero_grad(set_to_none=True)
+    return total, torch.cat(logps), grad
+
+
+def parity(s, batch, advantages, w: Workload, *, share: bool) -> dict:
+    """This setting's loss, log-probs and gradient vs the plain fp32 path, same weights and batch."""
+    if w.precision == "bf16":
+        return {"skipped": "parameters are bf16; there is no fp32 path on the same weights"}
+    note = "the step's advantages"
+    if not bool(advantages.abs().gt(0).any()):  # every group had equal rewards: the loss is flat
+        advantages = torch.randn(advantages.shape, generator=torch.Generator().manual_seed(0))
+        note = "seeded N(0,1) advantages (the step's were all 0)"
+    fast = _loss_and_grad(s, batch, advantages, share=share, autocast=w.precision == "bf16_autocast")
+    plain = _loss_and_grad(s, batch, advantages, share=False, autocast=False)
+    gd = (fast[2] - plain[2]).norm() / plain[2].norm().clamp(min=1e-30)
+    cos = torch.nn.functional.cosine_similarity(fast[2], plain[2], dim=0)
+    return {"loss_fast": fast[0], "loss_plain_fp32": plain[0], "loss_abs_diff": abs(fast[0] - plain[0]),
+            "logp_max_abs_diff": float((fast[1] - plain[1]).abs().max()),
+            "grad_rel_l2_diff": float(gd), "grad_cosine": float(cos),
+            "finite": all(math.isfinite(x) for x in (fast[0], plain[0])), "advantages": note}
+
+
+if __name__ == "__main__":
+    main()

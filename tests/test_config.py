@@ -1,0 +1,206 @@
+"""grpokit.config: the recipe dataclasses, validation messages, dotted overrides, help text."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from grpokit.config import (
+    Recipe,
+    RecipeError,
+    help_text,
+    load_recipe,
+    parse_override,
+    recipe_from_dict,
+)
+from grpokit.cli import DEFAULT_RECIPE
+
+
+def test_defaults_and_demo_recipe_validate():
+    recipe_from_dict({})
+    r = load_recipe(DEFAULT_RECIPE)
+    assert r.rollout.group_size == 8 and r.algo.beta == 0.04
+    assert r.model.trust_remote_code is False  # safe default
+
+
+@pytest.mark.parametrize("raw, names", [
+    ({"train": {"max_stepz": 3}}, ["train.max_stepz", "max_steps"]),  # lists what is allowed
+    ({"trainer": {}}, ["'trainer'", "train"]),
+    ({"rollout": {"group_size": 2, "temprature": 1.0}}, ["rollout.temprature"]),
+])
+def test_unknown_key_error_names_the_key(raw, names):
+    with pytest.raises(RecipeError) as e:
+        recipe_from_dict(raw)
+    for n in names:
+        assert n in str(e.value)
+
+
+@pytest.mark.parametrize("key, value, expect", [
+    ("train.max_steps", "ten", "expected an integer"),
+    ("train.max_steps", 2.5, "expected an integer"),
+    ("train.max_steps", True, "expected an integer"),
+    ("model.autocast_bf16", "yes", "expected true/false"),
+    ("algo.beta", "0.1", "expected float"),
+    ("rewards.functions", "math_correct", "expected list"),
+    ("data.limit", "8", "expected an integer"),
+])
+def test_wrong_type_names_key_and_value(key, value, expect):
+    sec, name = key.split(".")
+    with pytest.raises(RecipeError) as e:
+        recipe_from_dict({sec: {name: value}})
+    assert key in str(e.value) and expect in str(e.value) and repr(value) in str(e.value)
+
+
+def test_int_where_float_expected_is_accepted():
+    r = recipe_from_dict({"algo": {"beta": 0}, "train": {"learning_rate": 1}})
+    assert r.algo.beta == 0.0 and isinstance(r.algo.beta, float)
+    assert isinstance(r.train.learning_rate, float)
+
+
+@pytest.mark.parametrize("key, value, allowed", [
+    ("rollout.group_size", 1, ">= 2"),
+    ("rollout.group_size", 0, ">= 2"),
+    ("rollout.max_new_tokens", 0, "> 0"),
+    ("train.prompts_per_step", 0, "> 0"),
+    ("train.max_steps", -1, "> 0"),
+    ("train.micro_batch_size", 0, "> 0"),
+    ("train.num_iterations", 0, "> 0"),
+    ("data.max_prompt_tokens", 0, "> 0"),
+    ("rewards.timeout_s", 0, "> 0"),
+    ("algo.clip_eps_low", -0.1, ">= 0"),
+    ("algo.clip_eps_high", -0.1, ">= 0"),
+    ("algo.clip_eps_low", 1.0, "< 1"),
+    ("algo.beta", -0.01, ">= 0"),
+    ("algo.advantage_eps", -1e-4, ">= 0"),
+    ("train.learning_rate", -1e-6, ">= 0"),
+    ("rollout.temperature", 0.0, "> 0"),
+    ("rollout.top_p", 0.0, "(0, 1]"),
+    ("rollout.top_p", 1.5, "(0, 1]"),
+    ("algo.kl_estimator", "k4", "k1, k2, k3"),
+    ("algo.loss_aggregation", "sum", "token_mean"),
+    ("rewards.on_error", "ignore", "raise, none"),
+    ("train.save_total_limit", 0, ">= 1"),
+])
+def test_out_of_range_names_key_and_allowed(key, value, allowed):
+    sec, name = key.split(".")
+    with pytest.raises(RecipeError) as e:
+        recipe_from_dict({sec: {name: value}})
+    assert key in str(e.value) and allowed in str(e.value)
+
+
+def test_weights_must_match_functions():
+    with pytest.raises(RecipeError, match="rewards.weights"):
+        recipe_from_dict({"rewards": {"functions": ["format"], "weights": [1.0, 2.0]}})
+
+
+@pytest.mark.parametrize("text, key, value", [
+    ("train.max_steps=5", ["train", "max_steps"], 5),
+    ("train.learning_rate=3e-6", ["train", "learning_rate"], 3e-6),
+    ("algo.beta=0.5", ["algo", "beta"], 0.5),
+    ("rewards.functions=[math_correct, format]", ["rewards", "functions"], ["math_correct", "format"]),
+    ("rewards.weights=[1, 0.5]", ["rewards", "weights"], [1, 0.5]),
+    ("data.limit=null", ["data", "limit"], None),
+    ("data.limit=", ["data", "limit"], None),
+    ("model.autocast_bf16=true", ["model", "autocast_bf16"], True),
+    ("data.prompt_template={question} Answer: x=1", ["data", "prompt_template"],
+     "{question} Answer: x=1"),  # only the first '=' splits
+])
+def test_parse_override(text, key, value):
+    assert parse_override(text) == (key, value)
+
+
+@pytest.mark.parametrize("text", ["train.max_steps", "max_steps=3", "a.b.c=1", ".x=1"])
+def test_bad_override_is_rejected(text):
+    with pytest.raises(RecipeError):
+        parse_override(text)
+
+
+def test_load_recipe_applies_overrides(tmp_path):
+    p = tmp_path / "r.yaml"
+    p.write_text("train:\n  max_steps: 7\nrollout:\n  group_size: 4\n")
+    r = load_recipe(p, ["train.max_steps=3", "algo.beta=0", "data.limit=null",
+                        "rewards.functions=[format]", "train.adam_betas=[0.9, 0.95]"])
+    assert r.train.max_steps == 3 and r.rollout.group_size == 4 and r.algo.beta == 0.0
+    assert r.data.limit is None and r.rewards.functions == ["format"]
+    assert r.train.adam_betas == [0.9, 0.95]
+    with pytest.raises(RecipeError, match="train.max_stepz"):
+        load_recipe(p, ["train.max_stepz=3"])
+
+
+def test_load_recipe_file_errors(tmp_path):
+    with pytest.raises(RecipeError, match="not found"):
+        load_recipe(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: [1, 2\n")
+    with pytest.raises(RecipeError, match="not valid YAML"):
+        load_recipe(bad)
+    lst = tmp_path / "list.yaml"
+    lst.write_text("- 1\n- 2\n")
+    with pytest.raises(RecipeError, match="mapping"):
+        load_recipe(lst)
+
+
+def test_help_text_lists_every_field_with_its_help():
+    text = help_text()
+    for sec in dataclasses.fields(Recipe):
+        for f in dataclasses.fields(sec.type if isinstance(sec.type, type) else type(getattr(Recipe(), sec.name))):
+            assert f"{sec.name}.{f.name} = " in text, f"{sec.name}.{f.name}"
+            assert f.metadata["help"] in text
+
+
+def test_to_dict_round_trips():
+    r = recipe_from_dict({"train": {"max_steps": 3}, "rollout": {"group_size": 4}})
+    assert recipe_from_dict(r.to_dict()) == r
+
+
+def test_exponent_floats_without_a_dot(tmp_path):
+    """PyYAML (YAML 1.1) reads ``1e-6`` as a string; recipes must read it as the float users mean."""
+    p = tmp_path / "r.yaml"
+    p.write_text("train:\n  learning_rate: 1e-6\nalgo:\n  advantage_eps: 1E-8\n")
+    r = load_recipe(p, ["algo.beta=4e-2"])
+    assert r.train.learning_rate == 1e-6 and r.algo.advantage_eps == 1e-8 and r.algo.beta == 0.04
+    assert parse_override("data.system_prompt=e5")[1] == "e5"  # not a number: stays a string
+
+
+@pytest.mark.parametrize("text, value", [
+    ("data.prompt_template={question}", "{question}"),  # YAML would read a mapping
+    ("data.prompt_template={question} Answer: x=1", "{question} Answer: x=1"),  # YAML error
+    ("data.system_prompt=42", "42"),
+    ("data.system_prompt=null", None),
+    ("data.dataset=data/train.jsonl", "data/train.jsonl"),
+])
+def test_text_fields_keep_the_literal_text(text, value):
+    assert parse_override(text)[1] == value
+
+
+def test_unparsable_value_of_a_non_text_field_is_a_recipe_error():
+    with pytest.raises(RecipeError, match="rewards.functions"):
+        parse_override("rewards.functions=[a, b")
+
+
+@pytest.mark.parametrize("key, value, allowed", [
+    ("train.max_consecutive_skips", 0, ">= 1"),
+    ("train.sample_every", -1, ">= 0"),
+    ("train.adam_betas", [0.9, 1.5], "[0, 1)"),
+    ("train.adam_betas", [0.9], "two numbers"),
+    ("data.limit", 0, "> 0 or null"),
+    ("eval.limit", -5, "> 0 or null"),
+    ("rollout.chunk_size", 0, "> 0 or null"),
+    ("eval.max_new_tokens", 0, "> 0 or null"),
+    ("rollout.top_k", -1, ">= 0"),
+    ("rollout.min_p", 1.5, "[0, 1]"),
+    ("data.prompt_template", "Solve this.", "no {question} field"),
+    ("data.prompt_template", "{question} in {units}", "only the field {question}"),
+    ("data.prompt_template", "{question} }", "only the field {question}"),
+])
+def test_more_out_of_range_values(key, value, allowed):
+    sec, name = key.split(".")
+    with pytest.raises(RecipeError) as e:
+        recipe_from_dict({sec: {name: value}})
+    assert key in str(e.value) and allowed in str(e.value)
+
+
+def test_literal_braces_in_template_are_fine():
+    r = recipe_from_dict({"data": {"prompt_template": "{question}\nPut it in \\boxed{{}}."}})
+    assert "{{}}" in r.data.prompt_template

@@ -1,0 +1,135 @@
+"""Fast paths of ``grpokit.policy`` / ``grpokit.rollout.hf`` equal the plain ones.
+
+Each optimized path is run next to the plain one on a tiny random Llama (CPU, float32) on the same
+batch: log-probs, entropies, the GRPO loss and every parameter gradient must agree
+(``torch.testing.assert_close`` with its float32 defaults unless a tolerance is written down).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grpokit import algo
+from grpokit.policy import Batch, batch_logprobs, completion_logprobs, distinct_rows
+
+V = 64  # tiny_model_v64: bos 1, eos 2, pad 0
+
+
+def _grouped_batch(G: int = 3, T: int = 7, seed: int = 0) -> tuple[Batch, torch.Tensor]:
+    """Two prompts of different lengths (left-padded), G rows each; completions with EOS at
+    different places (one row truncated), so padding sits on both sides of the sequence."""
+    gen = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(3, V, (5,), generator=gen), torch.randint(3, V, (9,), generator=gen)]
+    P = max(len(p) for p in prompts)
+    pid = torch.zeros(len(prompts), P, dtype=torch.long)
+    pm = torch.zeros(len(prompts), P, dtype=torch.bool)
+    for i, p in enumerate(prompts):
+        pid[i, P - len(p):], pm[i, P - len(p):] = p, True
+    N = len(prompts) * G
+    cid = torch.randint(3, V, (N, T), generator=gen)
+    ends = torch.randint(0, T, (N,), generator=gen)
+    ends[1] = T  # no EOS: truncated row
+    cm = torch.zeros(N, T, dtype=torch.bool)
+    for i, e in enumerate(ends.tolist()):
+        if e < T:
+            cid[i, e] = 2
+        cm[i, : min(e + 1, T)] = True
+    adv = torch.randn(N, generator=gen)
+    batch = Batch(pid.repeat_interleave(G, 0), pm.repeat_interleave(G, 0), cid, cm)
+    return batch, adv
+
+
+def _loss_and_grads(model, batch, adv, ref_logp, **kw):
+    model.zero_grad(set_to_none=True)
+    logp, ent = completion_logprobs(model, batch, temperature=0.7, with_entropy=True, **kw)
+    loss, _ = algo.policy_loss(logp, logp.detach(), adv, batch.completion_mask, ref_logp=ref_logp, beta=0.04,
+                               num_sequences=len(batch), num_tokens=int(batch.completion_mask.sum()))
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return logp.detach(), ent, loss.detach(), grads
+
+
+@pytest.mark.parametrize("G", [2, 4])
+def test_shared_prompt_equals_plain_logprobs_loss_and_grads(make_tiny_model, G):
+    model = make_tiny_model(vocab_size=V, pad_token_id=0)
+    ref = make_tiny_model(vocab_size=V, pad_token_id=0, seed=1).requires_grad_(False)
+    batch, adv = _grouped_batch(G=G)
+    # the reference pass (no grad, micro-batches that split the groups) agrees too
+    ref_plain = batch_logprobs(ref, batch, temperature=0.7, micro_batch_size=3, share_prompt=False)
+    ref_fast = batch_logprobs(ref, batch, temperature=0.7, micro_batch_size=3, share_prompt=True)
+    torch.testing.assert_close(ref_fast, ref_plain)
+
+    plain = _loss_and_grads(model, batch, adv, ref_plain, share_prompt=False)
+    fast = _loss_and_grads(model, batch, adv, ref_plain, share_prompt=True)
+    for a, b in zip(fast[:3], plain[:3]):
+        torch.testing.assert_close(a, b)
+    assert plain[3].keys() == fast[3].keys() and len(plain[3]) == len(list(model.parameters()))
+    for name in plain[3]:
+        torch.testing.assert_close(fast[3][name], plain[3][name], msg=name)
+
+
+def test_shared_prompt_matches_plain_in_micro_batches_of_the_trainer(make_tiny_model):
+    # The trainer's micro-batches are Batch.rows(slice): padding columns cut, groups split anywhere.
+    model = make_tiny_model(vocab_size=V, pad_token_id=0)
+    batch, _ = _grouped_batch(G=3, seed=3)
+    for sl in (slice(0, 2), slice(1, 5), slice(3, 6)):
+        sub = batch.rows(sl)
+        with torch.no_grad():
+            a, _ = completion_logprobs(model, sub, temperature=1.0, share_prompt=True)
+            b, _ = completion_logprobs(model, sub, temperature=1.0, share_prompt=False)
+        torch.testing.assert_close(a, b)
+
+
+def test_shared_prompt_falls_back_when_no_prompt_repeats(make_tiny_model, monkeypatch):
+    import grpokit.policy as policy
+
+    model = make_tiny_model(vocab_size=V, pad_token_id=0)
+    batch, _ = _grouped_batch(G=1)
+    called = []
+    monkeypatch.setattr(policy, "dynamic_prefix_cache", lambda m: called.append(m))
+    with torch.no_grad():
+        a, _ = completion_logprobs(model, batch, temperature=1.0)
+    assert called == []  # decided before any cache is built
+    with torch.no_grad():
+        b, _ = completion_logprobs(model, batch, temperature=1.0, share_prompt=False)
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_distinct_rows_ignores_padding_and_keeps_first_appearance_order():
+    ids = torch.tensor([[0, 7, 8], [0, 5, 6], [9, 7, 8], [0, 5, 6]])
+    mask = torch.tensor([[0, 1, 1], [0, 1, 1], [0, 1, 1], [0, 1, 1]]).bool()
+    first, inverse = distinct_rows(ids, mask)
+    assert first.tolist() == [0, 1]  # row 2 equals row 0 under its padding
+    assert inverse.tolist() == [0, 1, 0, 1]
+
+
+# -- generation: prefill once per distinct prompt -------------------------------------------------
+
+MANY_EOS = list(range(0, 49152, 5))  # ~20% of sampled ids end a completion (tiny model is ~uniform)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_shared_prefill_generates_the_same_tokens(tiny_model, smollm2_tokenizer, smollm2_prompts, seed):
+    from grpokit.rollout import SamplingParams, generate_rollouts
+
+    params = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, max_new_tokens=10)
+    prompts = smollm2_prompts + ["The cat sat on"]  # three lengths: left padding differs by row
+    for chunk in (None, 4):  # chunk 4 splits a group across generate calls
+        plain, fast = (
+            generate_rollouts(tiny_model, smollm2_tokenizer, prompts, 3, params, eos_token_ids=MANY_EOS,
+                              seed=seed, share_prompt=share, chunk_size=chunk)
+            for share in (False, True)
+        )
+        assert plain.completion_mask.sum(1).min() < plain.completion_ids.shape[1]  # some rows stopped early
+        assert torch.equal(fast.completion_ids, plain.completion_ids) and fast.completions == plain.completions
+        assert torch.equal(fast.completion_mask, plain.completion_mask)
+
+
+def test_shared_prefill_greedy_equals_plain(tiny_model, smollm2_tokenizer, smollm2_prompts):
+    from grpokit.rollout import SamplingParams, generate_rollouts
+
+    params = SamplingParams(temperature=0.0, max_new_tokens=8)
+    a, b = (generate_rollouts(tiny_model, smollm2_tokenizer, smollm2_prompts, 2, params,
+                              eos_token_ids=[2, 0], share_prompt=s) for s in (False, True))
+    assert torch.equal(a.completion_ids, b.completion_ids)

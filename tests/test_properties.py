@@ -1,0 +1,220 @@
+"""Property-based tests (hypothesis) for the algorithm core and the math answer parser.
+
+Advantages: finite and the right shape for any rewards (NaN included); invariant to a constant
+shift of a group (scale=group) or of the batch (scale=batch); invariant to a positive scale with
+eps=0 (group, batch); sum to 0 over a group's scorable rewards; process advantages are 0 on
+masked tokens. Parser: no exception and < 1 s on arbitrary text.
+
+Rewards are drawn on a grid of multiples of 1/8 so that shifting and scaling are exact in binary
+floating point: two different rewards never round to the same value, which would turn a varying
+group into a constant one (advantage 0) and is not what these properties are about.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+import torch
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from grpokit import algo
+from grpokit.rewards.math import extract_answer, math_correct
+
+SETTINGS = settings(max_examples=100, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
+# the parser tests bound CPU time themselves (a wall-clock deadline fails on a loaded machine)
+PARSER_SETTINGS = settings(SETTINGS, deadline=None)
+NAN = float("nan")
+
+grid = st.integers(-800, 800).map(lambda k: k / 8.0)  # [-100, 100] in steps of 1/8
+
+
+@st.composite
+def grouped_rewards(draw, values=grid, nan=True):
+    g = draw(st.integers(2, 6))
+    b = draw(st.integers(1, 4))
+    elem = st.one_of(values, st.just(NAN)) if nan else values
+    r = draw(st.lists(elem, min_size=b * g, max_size=b * g))
+    return torch.tensor(r, dtype=torch.float64), g
+
+
+def _valid_varying(r: torch.Tensor, g: int) -> torch.Tensor:
+    """(N,) True where the reward is scorable and its group has >= 2 different scorable rewards."""
+    out = torch.zeros(len(r), dtype=torch.bool)
+    for i in range(0, len(r), g):
+        vals = [x for x in r[i : i + g].tolist() if math.isfinite(x)]
+        if len(vals) >= 2 and max(vals) > min(vals):
+            out[i : i + g] = torch.isfinite(r[i : i + g])
+    return out
+
+
+@SETTINGS
+@given(st.data(), st.sampled_from(algo.SCALES), st.sampled_from([torch.float32, torch.float64]),
+       st.sampled_from([0.0, 1e-4]))
+def test_group_advantages_finite_and_shaped(data, scale, dtype, eps):
+    any_float = st.floats(allow_nan=True, allow_infinity=True, width=32 if dtype == torch.float32 else 64)
+    r, g = data.draw(st.one_of(grouped_rewards(), grouped_rewards(values=any_float)))
+    r = r.to(dtype)
+    adv = algo.group_advantages(r, g, scale=scale, eps=eps)  # eps=0: a constant group is 0/0
+    assert adv.shape == r.shape and adv.dtype == dtype
+    assert torch.isfinite(adv).all(), (r, adv)
+    assert (adv[~torch.isfinite(r)] == 0).all()  # unscorable -> 0
+    assert (adv[~_valid_varying(r.double(), g)] == 0).all()  # constant or < 2 scorable -> exactly 0
+
+
+@SETTINGS
+@given(grouped_rewards(), st.data())
+def test_group_shift_leaves_group_scaled_advantages_unchanged(rg, data):
+    r, g = rg
+    shifts = torch.tensor(data.draw(st.lists(grid, min_size=len(r) // g, max_size=len(r) // g)),
+                          dtype=torch.float64)
+    shifted = r + shifts.repeat_interleave(g)  # a different constant per group
+    for eps in (0.0, 1e-4):
+        torch.testing.assert_close(algo.group_advantages(shifted, g, scale="group", eps=eps),
+                                   algo.group_advantages(r, g, scale="group", eps=eps))
+    torch.testing.assert_close(algo.group_advantages(shifted, g, scale="none"),
+                               algo.group_advantages(r, g, scale="none"))
+
+
+@SETTINGS
+@given(grouped_rewards(), grid)
+def test_batch_shift_leaves_batch_scaled_advantages_unchanged(rg, c):
+    r, g = rg
+    torch.testing.assert_close(algo.group_advantages(r + c, g, scale="batch"),
+                               algo.group_advantages(r, g, scale="batch"))
+
+
+@SETTINGS
+@given(grouped_rewards(), st.floats(1e-3, 1e3))
+def test_positive_scale_leaves_advantages_unchanged_without_eps(rg, k):
+    r, g = rg
+    for scale in ("group", "batch"):
+        torch.testing.assert_close(algo.group_advantages(r * k, g, scale=scale, eps=0.0),
+                                   algo.group_advantages(r, g, scale=scale, eps=0.0))
+    # scale="none" only centres: advantages scale with the rewards
+    torch.testing.assert_close(algo.group_advantages(r * k, g, scale="none"),
+                               algo.group_advantages(r, g, scale="none") * k)
+    # with eps > 0 the only effect is eps's: (k r - k m) / (k s + eps) = (r - m) / (s + eps / k)
+    for scale in ("group", "batch"):
+        torch.testing.assert_close(algo.group_advantages(r * k, g, scale=scale, eps=1e-4),
+                                   algo.group_advantages(r, g, scale=scale, eps=1e-4 / k))
+
+
+@SETTINGS
+@given(grouped_rewards(), st.sampled_from(algo.SCALES))
+def test_advantages_sum_to_zero_over_scorable_group_members(rg, scale):
+    r, g = rg
+    adv = algo.group_advantages(r, g, scale=scale)
+    valid = torch.isfinite(r)
+    for i in range(0, len(r), g):
+        s = adv[i : i + g][valid[i : i + g]].sum().item()
+        assert abs(s) < 1e-9 * max(1.0, adv.abs().max().item()) * g
+
+
+@st.composite
+def process_batch(draw):
+    g = draw(st.integers(2, 4))
+    b = draw(st.integers(1, 3))
+    t = draw(st.integers(1, 8))
+    n = b * g
+    lengths = draw(st.lists(st.integers(0, t), min_size=n, max_size=n))
+    mask = torch.tensor([[j < ln for j in range(t)] for ln in lengths])
+    ends = torch.tensor(draw(st.lists(st.lists(st.booleans(), min_size=t, max_size=t), min_size=n,
+                                      max_size=n)))
+    vals = draw(st.lists(st.lists(st.one_of(grid, st.just(NAN)), min_size=t, max_size=t),
+                         min_size=n, max_size=n))
+    return torch.tensor(vals, dtype=torch.float64), ends, mask, g
+
+
+@SETTINGS
+@given(process_batch())
+def test_process_advantages_finite_and_zero_on_masked_tokens(batch):
+    r, ends, mask, g = batch
+    adv = algo.process_advantages(r, ends, mask, g)
+    assert adv.shape == r.shape and torch.isfinite(adv).all()
+    assert (adv[~mask] == 0).all()
+    # tokens after a row's last (unmasked) step end get 0
+    for i in range(r.shape[0]):
+        idx = (ends[i] & mask[i]).nonzero()
+        last = int(idx[-1]) if len(idx) else -1
+        assert (adv[i, last + 1 :] == 0).all()
+
+
+@SETTINGS
+@given(process_batch(), grid)
+def test_process_advantages_shift_invariant(batch, c):
+    r, ends, mask, g = batch
+    torch.testing.assert_close(algo.process_advantages(r + c, ends, mask, g),
+                               algo.process_advantages(r, ends, mask, g))
+
+
+@SETTINGS
+@given(st.integers(1, 4), st.integers(1, 6), st.data())
+def test_policy_loss_finite_for_finite_inputs(n, t, data):
+    floats = st.floats(-30.0, 0.0)
+    logp = torch.tensor(data.draw(st.lists(st.lists(floats, min_size=t, max_size=t), min_size=n,
+                                           max_size=n)), requires_grad=True)
+    old = torch.tensor(data.draw(st.lists(st.lists(floats, min_size=t, max_size=t), min_size=n,
+                                          max_size=n)))
+    adv = torch.tensor(data.draw(st.lists(st.floats(-10, 10), min_size=n, max_size=n)))
+    mask = torch.tensor(data.draw(st.lists(st.lists(st.booleans(), min_size=t, max_size=t),
+                                           min_size=n, max_size=n)))
+    agg = data.draw(st.sampled_from(algo.AGGREGATIONS))
+    loss, stats = algo.policy_loss(logp, old, adv, mask, ref_logp=old, beta=0.04, aggregation=agg,
+                                   max_completion_length=t)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(logp.grad).all()
+    assert all(torch.isfinite(v).all() for v in stats.values())
+    assert (algo.kl_penalty(logp.detach(), old, "k3") >= -1e-6).all()  # >= 0 up to float32 rounding
+
+
+# -- the answer parser --------------------------------------------------------------------------
+
+_PIECES = ["\\boxed{", "\\boxed ", "\\fbox{", "{", "}", "\\frac{1}{2}", "\\dfrac", "\\", "####",
+           "#### ", "Answer:", "answer is", "The answer is ", "**", "$", "1", "42", "2.5", "-3",
+           "1,000", "3/4", ".5", " ", "\n", "x", "=", "\\text{(C)}", "\\sqrt{2}", "^", "(", ")",
+           "[", "]", ",", ".", "e", "%", "\\infty", "\\pi"]
+answer_like = st.lists(st.sampled_from(_PIECES), max_size=60).map("".join)
+any_text = st.one_of(st.text(max_size=300), answer_like,
+                     st.text(alphabet="\\{}boxed0123456789#$.,/- answerAnsw:is\n", max_size=300))
+
+
+_GOLDS = ["42", "\\frac{1}{2}", "x^2", "\\text{(C)}", "1,000"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _warm_math_verify():
+    """math-verify and sympy import submodules on first use (~1 s, once per process): pay that
+    here, so the time bounds below measure the parsing itself."""
+    texts = ["\\boxed{\\frac{1}{2}}", "answer is-3answer is z", "The answer is x+1 y", "\\sqrt{2}^2",
+             "\\boxed{\\text{(C)}}", "(1, 2]", "\\infty", "x = \\pi e%"]
+    for gold in _GOLDS:
+        math_correct(["q"] * len(texts), texts, answer=[gold] * len(texts))
+
+
+@PARSER_SETTINGS
+@given(any_text)
+def test_extract_answer_total_and_fast(text):
+    t0 = time.process_time()
+    out = extract_answer(text)
+    assert time.process_time() - t0 < 1.0
+    assert out is None or isinstance(out, str)
+
+
+@PARSER_SETTINGS
+@given(any_text, st.sampled_from(_GOLDS))
+def test_math_correct_total_and_fast(text, gold):
+    t0 = time.process_time()  # CPU time: a loaded machine must not make this fail
+    out = math_correct(["q"], [text], answer=[gold])
+    assert time.process_time() - t0 < 1.0, text
+    assert out in ([0.0], [1.0])
+
+
+def test_extract_answer_many_unclosed_boxes_is_fast():
+    """Worst case for the brace matcher: every ``\\boxed{`` scans to the end of the text."""
+    text = "\\boxed{" * 600 + "1"  # ~4k characters, about what a 1k-token completion holds
+    t0 = time.process_time()
+    assert extract_answer(text) == "1"
+    assert time.process_time() - t0 < 1.0
