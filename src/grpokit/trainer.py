@@ -116,7 +116,7 @@ class _StopFlag:
 
 def score_rollout(s: Setup, rows: list[dict], rollout) -> dict[str, Any]:
     """Step 3-4: rewards and advantages. Returns tensors and metrics for the step."""
-    recipe, g = s.recipe, recipe_group_size(s.recipe)
+    recipe, g = s.recipe, s.recipe.rollout.group_size
     n = len(rollout)
     prompts = [rows[i // g]["prompt"] for i in range(n)]
     columns = {k: [rows[i // g].get(k) for i in range(n)] for k in s.row_columns}
@@ -150,10 +150,6 @@ def score_rollout(s: Setup, rows: list[dict], rollout) -> dict[str, Any]:
     # rows that raised or timed out this step (rewards.on_error=none scores them None)
     metrics["reward_failures"] = sum(f.failures for f in guards) - failures_before
     return {"rewards": rewards, "advantages": advantages, "metrics": metrics}
-
-
-def recipe_group_size(recipe: Recipe) -> int:
-    return recipe.rollout.group_size
 
 
 def optimize(s: Setup, batch: Batch, advantages: torch.Tensor) -> dict[str, Any]:
@@ -233,8 +229,10 @@ def train(recipe: Recipe, *, progress: bool = True) -> dict[str, Any]:
         logger.truncate_after(s.state.step)
         summary["resumed_from"] = str(start)
         print(f"[grpokit] resumed from {start} at step {s.state.step}", flush=True)
-    elif recipe.eval.dataset and recipe.eval.before:
-        summary["eval_before"] = s.run_eval("before")
+    else:
+        logger.truncate_after(0)  # a fresh run replaces the metrics of an earlier run in this folder
+        if recipe.eval.dataset and recipe.eval.before:
+            summary["eval_before"] = s.run_eval("before")
     bar = s.progress_bar(progress)
     last: dict[str, Any] = {}
     with _StopFlag() as stop:
@@ -283,9 +281,7 @@ def run_step(s: Setup, logger: RunLogger) -> dict[str, Any]:
     lengths = rollout.completion_mask.sum(1).float()
     step_s = time.perf_counter() - t_start
     metrics = {
-        "step": step, **{k: scored["metrics"][k] for k in ("reward_mean", "reward_std", "frac_zero_std")},
-        **{k: v for k, v in scored["metrics"].items() if k not in ("reward_mean", "reward_std", "frac_zero_std")},
-        **opt,
+        "step": step, **scored["metrics"], **opt,
         "completion_len_mean": float(lengths.mean()),
         "truncated_frac": float(rollout.truncated.float().mean()),
         "lr": s.scheduler.get_last_lr()[0],
@@ -293,10 +289,10 @@ def run_step(s: Setup, logger: RunLogger) -> dict[str, Any]:
         "tokens_per_s": float(lengths.sum()) / step_s,
     }
     logger.log(metrics)
-    every = recipe.train.sample_every
+    every, g = recipe.train.sample_every, recipe.rollout.group_size
     if every and (step % every == 0 or step == 1):
         logger.log_samples(step, [
-            {"prompt": rows[i // recipe.rollout.group_size]["prompt"], "answer": rows[i // recipe.rollout.group_size]["answer"],
+            {"prompt": rows[i // g]["prompt"], "answer": rows[i // g]["answer"],
              "completion": rollout.completions[i], "reward": float(r) if math.isfinite(r) else None}
             for i, r in enumerate(scored["rewards"].tolist())
         ])

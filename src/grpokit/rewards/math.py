@@ -21,11 +21,24 @@ Nothing is ever ``eval``-ed.
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 from fractions import Fraction
 from functools import lru_cache
 from typing import Any
+
+
+class _NoTimeoutNotice(logging.Filter):
+    """math-verify warns once that its signal timeout is off in worker threads; grpokit bounds the
+    call itself (``rewards.timeout_s``, ``grpokit.rewards.guard``), so the notice is noise."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Timeout is disabled" not in record.getMessage()
+
+
+for _name in ("math_verify.grader", "math_verify.parser"):
+    logging.getLogger(_name).addFilter(_NoTimeoutNotice())
 
 __all__ = ["extract_answer", "reference_answer", "parse_number", "is_equivalent", "math_correct"]
 
