@@ -66,15 +66,16 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--micro-batch-size", type=int, default=8)
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16_autocast", "bf16"])
-    ap.add_argument("--plain", action="store_true", help="switch off prompt sharing (the unoptimized path)")
-    ap.add_argument("--gen-autocast", action="store_true",
-                    help="also sample under bf16 autocast (generate_rollouts(autocast_bf16=True))")
+    ap.add_argument("--plain", action="store_true",
+                    help="switch off prompt sharing and the static generation cache (the unoptimized paths)")
+    ap.add_argument("--bf16-sampler", action="store_true",
+                    help="sample from a bf16 copy of the policy (generate_rollouts(sampler_dtype=torch.bfloat16))")
     ap.add_argument("--parity", action="store_true",
                     help="after the steps: loss/grad of this setting vs the plain fp32 path on the last batch")
     a = ap.parse_args()
     w = Workload(G=a.G, B=a.B, max_new_tokens=a.max_new_tokens, steps=a.steps,
                  micro_batch_size=a.micro_batch_size, precision=a.precision)
-    setting = a.precision + ("_plain" if a.plain else "") + ("_genbf16" if a.gen_autocast else "")
+    setting = a.precision + ("+plain" if a.plain else "") + ("+bf16sampler" if a.bf16_sampler else "")
     res = Result(peer="grpokit", setting=setting, workload=vars(w) | {"N": w.N}, load_avg_before=load_avg(),
                  versions=versions())
 
@@ -89,7 +90,9 @@ def main() -> None:
     counts = {"train_tokens": 0, "train_tokens_padded": 0, "sequence_tokens": 0}
 
     # -- instrument the functions the trainer looks up at call time ------------------------------
-    gen_kw = {"share_prompt": share, "autocast_bf16": a.gen_autocast}
+    gen_kw = {"share_prompt": share, "static_cache": share}
+    if a.bf16_sampler:
+        gen_kw["sampler_dtype"] = torch.bfloat16
     hf.generate_rollouts = functools.partial(hf.generate_rollouts, **gen_kw)
     orig_batch_logprobs, orig_completion_logprobs = trainer.batch_logprobs, trainer.completion_logprobs
 
@@ -203,8 +206,9 @@ def parity(s, batch, advantages, w: Workload, *, share: bool) -> dict:
         note = "seeded N(0,1) advantages (the step's were all 0)"
     fast = _loss_and_grad(s, batch, advantages, share=share, autocast=w.precision == "bf16_autocast")
     plain = _loss_and_grad(s, batch, advantages, share=False, autocast=False)
-    gd = (fast[2] - plain[2]).norm() / plain[2].norm().clamp(min=1e-30)
-    cos = torch.nn.functional.cosine_similarity(fast[2], plain[2], dim=0)
+    g_fast, g_plain = fast[2].double(), plain[2].double()
+    gd = (g_fast - g_plain).norm() / g_plain.norm().clamp(min=1e-300)
+    cos = (g_fast @ g_plain) / (g_fast.norm() * g_plain.norm()).clamp(min=1e-300)
     return {"loss_fast": fast[0], "loss_plain_fp32": plain[0], "loss_abs_diff": abs(fast[0] - plain[0]),
             "logp_max_abs_diff": float((fast[1] - plain[1]).abs().max()),
             "grad_rel_l2_diff": float(gd), "grad_cosine": float(cos),

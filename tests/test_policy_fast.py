@@ -109,27 +109,77 @@ def test_distinct_rows_ignores_padding_and_keeps_first_appearance_order():
 MANY_EOS = list(range(0, 49152, 5))  # ~20% of sampled ids end a completion (tiny model is ~uniform)
 
 
+FAST_GENERATION = [dict(share_prompt=True, static_cache=False), dict(share_prompt=False, static_cache=True),
+                   dict(share_prompt=True, static_cache=True)]
+PLAIN_GENERATION = dict(share_prompt=False, static_cache=False)
+
+
 @pytest.mark.parametrize("seed", [0, 1])
-def test_shared_prefill_generates_the_same_tokens(tiny_model, smollm2_tokenizer, smollm2_prompts, seed):
+def test_fast_generation_samples_the_same_tokens(tiny_model, smollm2_tokenizer, smollm2_prompts, seed):
     from grpokit.rollout import SamplingParams, generate_rollouts
 
     params = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, max_new_tokens=10)
     prompts = smollm2_prompts + ["The cat sat on"]  # three lengths: left padding differs by row
     for chunk in (None, 4):  # chunk 4 splits a group across generate calls
-        plain, fast = (
-            generate_rollouts(tiny_model, smollm2_tokenizer, prompts, 3, params, eos_token_ids=MANY_EOS,
-                              seed=seed, share_prompt=share, chunk_size=chunk)
-            for share in (False, True)
-        )
+        plain = generate_rollouts(tiny_model, smollm2_tokenizer, prompts, 3, params, eos_token_ids=MANY_EOS,
+                                  seed=seed, chunk_size=chunk, **PLAIN_GENERATION)
         assert plain.completion_mask.sum(1).min() < plain.completion_ids.shape[1]  # some rows stopped early
-        assert torch.equal(fast.completion_ids, plain.completion_ids) and fast.completions == plain.completions
-        assert torch.equal(fast.completion_mask, plain.completion_mask)
+        for kw in FAST_GENERATION:
+            fast = generate_rollouts(tiny_model, smollm2_tokenizer, prompts, 3, params, eos_token_ids=MANY_EOS,
+                                     seed=seed, chunk_size=chunk, **kw)
+            assert torch.equal(fast.completion_ids, plain.completion_ids), kw
+            assert fast.completions == plain.completions and torch.equal(fast.completion_mask, plain.completion_mask)
 
 
-def test_shared_prefill_greedy_equals_plain(tiny_model, smollm2_tokenizer, smollm2_prompts):
+def test_fast_generation_greedy_equals_plain(tiny_model, smollm2_tokenizer, smollm2_prompts):
     from grpokit.rollout import SamplingParams, generate_rollouts
 
     params = SamplingParams(temperature=0.0, max_new_tokens=8)
-    a, b = (generate_rollouts(tiny_model, smollm2_tokenizer, smollm2_prompts, 2, params,
-                              eos_token_ids=[2, 0], share_prompt=s) for s in (False, True))
-    assert torch.equal(a.completion_ids, b.completion_ids)
+    plain = generate_rollouts(tiny_model, smollm2_tokenizer, smollm2_prompts, 2, params, eos_token_ids=[2, 0],
+                              **PLAIN_GENERATION)
+    for kw in FAST_GENERATION:
+        fast = generate_rollouts(tiny_model, smollm2_tokenizer, smollm2_prompts, 2, params, eos_token_ids=[2, 0], **kw)
+        assert torch.equal(fast.completion_ids, plain.completion_ids), kw
+
+
+def test_fast_paths_are_taken(tiny_model, smollm2_tokenizer, smollm2_prompts, monkeypatch):
+    """The fast generation really hands generate a prefilled StaticCache (no silent fallback)."""
+    from transformers import StaticCache
+
+    import grpokit.rollout.hf as hf
+
+    seen = []
+    orig = hf._prefix_cache
+
+    def spy(*a, **kw):
+        cache = orig(*a, **kw)
+        seen.append((type(cache).__name__, int(cache.get_seq_length()) if cache is not None else None))
+        return cache
+
+    monkeypatch.setattr(hf, "_prefix_cache", spy)
+    params = hf.SamplingParams(temperature=1.0, max_new_tokens=4)
+    r = hf.generate_rollouts(tiny_model, smollm2_tokenizer, smollm2_prompts, 3, params, eos_token_ids=[2, 0], seed=0)
+    P = r.prompt_ids.shape[1]
+    assert seen == [(StaticCache.__name__, P - 1)]  # prefix of every row already in, written once per prompt
+
+
+def test_bf16_sampler_follows_the_models_weights(tiny_model, smollm2_tokenizer, smollm2_prompts):
+    """sampler_dtype=bf16 samples from a bf16 copy that is refreshed from the current weights."""
+    from grpokit.rollout import SamplingParams, generate_rollouts
+    from grpokit.rollout.hf import _sampler_copy
+
+    params = SamplingParams(temperature=0.0, max_new_tokens=6)
+    run = lambda **kw: generate_rollouts(tiny_model, smollm2_tokenizer, smollm2_prompts, 2, params,  # noqa: E731
+                                         eos_token_ids=[2, 0], **kw)
+    a = run(sampler_dtype=torch.bfloat16)
+    copy = _sampler_copy(tiny_model, torch.bfloat16)
+    assert copy is not tiny_model and all(p.dtype == torch.bfloat16 for p in copy.parameters())
+    assert all(p.dtype == torch.float32 for p in tiny_model.parameters())  # the policy is untouched
+    with torch.no_grad():  # a large change of the policy must reach the sampler
+        tiny_model.lm_head.weight.mul_(-1.0)
+    b = run(sampler_dtype=torch.bfloat16)
+    c = run()
+    assert _sampler_copy(tiny_model, torch.bfloat16) is copy  # made once, refreshed in place
+    torch.testing.assert_close(copy.lm_head.weight.float(), tiny_model.lm_head.weight, atol=0, rtol=2**-8)
+    assert not torch.equal(a.completion_ids, b.completion_ids)
+    assert (b.completion_ids == c.completion_ids).float().mean() > 0.5  # bf16 rounding may flip near-ties

@@ -135,8 +135,11 @@ class Setup:
         r = self.recipe.rollout
         params = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, min_p=r.min_p,
                                 max_new_tokens=r.max_new_tokens)
+        # with bf16 autocast the trainer scores in bf16, so sampling from a bf16 copy matches it
+        sampler_dtype = torch.bfloat16 if self.recipe.model.autocast_bf16 else None
         return generate_rollouts(self.model, self.tokenizer, prompts, r.group_size, params,
-                                 eos_token_ids=self.eos_ids, chunk_size=r.chunk_size, seed=seed)
+                                 eos_token_ids=self.eos_ids, chunk_size=r.chunk_size, seed=seed,
+                                 sampler_dtype=sampler_dtype)
 
     def compute_rewards(self, prompts, completions, columns):
         from grpokit.rewards import compute_rewards

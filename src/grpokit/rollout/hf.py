@@ -13,15 +13,20 @@
    EOS, never derived from the pad id), ``truncated`` = no EOS within ``max_new_tokens``;
 5. decode each completion up to (excluding) its first EOS, skipping special tokens.
 
-Prompt sharing (``share_prompt=True``, the default): ``generate`` would run the prefill over all
-``N = B·G`` rows, i.e. each prompt G times. Instead the first ``P-1`` prompt columns of each
-*distinct* prompt in a chunk are run once into a ``DynamicCache``, which is repeated to the rows
-(``batch_select_indices``) and handed to ``generate``; ``generate`` then only runs the last prompt
-column before sampling. The sampling itself (logits processors, RNG draws) is untouched, so with
-the same seed the samples equal the plain path's wherever the logits agree (float rounding aside;
-``tests/test_policy_fast.py`` checks equal tokens on a tiny model). Models whose cache has
-sliding-window/static layers, and prompts one token long, take the plain path.
+Speed (each switchable, none changes the sampling rule; ``tests/test_policy_fast.py`` checks that
+the fast paths sample the same tokens as the plain one on a tiny model):
 
+- ``share_prompt=True`` (default): ``generate`` would run the prefill over all ``N = B·G`` rows,
+  i.e. each prompt G times. Instead the first ``P-1`` prompt columns of each *distinct* prompt in
+  a chunk run once; their KV cache is repeated to the rows and handed to ``generate``, which then
+  only runs the last prompt column before sampling.
+- ``static_cache=True`` (default): that cache is a preallocated ``StaticCache`` of ``P +
+  max_new_tokens`` positions written in place, instead of a ``DynamicCache`` that concatenates
+  (copies) every layer's whole cache at every new token; on CPU the copies cost about a third of
+  a decode step. No ``torch.compile`` is involved (``disable_compile=True``).
+- ``sampler_dtype=torch.bfloat16``: sample from a bf16 copy of the weights (made once, refreshed
+  from the model at every call), for the bf16 setting (``model.autocast_bf16``) where the trainer
+  scores in bf16 too. Decode steps on CPU are bound by reading the weights; bf16 halves that.
 The model's own ``generation_config`` (which may carry ``top_p``, ``temperature``, ``top_k``,
 ``max_length`` from the hub) never overrides the recipe: transformers fills every field left
 ``None`` from it, so :func:`build_generation_config` sets each sampling field explicitly, including
@@ -33,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import time
 import warnings
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,7 +46,7 @@ from typing import Any
 import torch
 
 from grpokit.algo import completion_terminated, mask_completions
-from grpokit.policy import autocast_context, cache_kwarg, distinct_rows, dynamic_prefix_cache
+from grpokit.policy import cache_kwarg, distinct_rows, dynamic_prefix_cache
 
 # Fields that transformers only switches off when they are ``None`` -- which it then fills from
 # the model's generation_config. We cannot neutralise them through our config; warn if set.
@@ -174,6 +180,7 @@ def build_generation_config(
         output_scores=False,
         output_logits=False,
         return_dict_in_generate=False,
+        disable_compile=True,  # never torch.compile behind the user's back (static caches invite it)
         eos_token_id=list(eos_token_ids),
         pad_token_id=int(pad_token_id),
         bos_token_id=bos_token_id,
@@ -191,7 +198,8 @@ def generate_rollouts(
     chunk_size: int | None = None,
     seed: int | None = None,
     share_prompt: bool = True,
-    autocast_bf16: bool = False,
+    static_cache: bool = True,
+    sampler_dtype: torch.dtype | None = None,
 ) -> Rollout:
     """Sample ``group_size`` completions for each prompt with ``model.generate``.
 
@@ -211,8 +219,10 @@ def generate_rollouts(
             state is left untouched. Pass a different seed per step.
         share_prompt: prefill each distinct prompt once and repeat its KV cache to its G rows
             (module docstring); False = plain ``generate`` over all rows.
-        autocast_bf16: run generation under CPU/GPU bf16 autocast (as the trainer's log-prob
-            passes do with ``model.autocast_bf16``, so sampler and trainer use the same precision).
+        static_cache: preallocated KV cache written in place (module docstring); False = the
+            ``DynamicCache`` ``generate`` builds by default.
+        sampler_dtype: ``None`` = sample with ``model`` as it is; a float dtype (bf16) = sample
+            with a copy of its weights in that dtype, refreshed from ``model`` on every call.
 
     Returns:
         :class:`Rollout` with ``N = B·G`` rows, grouped by prompt, ``T <= max_new_tokens``.
@@ -266,12 +276,15 @@ def generate_rollouts(
     )
     chunks: list[torch.Tensor] = []
     t0 = time.perf_counter()
-    with torch.inference_mode(), _seeded(seed, device), autocast_context(autocast_bf16, device):
+    with torch.inference_mode(), _seeded(seed, device):
+        sampler = model if sampler_dtype is None else _sampler_copy(model, sampler_dtype)
         for start in range(0, N, rows):
             ids = prompt_ids[start : start + rows]
             mask = prompt_mask[start : start + rows]
-            extra = _shared_prefix_cache(model, ids, mask) if share_prompt else {}
-            out = model.generate(
+            cache = _prefix_cache(sampler, ids, mask, share=share_prompt, static=static_cache,
+                                  max_len=P + params.max_new_tokens)
+            extra = {} if cache is None else {cache_kwarg(sampler.forward): cache}
+            out = sampler.generate(
                 input_ids=ids, attention_mask=mask.long(), generation_config=gen_config, **extra
             )
             chunks.append(out[:, P:])  # (n, T_chunk): generate returns prompt + new tokens
@@ -306,24 +319,69 @@ def generate_rollouts(
     )
 
 
-def _shared_prefix_cache(model: Any, ids: torch.Tensor, mask: torch.Tensor) -> dict[str, Any]:
-    """``{cache_kwarg: cache}`` holding the first ``P-1`` columns of ``ids`` for every row, computed
-    once per distinct prompt; ``{}`` when sharing does not apply (plain ``generate`` then)."""
+def _prefix_cache(model: Any, ids: torch.Tensor, mask: torch.Tensor, *, share: bool, static: bool,
+                  max_len: int) -> Any:
+    """The KV cache to hand ``generate`` for the prompt rows ``ids`` ``(n, P)``, or None (then
+    ``generate`` prefills all rows into its default ``DynamicCache``).
+
+    ``share``: the first ``P-1`` columns run once per distinct prompt, then are repeated to the
+    rows. ``static``: the cache is a ``StaticCache`` of ``max_len`` positions (the shared prefix,
+    if any, copied into it). Models whose layers are not plain growing KV layers get None.
+    """
+    from transformers import StaticCache
+    from transformers.cache_utils import StaticLayer
+
     n, p = ids.shape
-    if n < 2 or p < 2:
-        return {}
-    first, inverse = distinct_rows(ids, mask)
-    if len(first) == n:
-        return {}
-    cache = dynamic_prefix_cache(model)
-    if cache is None:
-        return {}
+    if dynamic_prefix_cache(model) is None:  # sliding-window / recurrent layers: leave it to generate
+        return None
+    first, inverse = distinct_rows(ids, mask) if share and p > 1 else (torch.arange(n), None)
+    shared = inverse is not None and len(first) < n
+    if not shared and not static:
+        return None
+    if static:
+        out = StaticCache(config=model.config, max_cache_len=max_len)
+        if any(type(layer) is not StaticLayer for layer in out.layers):
+            return None
+        if not shared:
+            return out  # generate prefills it like any cache
+    prefix = dynamic_prefix_cache(model)
     attn = mask[first, : p - 1].long()
     position_ids = (attn.cumsum(1) - 1).clamp(min=0)  # as generate numbers left-padded rows
     model(input_ids=ids[first, : p - 1], attention_mask=attn, position_ids=position_ids, use_cache=True,
-          logits_to_keep=1, **{cache_kwarg(model.forward): cache})
-    cache.batch_select_indices(inverse)  # (U, ...) -> (n, ...)
-    return {cache_kwarg(model.forward): cache}  # generate passes it on to forward under this name
+          logits_to_keep=1, **{cache_kwarg(model.forward): prefix})  # (U, heads, P-1, d) per layer
+    if not static:
+        prefix.batch_select_indices(inverse)  # (U, ...) -> (n, ...)
+        return prefix
+    for layer, src in zip(out.layers, prefix.layers):
+        layer.update(src.keys[inverse], src.values[inverse])  # written in place at positions 0 … P-2
+    return out
+
+
+_SAMPLERS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+
+
+def _sampler_copy(model: Any, dtype: torch.dtype) -> Any:
+    """A copy of ``model`` whose floating-point *parameters* are ``dtype`` (buffers such as rotary
+    frequencies stay as they are), with the weights of ``model`` right now. Made once per model and
+    dtype, refreshed in place on every call (a cast-copy of the weights)."""
+    if all(p.dtype == dtype for p in model.parameters() if p.is_floating_point()):
+        return model
+    per_model = _SAMPLERS.setdefault(model, {})
+    copy = per_model.get(dtype)
+    if copy is None:
+        import copy as copy_mod
+
+        with torch.inference_mode(False):  # normal tensors, so later refreshes work in or out of it
+            copy = copy_mod.deepcopy(model).requires_grad_(False)
+            for p in copy.parameters():
+                if p.is_floating_point():
+                    p.data = p.data.to(dtype)
+        per_model[dtype] = copy
+    with torch.no_grad():
+        for src, dst in zip(model.parameters(), copy.parameters()):
+            dst.copy_(src)
+    copy.generation_config = model.generation_config  # generate fills unset fields from it
+    return copy
 
 
 def _model_device(model: Any) -> torch.device:
