@@ -5,6 +5,7 @@ so it needs only grpokit, torch and the standard library.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -57,6 +58,25 @@ class StepRecord:
     reward_mean: float | None = None
     loss: float | None = None
 
+
+
+def workload_parser(description: str, precision_help: str | None = None) -> argparse.ArgumentParser:
+    """The arguments both benchmark children share (``--out`` and the :class:`Workload` fields)."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--G", type=int, default=8)
+    ap.add_argument("--B", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--micro-batch-size", type=int, default=8)
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16_autocast", "bf16"],
+                    help=precision_help)
+    return ap
+
+
+def workload_from_args(a: argparse.Namespace) -> Workload:
+    return Workload(G=a.G, B=a.B, max_new_tokens=a.max_new_tokens, steps=a.steps,
+                    micro_batch_size=a.micro_batch_size, precision=a.precision)
 
 @dataclass
 class Result:

@@ -9,7 +9,6 @@ rest of the step is the policy forward with gradient, backward and optimizer ste
 
 from __future__ import annotations
 
-import argparse
 import functools
 import math
 import sys
@@ -20,6 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
     MODEL_ALIAS, Clock, Result, StepRecord, Workload, load_avg, ordered_rows, peak_rss_gb, versions,
+    workload_from_args, workload_parser,
 )
 
 import torch  # noqa: E402
@@ -58,14 +58,7 @@ def _processed_tokens(batch, share: bool) -> tuple[int, int]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--G", type=int, default=8)
-    ap.add_argument("--B", type=int, default=4)
-    ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--steps", type=int, default=4)
-    ap.add_argument("--micro-batch-size", type=int, default=8)
-    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16_autocast", "bf16"])
+    ap = workload_parser(__doc__.splitlines()[0])
     ap.add_argument("--plain", action="store_true",
                     help="switch off prompt sharing and the static generation cache (the unoptimized paths)")
     ap.add_argument("--bf16-sampler", action="store_true",
@@ -73,8 +66,7 @@ def main() -> None:
     ap.add_argument("--parity", action="store_true",
                     help="after the steps: loss/grad of this setting vs the plain fp32 path on the last batch")
     a = ap.parse_args()
-    w = Workload(G=a.G, B=a.B, max_new_tokens=a.max_new_tokens, steps=a.steps,
-                 micro_batch_size=a.micro_batch_size, precision=a.precision)
+    w = workload_from_args(a)
     setting = a.precision + ("+plain" if a.plain else "") + ("+bf16sampler" if a.bf16_sampler else "")
     res = Result(peer="grpokit", setting=setting, workload=vars(w) | {"N": w.N}, load_avg_before=load_avg(),
                  versions=versions())

@@ -16,32 +16,26 @@ the rest of the step (forward with gradient, backward, optimizer) is "train".
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import Clock, Result, StepRecord, Workload, load_avg, model_path, ordered_rows, peak_rss_gb, versions  # noqa: E402
+from _common import (  # noqa: E402
+    Clock, Result, StepRecord, load_avg, model_path, ordered_rows, peak_rss_gb, versions, workload_from_args,
+    workload_parser,
+)
 
 import torch  # noqa: E402
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--G", type=int, default=8)
-    ap.add_argument("--B", type=int, default=4)
-    ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--steps", type=int, default=4)
-    ap.add_argument("--micro-batch-size", type=int, default=8)
-    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16_autocast", "bf16"],
-                    help="fp32; bf16_autocast = TrainingArguments(bf16=True) (accelerate autocast); "
+    ap = workload_parser(__doc__.splitlines()[0],
+                         "fp32; bf16_autocast = TrainingArguments(bf16=True) (accelerate autocast); "
                          "bf16 = parameters loaded in bf16 as well")
     a = ap.parse_args()
-    w = Workload(G=a.G, B=a.B, max_new_tokens=a.max_new_tokens, steps=a.steps,
-                 micro_batch_size=a.micro_batch_size, precision=a.precision)
+    w = workload_from_args(a)
     res = Result(peer="trl", setting=a.precision, workload=vars(w) | {"N": w.N}, load_avg_before=load_avg(),
                  versions=versions())
 
