@@ -157,6 +157,7 @@ def test_sampling_params_reach_generate(tiny_model_dir, tmp_path, monkeypatch):
 
     def spy_generate(self, *a, **kw):
         seen["configs"] += [x for x in (*a, *kw.values()) if isinstance(x, GenerationConfig)]
+        seen["processors"] = list(kw.get("logits_processor") or [])
         return real_generate(self, *a, **kw)
 
     monkeypatch.setattr(hf, "generate_rollouts", spy_rollouts)
@@ -172,9 +173,12 @@ def test_sampling_params_reach_generate(tiny_model_dir, tmp_path, monkeypatch):
         0.7, 0.9, 20, 0.05, 5)
     assert list(call["eos_token_ids"])[:2] == [2, 0]
     assert call["seed"] is not None
+    assert params.sampler == "inverse_cdf"  # the default: generate runs greedily over our sampler
     cfg = seen["configs"][0]
-    assert cfg.do_sample and cfg.temperature == 0.7 and cfg.top_p == 0.9
-    assert cfg.top_k == 20 and cfg.min_p == 0.05 and cfg.max_new_tokens == 5
+    assert not cfg.do_sample and cfg.max_new_tokens == 5
+    (sampler,) = seen["processors"]
+    temp, top_k, top_p, min_p = sampler.warpers
+    assert (temp.temperature, top_k.top_k, top_p.top_p, min_p.min_p) == (0.7, 20, 0.9, 0.05)
     m = read_metrics(tmp_path / "metrics.jsonl")[0]
     assert m["completion_len_mean"] <= 5
 

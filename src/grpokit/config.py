@@ -77,6 +77,8 @@ class RolloutConfig:
     top_k: int = _f(0, "top-k sampling (0 = off)")
     min_p: float = _f(0.0, "min-p sampling (0 = off)")
     chunk_size: int | None = _f(None, "generate at most this many rows per generate() call")
+    sampler: str = _f("inverse_cdf", "how a token is drawn: inverse_cdf (one uniform per row, fast on CPU) or "
+                      "multinomial (generate's torch.multinomial); same distribution", ("inverse_cdf", "multinomial"))
 
 
 @dataclass
@@ -115,6 +117,10 @@ class TrainConfig:
     num_iterations: int = _f(1, "μ: gradient passes over each batch (one optimizer step each)")
     micro_batch_size: int = _f(8, "sequences per forward/backward (gradient accumulation)")
     learning_rate: float = _f(1e-6, "peak AdamW learning rate")
+    optimizer: str = _f("adamw", "adamw: torch AdamW (fused), states in the parameter dtype; adamw_bf16_sr: "
+                        "torchao AdamW for bf16 parameters (model.dtype=bfloat16) with stochastic rounding, "
+                        "bf16 states; adamw_8bit: torchao AdamW with 8-bit states (slow on CPU)",
+                        ("adamw", "adamw_bf16_sr", "adamw_8bit"))
     weight_decay: float = _f(0.0, "AdamW weight decay")
     adam_betas: list = _f([0.9, 0.99], "AdamW betas")
     warmup_steps: int = _f(0, "optimizer steps of linear warm-up")
@@ -261,6 +267,12 @@ def validate(recipe: Recipe) -> None:
     if r.temperature == 0:
         raise RecipeError("rollout.temperature: must be > 0 for GRPO sampling (0 = greedy gives "
                           "identical completions and zero advantages)")
+    if t.optimizer == "adamw_bf16_sr" and recipe.model.dtype != "bfloat16":
+        raise RecipeError("train.optimizer: adamw_bf16_sr rounds bf16 parameters stochastically; it needs "
+                          f"model.dtype=bfloat16, got model.dtype={recipe.model.dtype}")
+    if recipe.model.dtype == "bfloat16" and recipe.model.autocast_bf16:
+        raise RecipeError("model.autocast_bf16: the parameters are already bfloat16 (model.dtype); "
+                          "autocast is for float32 parameters")
     if a.clip_eps_low >= 1:
         raise RecipeError(f"algo.clip_eps_low: must be < 1, got {a.clip_eps_low}")
     w = recipe.rewards.weights

@@ -134,7 +134,7 @@ class Setup:
 
         r = self.recipe.rollout
         params = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, min_p=r.min_p,
-                                max_new_tokens=r.max_new_tokens)
+                                max_new_tokens=r.max_new_tokens, sampler=r.sampler)
         # with bf16 autocast the trainer scores in bf16, so sampling from a bf16 copy matches it
         sampler_dtype = torch.bfloat16 if self.recipe.model.autocast_bf16 else None
         return generate_rollouts(self.model, self.tokenizer, prompts, r.group_size, params,

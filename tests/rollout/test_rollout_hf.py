@@ -55,7 +55,7 @@ def _check_rollout(r: Rollout, tokenizer, prompts, G: int, max_new_tokens: int, 
 def test_sampled_rollout_is_grouped_and_masked(tiny_model, smollm2_tokenizer, smollm2_prompts):
     params = SamplingParams(temperature=1.0, max_new_tokens=12)
     r = generate_rollouts(
-        tiny_model, smollm2_tokenizer, smollm2_prompts, 4, params, eos_token_ids=MANY_EOS, seed=0
+        tiny_model, smollm2_tokenizer, smollm2_prompts, 4, params, eos_token_ids=MANY_EOS, seed=1
     )
     _check_rollout(r, smollm2_tokenizer, smollm2_prompts, 4, 12, MANY_EOS)
     assert r.truncated.any() and (~r.truncated).any()  # both cases exercised (seeded)
@@ -119,7 +119,8 @@ def test_recipe_reaches_generate_over_model_generation_config(
         return original(*args, **kwargs)
 
     monkeypatch.setattr(tiny_model, "generate", spy)
-    params = SamplingParams(temperature=0.9, top_p=0.95, top_k=0, min_p=0.0, max_new_tokens=6)
+    params = SamplingParams(temperature=0.9, top_p=0.95, top_k=0, min_p=0.0, max_new_tokens=6,
+                            sampler="multinomial")  # generate's own sampling fields
     r = generate_rollouts(
         tiny_model, smollm2_tokenizer, smollm2_prompts, 2, params, eos_token_ids=[2, 0], seed=0
     )

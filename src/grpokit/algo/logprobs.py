@@ -74,8 +74,8 @@ def token_entropy(logits: torch.Tensor, *, temperature: float = 1.0) -> torch.Te
     """
     check_dim("token_entropy", "logits", logits, 3)
     out = []
-    for start in range(0, logits.shape[0], _CHUNK_ROWS):
-        z = logits[start : start + _CHUNK_ROWS].float() / temperature
+    for start in range(logits.shape[0]):  # one row at a time: three (T, V) float32 temporaries
+        z = logits[start : start + 1].float() / temperature
         lse = torch.logsumexp(z, dim=-1, keepdim=True)
         p = (z - lse).exp()
         out.append(lse.squeeze(-1) - (p * z).sum(-1))

@@ -27,6 +27,10 @@ the fast paths sample the same tokens as the plain one on a tiny model):
 - ``sampler_dtype=torch.bfloat16``: sample from a bf16 copy of the weights (made once, refreshed
   from the model at every call), for the bf16 setting (``model.autocast_bf16``) where the trainer
   scores in bf16 too. Decode steps on CPU are bound by reading the weights; bf16 halves that.
+- ``SamplingParams.sampler="inverse_cdf"`` (default): the next token is drawn by a logits
+  processor with one uniform number per row (:mod:`grpokit.rollout.sampling`) instead of
+  ``torch.multinomial`` (one exponential number per vocabulary entry: ~33 ms of a ~130 ms decode
+  step for 32 rows × 49k entries). Same distribution, different draws for a seed.
 The model's own ``generation_config`` (which may carry ``top_p``, ``temperature``, ``top_k``,
 ``max_length`` from the hub) never overrides the recipe: transformers fills every field left
 ``None`` from it, so :func:`build_generation_config` sets each sampling field explicitly, including
@@ -81,6 +85,11 @@ class SamplingParams:
     """Completion length limit T_max (>= 1); a completion without EOS by then is truncated."""
     repetition_penalty: float = 1.0
     """CTRL repetition penalty (> 0); 1 = off."""
+    sampler: str = "inverse_cdf"
+    """How a token is drawn from the warped distribution: ``inverse_cdf`` (one uniform number per
+    row, :mod:`grpokit.rollout.sampling`) or ``multinomial`` (``generate``'s own
+    ``torch.multinomial``). Same distribution; inverse_cdf is ~30 ms per decode step cheaper on
+    CPU for a 49k vocabulary."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -95,6 +104,7 @@ class SamplingParams:
             ("max_new_tokens", isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1,
              "an int >= 1"),
             ("repetition_penalty", self.repetition_penalty > 0, "> 0"),
+            ("sampler", self.sampler in ("inverse_cdf", "multinomial"), "'inverse_cdf' or 'multinomial'"),
         ]
         for name, ok, want in checks:
             if not ok:
@@ -150,11 +160,13 @@ def build_generation_config(
     no other warpers (``typical_p``, ``epsilon_cutoff``, ``eta_cutoff``, n-gram blocking).
     ``temperature == 0`` gives greedy decoding (``do_sample=False``; the sampling-only fields
     ``temperature/top_p/top_k/min_p`` are then left unset: transformers ignores them without
-    sampling).
+    sampling). With ``params.sampler == "inverse_cdf"`` the config is greedy too: the drawing is
+    done by :func:`sampling_processors`, which ``generate`` must then receive as
+    ``logits_processor``.
     """
     from transformers import GenerationConfig
 
-    sample = params.temperature > 0
+    sample = params.temperature > 0 and params.sampler == "multinomial"
     return GenerationConfig(
         do_sample=sample,
         # Sampling-only fields: explicit when sampling; unused (so left unset) when greedy.
@@ -185,6 +197,18 @@ def build_generation_config(
         pad_token_id=int(pad_token_id),
         bos_token_id=bos_token_id,
     )
+
+
+def sampling_processors(params: SamplingParams) -> list[Any]:
+    """The ``logits_processor`` list ``generate`` needs for ``params`` with the config of
+    :func:`build_generation_config`: ``[InverseCDFSampler]`` when it samples by inverse CDF, else
+    empty (``generate`` samples or decodes greedily by itself)."""
+    if params.temperature > 0 and params.sampler == "inverse_cdf":
+        from grpokit.rollout.sampling import InverseCDFSampler
+
+        return [InverseCDFSampler(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
+                                  min_p=params.min_p)]
+    return []
 
 
 def generate_rollouts(
@@ -274,6 +298,13 @@ def generate_rollouts(
     gen_config = build_generation_config(
         params, eos_token_ids=eos, pad_token_id=pad_id, bos_token_id=tokenizer.bos_token_id
     )
+    processors = sampling_processors(params)
+    if processors:
+        from transformers import LogitsProcessorList
+
+        extra_gen = {"logits_processor": LogitsProcessorList(processors)}
+    else:
+        extra_gen = {}
     chunks: list[torch.Tensor] = []
     t0 = time.perf_counter()
     with torch.inference_mode(), _seeded(seed, device):
@@ -285,7 +316,7 @@ def generate_rollouts(
                                   max_len=P + params.max_new_tokens)
             extra = {} if cache is None else {cache_kwarg(sampler.forward): cache}
             out = sampler.generate(
-                input_ids=ids, attention_mask=mask.long(), generation_config=gen_config, **extra
+                input_ids=ids, attention_mask=mask.long(), generation_config=gen_config, **extra, **extra_gen
             )
             chunks.append(out[:, P:])  # (n, T_chunk): generate returns prompt + new tokens
     gen_s = time.perf_counter() - t0

@@ -1,0 +1,101 @@
+"""grpokit.rollout.sampling: inverse-CDF draws follow the warped softmax exactly (frequencies
+within 5 standard errors of hand-computed probabilities), and generate uses the sampler."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from grpokit.rollout import SamplingParams, build_generation_config, generate_rollouts
+from grpokit.rollout.hf import sampling_processors
+from grpokit.rollout.sampling import InverseCDFSampler, sample_inverse_cdf
+
+NEG = float("-inf")
+
+
+def _assert_frequencies(tokens: torch.Tensor, probs: list[float]) -> None:
+    """Empirical frequencies of ``tokens`` equal ``probs`` within 5 binomial standard errors;
+    zero-probability ids never appear."""
+    n = tokens.numel()
+    counts = torch.bincount(tokens, minlength=len(probs)).double() / n
+    for j, p in enumerate(probs):
+        if p == 0:
+            assert counts[j] == 0, f"id {j} has probability 0 but was drawn"
+        else:
+            se = math.sqrt(p * (1 - p) / n)
+            assert abs(counts[j] - p) < 5 * se, (j, float(counts[j]), p)
+
+
+def test_inverse_cdf_matches_softmax():
+    torch.manual_seed(0)
+    logits = torch.tensor([2.0, 1.0, 0.0, -1.0, NEG, 0.5])
+    z = [math.exp(x) if x != NEG else 0.0 for x in logits.tolist()]
+    probs = [v / sum(z) for v in z]  # hand softmax; the -inf id has probability 0
+    tokens = sample_inverse_cdf(logits.repeat(200_000, 1))
+    assert tokens.shape == (200_000,) and tokens.dtype == torch.long
+    _assert_frequencies(tokens, probs)
+
+
+def test_sampler_applies_temperature_and_top_k_like_generate():
+    torch.manual_seed(1)
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, 0.5]]).repeat(200_000, 1)
+    proc = InverseCDFSampler(temperature=0.5, top_k=3)
+    out = proc(torch.zeros(200_000, 1, dtype=torch.long), logits)
+    # the output is a one-hot "score" row: argmax (generate's greedy step) recovers the draw
+    assert torch.isinf(out).sum(1).eq(4).all() and out.max(1).values.eq(0).all()
+    tokens = out.argmax(1)
+    kept = [2.0 / 0.5, 1.0 / 0.5, 0.5 / 0.5]  # top-3 ids 0, 1, 4 after temperature 0.5
+    z = sum(math.exp(v) for v in kept)
+    probs = [math.exp(kept[0]) / z, math.exp(kept[1]) / z, 0.0, 0.0, math.exp(kept[2]) / z]
+    _assert_frequencies(tokens, probs)
+
+
+def test_sampler_top_p_keeps_the_smallest_nucleus():
+    torch.manual_seed(2)
+    p = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    proc = InverseCDFSampler(temperature=1.0, top_p=0.7)  # 0.5 < 0.7 <= 0.5 + 0.3: keep ids 0, 1
+    tokens = proc(torch.zeros(100_000, 1, dtype=torch.long), p.log().repeat(100_000, 1)).argmax(1)
+    _assert_frequencies(tokens, [0.5 / 0.8, 0.3 / 0.8, 0.0, 0.0])
+
+
+def test_sample_inverse_cdf_errors_name_the_problem():
+    with pytest.raises(ValueError, match=r"scores must be \(N, V\)"):
+        sample_inverse_cdf(torch.zeros(3))
+    with pytest.raises(ValueError, match="row 1 of scores has no finite entry"):
+        sample_inverse_cdf(torch.tensor([[0.0, 1.0], [NEG, NEG]]))
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        InverseCDFSampler(temperature=0.0)
+    with pytest.raises(ValueError, match="SamplingParams.sampler"):
+        SamplingParams(sampler="gumbel")
+
+
+def test_generate_samples_the_models_next_token_distribution(tiny_model, smollm2_tokenizer):
+    """3000 one-token completions of one prompt: the 5 likeliest first tokens come up as often as
+    softmax(model logits / T) says, for both samplers."""
+    prompt = "The cat sat on"
+    ids = smollm2_tokenizer(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        probs = torch.softmax(tiny_model(input_ids=ids).logits[0, -1].double() / 0.05, -1)
+    top = probs.topk(5).indices.tolist()
+    for sampler in ("inverse_cdf", "multinomial"):
+        params = SamplingParams(temperature=0.05, max_new_tokens=1, sampler=sampler)
+        r = generate_rollouts(tiny_model, smollm2_tokenizer, [prompt], 3000, params,
+                              eos_token_ids=[49151], seed=0)
+        first = r.completion_ids[:, 0]
+        remap = torch.full((probs.numel(),), 5)
+        remap[top] = torch.arange(5)
+        _assert_frequencies(remap[first], [float(probs[j]) for j in top] + [1 - float(probs[top].sum())])
+
+
+def test_inverse_cdf_config_is_greedy_plus_the_sampler():
+    params = SamplingParams(temperature=0.9, top_p=0.95, top_k=7, min_p=0.1)
+    g = build_generation_config(params, eos_token_ids=[2], pad_token_id=0)
+    assert g.do_sample is False and g.temperature is None and g.top_k is None
+    (proc,) = sampling_processors(params)
+    names = [type(w).__name__ for w in proc.warpers]
+    assert names == ["TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper"]
+    assert sampling_processors(SamplingParams(temperature=0.0)) == []
+    assert sampling_processors(SamplingParams(temperature=1.0, sampler="multinomial")) == []
+    assert [type(w).__name__ for w in sampling_processors(SamplingParams(temperature=1.0))[0].warpers] == []
