@@ -28,7 +28,8 @@ import torch  # noqa: E402
 def build_recipe(w: Workload, out_dir: str):
     from grpokit.config import recipe_from_dict
 
-    model = {"name_or_path": MODEL_ALIAS, "dtype": "bfloat16" if w.precision == "bf16" else "float32",
+    bf16 = w.precision == "bf16"  # bf16 parameters: torchao AdamW with stochastic rounding, bf16 states
+    model = {"name_or_path": MODEL_ALIAS, "dtype": "bfloat16" if bf16 else "float32",
              "autocast_bf16": w.precision == "bf16_autocast"}
     return recipe_from_dict({
         "model": model,
@@ -38,6 +39,7 @@ def build_recipe(w: Workload, out_dir: str):
         "algo": {"beta": w.beta},
         "train": {"prompts_per_step": w.B, "max_steps": w.steps, "micro_batch_size": w.micro_batch_size,
                   "learning_rate": w.learning_rate, "seed": w.seed, "output_dir": out_dir,
+                  "optimizer": "adamw_bf16_sr" if bf16 else "adamw",
                   "sample_every": 0, "save_steps": 0},
     })
 
@@ -190,13 +192,18 @@ def _loss_and_grad(s, batch, advantages, *, share: bool, autocast: bool):
 
 def parity(s, batch, advantages, w: Workload, *, share: bool) -> dict:
     """This setting's loss, log-probs and gradient vs the plain fp32 path, same weights and batch."""
-    if w.precision == "bf16":
-        return {"skipped": "parameters are bf16; there is no fp32 path on the same weights"}
     note = "the step's advantages"
     if not bool(advantages.abs().gt(0).any()):  # every group had equal rewards: the loss is flat
         advantages = torch.randn(advantages.shape, generator=torch.Generator().manual_seed(0))
         note = "seeded N(0,1) advantages (the step's were all 0)"
     fast = _loss_and_grad(s, batch, advantages, share=share, autocast=w.precision == "bf16_autocast")
+    if w.precision == "bf16":  # the plain path on fp32 copies of the same (bf16-valued) weights
+        import copy
+        import types
+
+        s = types.SimpleNamespace(model=copy.deepcopy(s.model).float(), recipe=s.recipe,
+                                  ref_model=None if s.ref_model is None else copy.deepcopy(s.ref_model).float())
+        note += "; plain = fp32 copies of the bf16 weights"
     plain = _loss_and_grad(s, batch, advantages, share=False, autocast=False)
     g_fast, g_plain = fast[2].double(), plain[2].double()
     gd = (g_fast - g_plain).norm() / g_plain.norm().clamp(min=1e-300)

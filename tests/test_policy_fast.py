@@ -183,3 +183,39 @@ def test_bf16_sampler_follows_the_models_weights(tiny_model, smollm2_tokenizer, 
     torch.testing.assert_close(copy.lm_head.weight.float(), tiny_model.lm_head.weight, atol=0, rtol=2**-8)
     assert not torch.equal(a.completion_ids, b.completion_ids)
     assert (b.completion_ids == c.completion_ids).float().mean() > 0.5  # bf16 rounding may flip near-ties
+
+
+def test_gradient_checkpointing_recomputes_and_keeps_loss_and_grads(make_tiny_model, monkeypatch):
+    """model.gradient_checkpointing: the layers are checkpointed although the model stays in eval()
+    (transformers only checkpoints layers in training mode), the shared-prompt path steps aside,
+    and log-probs, loss and gradients equal the plain path's."""
+    import torch.utils.checkpoint as cp
+
+    from grpokit.policy import checkpointing_active, enable_gradient_checkpointing
+
+    model = make_tiny_model(vocab_size=V, pad_token_id=0)
+    batch, adv = _grouped_batch(G=3)
+    ref_logp = torch.zeros(batch.completion_ids.shape)
+    plain = _loss_and_grads(model, batch, adv, ref_logp, share_prompt=False)
+    n_layers = model.config.num_hidden_layers
+    assert enable_gradient_checkpointing(model) == n_layers
+    assert not model.training and not any(m.training for m in model.model.layers[0].modules()
+                                          if m is not model.model.layers[0])
+    assert checkpointing_active(model)
+    with torch.no_grad():
+        assert not checkpointing_active(model)
+    calls = []
+    real = cp.checkpoint
+
+    def spy(*a, **kw):
+        calls.append(1)
+        return real(*a, **kw)
+
+    for layer in model.model.layers:
+        monkeypatch.setattr(layer, "_gradient_checkpointing_func", lambda *a, **kw: spy(*a, use_reentrant=False, **kw))
+    ckpt = _loss_and_grads(model, batch, adv, ref_logp, share_prompt=True)
+    assert len(calls) == n_layers  # one checkpointed call per layer (one plain forward)
+    for a, b in zip(ckpt[:3], plain[:3]):
+        torch.testing.assert_close(a, b)
+    for name in plain[3]:
+        torch.testing.assert_close(ckpt[3][name], plain[3][name], msg=name)

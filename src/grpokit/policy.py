@@ -168,7 +168,7 @@ def _shared_prompt_logits(model: torch.nn.Module, batch: Batch, autocast_bf16: b
     t = batch.completion_ids.shape[1]
     if n < 2 or p < 2 or t < 1:
         return None
-    if model.training and getattr(model, "is_gradient_checkpointing", False):
+    if checkpointing_active(model):  # checkpointed layers drop the KV cache the rows would share
         return None
     first, inverse = distinct_rows(batch.prompt_ids, batch.prompt_mask)
     if len(first) == n:
@@ -191,6 +191,47 @@ def _shared_prompt_logits(model: torch.nn.Module, batch: Batch, autocast_bf16: b
             use_cache=True, logits_to_keep=0, **kv,
         )
     return out.logits  # (N, T, V): row position P-1+t predicts completion token t
+
+
+def enable_gradient_checkpointing(model: torch.nn.Module) -> int:
+    """Turn on transformers' activation checkpointing for ``model`` kept in ``eval()``.
+
+    transformers checkpoints a decoder layer only when the layer is in training mode, and the
+    trainer keeps the model in ``eval()`` (no dropout, so sampler and trainer see the same π). So
+    only the checkpointed layers' own ``training`` flag is set (not their children's): attention and
+    dropout submodules stay in eval mode. Non-reentrant ``torch.utils.checkpoint``; layers run as
+    usual without gradients (generation, reference passes).
+
+    Returns:
+        the number of layers that will checkpoint.
+
+    Raises:
+        ValueError: the model does not support gradient checkpointing.
+    """
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise ValueError(f"model.gradient_checkpointing: {type(model).__name__} does not support it")
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    kw = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x name
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kw)
+    else:  # pragma: no cover - older transformers
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
+    n = 0
+    for module in model.modules():
+        if isinstance(module, GradientCheckpointingLayer) and module.gradient_checkpointing:
+            module.training = True  # this module only; its children keep eval()
+            n += 1
+    if n == 0:
+        raise ValueError(f"model.gradient_checkpointing: no checkpointable layer in {type(model).__name__}")
+    return n
+
+
+def checkpointing_active(model: torch.nn.Module) -> bool:
+    """True if a forward with gradient now would checkpoint some layer of ``model``."""
+    return torch.is_grad_enabled() and any(
+        getattr(m, "gradient_checkpointing", False) and m.training for m in model.modules()
+    )
 
 
 def micro_batches(n: int, size: int) -> list[slice]:

@@ -113,8 +113,9 @@ class Setup:
         self.model = load_model(m.name_or_path, dtype=_dtype(m.dtype), trust_remote_code=m.trust_remote_code)
         self.model.eval()  # no dropout: sampler and trainer see the same π
         if m.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable()
-            self.model.config.use_cache = False
+            from grpokit.policy import enable_gradient_checkpointing
+
+            enable_gradient_checkpointing(self.model)
         self.ref_model = None
         if recipe.algo.beta > 0:
             self.ref_model = load_model(m.name_or_path, dtype=_dtype(m.dtype), trust_remote_code=m.trust_remote_code)

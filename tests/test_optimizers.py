@@ -1,0 +1,82 @@
+"""train.optimizer: bf16 stochastic rounding keeps updates far below a bf16 ulp (round-to-nearest
+drops them), recipe checks, and a bf16 run that checkpoints and resumes its optimizer state."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from helpers import tiny_recipe
+
+from grpokit.checkpoint import load_training_state
+from grpokit.config import RecipeError, recipe_from_dict
+from grpokit.trainer import make_optimizer, train
+
+
+def _one_step(optimizer: str, lr: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """One AdamW step on a (200, 500) bf16 weight ~ N(0, 0.02²) with gradient +1 everywhere:
+    the exact update is -lr (Adam's first step is lr·sign(g)); returns (before, after)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(500, 200, bias=False).to(torch.bfloat16)
+    with torch.no_grad():
+        model.weight.normal_(0, 0.02)
+    before = model.weight.detach().clone()
+    recipe = recipe_from_dict({"model": {"dtype": "bfloat16"},
+                               "train": {"optimizer": optimizer, "learning_rate": lr, "adam_betas": [0.9, 0.99]}})
+    opt, _ = make_optimizer(model, recipe)
+    model.weight.grad = torch.ones_like(model.weight)
+    opt.step()
+    return before, model.weight.detach().clone()
+
+
+def test_bf16_stochastic_rounding_is_unbiased_where_round_to_nearest_drops_the_update():
+    lr = 1e-5  # ~0.1 ulp of a bf16 number near 0.02 (ulp 2^-13 ≈ 1.2e-4)
+    before, after = _one_step("adamw_bf16_sr", lr)
+    delta = (after.double() - before.double()).flatten()  # (100000,)
+    # unbiased: the mean move is -lr within 5 standard errors
+    se = float(delta.std()) / math.sqrt(delta.numel())
+    assert abs(float(delta.mean()) + lr) < 5 * se, (float(delta.mean()), se)
+    assert 0.01 < float((delta != 0).double().mean()) < 0.5  # only some weights flip by one ulp
+    # the fused torch AdamW rounds to nearest: most updates are lost (all but those of weights
+    # near 0, whose ulp is small), so the mean move falls far short of -lr
+    before, after = _one_step("adamw", lr)
+    assert float((after == before).double().mean()) > 0.7
+    assert abs(float((after.double() - before.double()).mean())) < 0.5 * lr
+
+
+def test_adamw_bf16_sr_states_are_bf16():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 32).to(torch.bfloat16)
+    recipe = recipe_from_dict({"model": {"dtype": "bfloat16"}, "train": {"optimizer": "adamw_bf16_sr"}})
+    opt, _ = make_optimizer(model, recipe)
+    model(torch.randn(4, 64, dtype=torch.bfloat16)).sum().backward()
+    opt.step()
+    state = opt.state[model.weight]
+    assert state["exp_avg"].dtype == state["exp_avg_sq"].dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("raw, key", [
+    ({"train": {"optimizer": "adamw_bf16_sr"}}, "train.optimizer"),  # needs model.dtype=bfloat16
+    ({"train": {"optimizer": "sgd"}}, "train.optimizer"),
+    ({"model": {"dtype": "bfloat16", "autocast_bf16": True}}, "model.autocast_bf16"),
+])
+def test_optimizer_recipe_errors_name_the_key(raw, key):
+    with pytest.raises(RecipeError, match=key):
+        recipe_from_dict(raw)
+
+
+def test_bf16_run_checkpoints_and_resumes_the_sr_optimizer(tiny_model_dir, tmp_path):
+    sections = {"model": {"dtype": "bfloat16"}, "train": {"optimizer": "adamw_bf16_sr", "max_steps": 1,
+                                                          "save_steps": 1}}
+    train(tiny_recipe(tiny_model_dir, tmp_path, **sections), progress=False)
+    _, blob = load_training_state(tmp_path / "checkpoint-1")
+    states = blob["optimizer"]["state"]
+    assert states and all(s["exp_avg"].dtype == torch.bfloat16 for s in states.values())
+    # resume: step 2 starts from checkpoint-1's optimizer state and finishes
+    sections["train"] = sections["train"] | {"max_steps": 2}
+    summary = train(tiny_recipe(tiny_model_dir, tmp_path, **sections), progress=False)
+    assert summary["last_metrics"]["step"] == 2
+    _, blob2 = load_training_state(tmp_path / "checkpoint-2")
+    steps = {float(s["step"]) for s in blob2["optimizer"]["state"].values()}
+    assert steps == {2.0}
