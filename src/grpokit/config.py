@@ -51,7 +51,7 @@ class ModelConfig:
     autocast_bf16: bool = _f(False, "run forward passes under CPU/GPU bf16 autocast (params stay fp32)")
     trust_remote_code: bool = _f(False, "allow model code from the hub (off: safer)")
     gradient_checkpointing: bool = _f(False, "recompute activations in backward to save memory (the model stays in "
-                                      "eval(); turns off prompt sharing in training: about 30%% slower)")
+                                      "eval(); turns off prompt sharing in training: about 30% slower)")
 
 
 @dataclass
