@@ -24,6 +24,14 @@ def test_defaults_and_demo_recipe_validate():
     assert r.model.trust_remote_code is False  # safe default
 
 
+def _error_setting(key: str, value) -> str:
+    """The RecipeError message for a recipe that sets only ``key`` (``section.name``) to ``value``."""
+    sec, name = key.split(".")
+    with pytest.raises(RecipeError) as e:
+        recipe_from_dict({sec: {name: value}})
+    return str(e.value)
+
+
 @pytest.mark.parametrize("raw, names", [
     ({"train": {"max_stepz": 3}}, ["train.max_stepz", "max_steps"]),  # lists what is allowed
     ({"trainer": {}}, ["'trainer'", "train"]),
@@ -46,10 +54,8 @@ def test_unknown_key_error_names_the_key(raw, names):
     ("data.limit", "8", "expected an integer"),
 ])
 def test_wrong_type_names_key_and_value(key, value, expect):
-    sec, name = key.split(".")
-    with pytest.raises(RecipeError) as e:
-        recipe_from_dict({sec: {name: value}})
-    assert key in str(e.value) and expect in str(e.value) and repr(value) in str(e.value)
+    message = _error_setting(key, value)
+    assert key in message and expect in message and repr(value) in message
 
 
 def test_int_where_float_expected_is_accepted():
@@ -83,10 +89,8 @@ def test_int_where_float_expected_is_accepted():
     ("train.save_total_limit", 0, ">= 1"),
 ])
 def test_out_of_range_names_key_and_allowed(key, value, allowed):
-    sec, name = key.split(".")
-    with pytest.raises(RecipeError) as e:
-        recipe_from_dict({sec: {name: value}})
-    assert key in str(e.value) and allowed in str(e.value)
+    message = _error_setting(key, value)
+    assert key in message and allowed in message
 
 
 def test_weights_must_match_functions():
@@ -195,10 +199,8 @@ def test_unparsable_value_of_a_non_text_field_is_a_recipe_error():
     ("data.prompt_template", "{question} }", "only the field {question}"),
 ])
 def test_more_out_of_range_values(key, value, allowed):
-    sec, name = key.split(".")
-    with pytest.raises(RecipeError) as e:
-        recipe_from_dict({sec: {name: value}})
-    assert key in str(e.value) and allowed in str(e.value)
+    message = _error_setting(key, value)
+    assert key in message and allowed in message
 
 
 def test_literal_braces_in_template_are_fine():
