@@ -196,7 +196,8 @@ def main() -> None:
                     "(default: 85%% of this machine's memory)")
     ap.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS for every child (default: unset)")
     ap.add_argument("--grpokit-fast", default="bf16", help="grpokit's fastest setting: fp32 | "
-                    "bf16_autocast | bf16 (bf16 parameters, torchao AdamW with stochastic rounding); '+bf16sampler' = sample from a bf16 copy of the policy; '+plain' = "
+                    "bf16_autocast | bf16 (bf16 parameters, torchao AdamW with stochastic rounding); "
+                    "'+bf16sampler' = sample from a bf16 copy of the policy; '+plain' = "
                     "no prompt sharing / static cache")
     ap.add_argument("--trl-fast", default="bf16_autocast", help="TRL's fastest setting: fp32 | bf16_autocast | bf16")
     ap.add_argument("--only", choices=["grpokit", "trl"], help="run one peer only")

@@ -89,9 +89,8 @@ def make_optimizer(model: torch.nn.Module, recipe: Recipe):
     if t.optimizer == "adamw":
         opt = torch.optim.AdamW(params, **kw, fused=True)
     else:
-        from grpokit.memory import import_torchao_optim
+        import torchao.optim as optim  # its import-time warnings are quieted in grpokit/__init__.py
 
-        optim = import_torchao_optim()
         bf16 = all(p.dtype == torch.bfloat16 for p in params)
         cls = optim._AdamW if t.optimizer == "adamw_bf16_sr" else optim.AdamW8bit
         opt = cls(params, **kw, bf16_stochastic_round=bf16)
