@@ -52,6 +52,8 @@ class ModelConfig:
     trust_remote_code: bool = _f(False, "allow model code from the hub (off: safer)")
     gradient_checkpointing: bool = _f(False, "recompute activations in backward to save memory (the model stays in "
                                       "eval(); turns off prompt sharing in training: about 30% slower)")
+    fused_ops: bool = _f(True, "memory-lean RMSNorm, MLP, attention and LM-head log-probs for Llama/Mistral/Qwen2/"
+                         "Qwen3 models (grpokit.fused): same values, about a third of the activation memory")
 
 
 @dataclass
@@ -119,7 +121,7 @@ class TrainConfig:
     micro_batch_size: int = _f(8, "sequences per forward/backward (gradient accumulation)")
     learning_rate: float = _f(1e-6, "peak AdamW learning rate")
     optimizer: str = _f("adamw", "adamw: torch AdamW (fused), states in the parameter dtype; adamw_bf16_sr: "
-                        "torchao AdamW for bf16 parameters (model.dtype=bfloat16) with stochastic rounding, "
+                        "AdamW for bf16 parameters (model.dtype=bfloat16) with stochastic rounding (grpokit.optim), "
                         "bf16 states; adamw_8bit: torchao AdamW with 8-bit states (slow on CPU)",
                         ("adamw", "adamw_bf16_sr", "adamw_8bit"))
     weight_decay: float = _f(0.0, "AdamW weight decay")

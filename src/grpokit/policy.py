@@ -10,16 +10,25 @@ gradients against each other):
   repeated cache into the one prompt pass (the repeat's backward sums the G rows' gradients).
   For GSM8K-style prompts (~100 prompt tokens, 64 completion tokens, G = 8) this roughly halves
   the tokens the model processes, in the forward and the backward.
+
+  The prompt pass runs on aliases of the parameters (same storage, own autograd leaves) whose
+  gradients are added into the parameters' ``.grad`` as soon as each is complete. Without them
+  every weight would be used by two passes, and autograd holds a weight's gradient from the
+  completion pass until the prompt pass's arrives at the very end of the backward: a second copy
+  of all weight gradients (0.25 GB for a 135M-parameter bf16 model) at the peak.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 
 import torch
 
 from grpokit.algo import token_entropy, token_logprobs
+from grpokit.fused import fused_head
+from grpokit.ops import linear_token_logprobs
 
 
 @dataclass
@@ -71,7 +80,9 @@ def completion_logprobs(
     The input is ``[prompt ; completion]`` with ``attention_mask = [prompt_mask ; completion_mask]``
     and position ids counted over unmasked tokens (as ``generate`` counts them with left padding),
     so the trainer scores exactly the distribution the sampler drew from. Only the logits that
-    predict completion tokens are computed; logits are divided by ``temperature``.
+    predict completion tokens are computed; logits are divided by ``temperature``. A model prepared
+    with :func:`grpokit.fused.apply_fused_ops` (and no autocast) goes through
+    :func:`grpokit.ops.linear_token_logprobs`: same values, no ``(N, T, V)`` logits kept.
 
     ``share_prompt`` (default on): run each distinct prompt once and reuse its KV cache for all
     rows that carry it (see the module docstring). It falls back to the plain path when no prompt
@@ -81,26 +92,42 @@ def completion_logprobs(
     Returns:
         ``logp`` ``(N, T)`` float32 and, if ``with_entropy``, the entropy ``(N, T)`` (no grad).
     """
-    logits = _shared_prompt_logits(model, batch, autocast_bf16) if share_prompt else None
-    if logits is None:
-        logits = _plain_logits(model, batch, autocast_bf16)
-    logp = token_logprobs(logits, batch.completion_ids, temperature=temperature)
-    entropy = token_entropy(logits, temperature=temperature) if with_entropy else None
+    head = None if autocast_bf16 else fused_head(model)
+    net = model if head is None else head[0]  # with the fused head: the decoder, for hidden states
+    out = _shared_prompt_forward(model, net, batch, autocast_bf16) if share_prompt else None
+    if out is None:
+        out = _plain_forward(model, net, batch, autocast_bf16)
+    if head is not None:  # (N, T, H) hidden states -> log-probs, no (N, T, V) logits kept
+        weight = head[1]
+        if torch.is_grad_enabled() and weight.requires_grad:  # tied to the embedding: see _grad_alias
+            weight = _grad_alias(weight)
+        return linear_token_logprobs(out, weight, batch.completion_ids, temperature=temperature,
+                                     with_entropy=with_entropy)
+    logp = token_logprobs(out, batch.completion_ids, temperature=temperature)
+    entropy = token_entropy(out, temperature=temperature) if with_entropy else None
     return logp, entropy
 
 
-def _plain_logits(model: torch.nn.Module, batch: Batch, autocast_bf16: bool) -> torch.Tensor:
-    """``(N, T, V)`` logits predicting each completion token, from one ``[prompt ; completion]`` pass."""
+def _last_positions(net: torch.nn.Module, keep: int, hidden_states: bool, **kw) -> torch.Tensor:
+    """The last ``keep`` positions (all if 0) of ``net``'s output: logits ``(N, keep, V)`` for a
+    causal LM, or hidden states ``(N, keep, H)`` when ``net`` is its decoder (``grpokit.fused``)."""
+    if not hidden_states:
+        return net(**kw, logits_to_keep=keep).logits
+    hidden = net(**kw).last_hidden_state
+    return hidden[:, -keep:] if keep else hidden
+
+
+def _plain_forward(model: torch.nn.Module, net: torch.nn.Module, batch: Batch, autocast_bf16: bool) -> torch.Tensor:
+    """``(N, T, ·)`` outputs (logits or hidden states) at the positions predicting each completion
+    token, from one ``[prompt ; completion]`` pass."""
     ids = torch.cat([batch.prompt_ids, batch.completion_ids], dim=1)  # (N, P+T)
     attn = torch.cat([batch.prompt_mask, batch.completion_mask], dim=1).long()
     position_ids = (attn.cumsum(1) - 1).clamp(min=0)
     t = batch.completion_ids.shape[1]
     with autocast_context(autocast_bf16, ids.device):
-        out = model(
-            input_ids=ids, attention_mask=attn, position_ids=position_ids,
-            logits_to_keep=t + 1, use_cache=False,
-        )
-    return out.logits[:, :-1]  # (N, T, V): position P-1+t predicts completion token t
+        out = _last_positions(net, t + 1, net is not model, input_ids=ids, attention_mask=attn,
+                              position_ids=position_ids, use_cache=False)
+    return out[:, :-1]  # position P-1+t predicts completion token t
 
 
 def distinct_rows(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -156,8 +183,10 @@ def cache_kwarg(fn) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-def _shared_prompt_logits(model: torch.nn.Module, batch: Batch, autocast_bf16: bool) -> torch.Tensor | None:
-    """The same ``(N, T, V)`` logits as :func:`_plain_logits`, with each distinct prompt run once.
+def _shared_prompt_forward(model: torch.nn.Module, net: torch.nn.Module, batch: Batch,
+                           autocast_bf16: bool) -> torch.Tensor | None:
+    """The same outputs as :func:`_plain_forward` (run by ``net``: ``model`` or its decoder), with
+    each distinct prompt run once.
 
     Pass 1: the first ``P-1`` prompt columns of the ``U`` distinct prompts fill a KV cache, which is
     then indexed to the ``N`` rows. Pass 2: ``[last prompt token ; completion[:-1]]`` (``T`` tokens
@@ -178,19 +207,48 @@ def _shared_prompt_logits(model: torch.nn.Module, batch: Batch, autocast_bf16: b
         return None
     attn = torch.cat([batch.prompt_mask, batch.completion_mask], dim=1).long()  # (N, P+T)
     position_ids = (attn.cumsum(1) - 1).clamp(min=0)
-    kv = {cache_kwarg(model.forward): cache}
+    kv = {cache_kwarg(net.forward): cache}
     with autocast_context(autocast_bf16, batch.prompt_ids.device):
-        model(
-            input_ids=batch.prompt_ids[first, : p - 1], attention_mask=attn[first, : p - 1],
-            position_ids=position_ids[first, : p - 1], use_cache=True, logits_to_keep=1, **kv,
+        _last_positions(
+            _with_own_grad_leaves(net), 1, net is not model, input_ids=batch.prompt_ids[first, : p - 1], attention_mask=attn[first, : p - 1],
+            position_ids=position_ids[first, : p - 1], use_cache=True, **kv,
         )  # fills `cache`: (U, heads, P-1, d) per layer
         cache.batch_select_indices(inverse)  # (N, heads, P-1, d); differentiable gather
         rest = torch.cat([batch.prompt_ids[:, p - 1 :], batch.completion_ids[:, :-1]], dim=1)  # (N, T)
-        out = model(
-            input_ids=rest, attention_mask=attn[:, : p - 1 + t], position_ids=position_ids[:, p - 1 : p - 1 + t],
-            use_cache=True, logits_to_keep=0, **kv,
-        )
-    return out.logits  # (N, T, V): row position P-1+t predicts completion token t
+        return _last_positions(
+            net, 0, net is not model, input_ids=rest, attention_mask=attn[:, : p - 1 + t],
+            position_ids=position_ids[:, p - 1 : p - 1 + t], use_cache=True, **kv,
+        )  # (N, T, ·): row position P-1+t predicts completion token t
+
+
+def _with_own_grad_leaves(net: torch.nn.Module):
+    """``net`` itself without gradient recording; else a callable that runs ``net`` with each
+    trainable parameter replaced by its :func:`_grad_alias` (see the module docstring)."""
+    if not torch.is_grad_enabled():
+        return net
+    aliases = {name: _grad_alias(p) for name, p in net.named_parameters() if p.requires_grad}
+    return lambda **kw: torch.func.functional_call(net, aliases, (), kw)
+
+
+def _grad_alias(param: torch.Tensor) -> torch.Tensor:
+    """A leaf sharing ``param``'s storage whose gradient a post-accumulate hook adds into
+    ``param.grad`` (and frees) as soon as autograd has it complete.
+
+    For a weight used at two places of one graph (the prompt pass and the completion pass; a head
+    tied to the embedding), autograd keeps the gradient of the later use until the earlier use's
+    arrives at the end of the backward; with an alias for one of the uses each is added at once.
+    """
+    alias = param.detach().requires_grad_(True)
+    alias.register_post_accumulate_grad_hook(functools.partial(_add_grad_into, param))
+    return alias
+
+
+def _add_grad_into(param: torch.Tensor, alias: torch.Tensor) -> None:
+    if param.grad is None:
+        param.grad = alias.grad
+    else:
+        param.grad.add_(alias.grad)
+    alias.grad = None
 
 
 def enable_gradient_checkpointing(model: torch.nn.Module) -> int:

@@ -112,6 +112,10 @@ class Setup:
         self.row_columns = sorted({k for r in self.rows for k in r} - {"prompt"})
         self.model = load_model(m.name_or_path, dtype=_dtype(m.dtype), trust_remote_code=m.trust_remote_code)
         self.model.eval()  # no dropout: sampler and trainer see the same π
+        if m.fused_ops:
+            from grpokit.fused import apply_fused_ops
+
+            apply_fused_ops(self.model)
         if m.gradient_checkpointing:
             from grpokit.policy import enable_gradient_checkpointing
 
@@ -120,6 +124,8 @@ class Setup:
         if recipe.algo.beta > 0:
             self.ref_model = load_model(m.name_or_path, dtype=_dtype(m.dtype), trust_remote_code=m.trust_remote_code)
             self.ref_model.eval().requires_grad_(False)
+            if m.fused_ops:
+                apply_fused_ops(self.ref_model)
         self.eos_ids = eos_token_ids(self.model, self.tokenizer)
         self.optimizer, self.scheduler = make_optimizer(self.model, recipe)
         self.state = TrainState()

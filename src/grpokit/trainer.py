@@ -75,25 +75,27 @@ def make_optimizer(model: torch.nn.Module, recipe: Recipe):
     - ``adamw``: ``torch.optim.AdamW(fused=True)`` (one kernel per step: 1.1 s -> 0.15 s for 135M
       fp32 parameters on CPU). With bf16 parameters its round-to-nearest write-back drops updates
       smaller than half a bf16 ulp (~0.4 % of the weight): at lr 1e-6 most of them.
-    - ``adamw_bf16_sr``: torchao's AdamW with ``bf16_stochastic_round=True``: the update is computed
-      in fp32 and rounded to bf16 up or down at random, unbiased in expectation (the weight moves by
-      the update on average), with bf16 states: 8 bytes/parameter in all (weights, grads, m, v)
-      instead of 16 for fp32 AdamW.
+    - ``adamw_bf16_sr``: :class:`grpokit.optim.AdamWStochasticRounding`: the update is computed
+      in float32 and written to bf16 weights (and second moments) rounded up or down at random,
+      unbiased in expectation (the weight moves by the update on average), with bf16 states:
+      8 bytes/parameter in all (weights, grads, m, v) instead of 16 for fp32 AdamW.
     - ``adamw_8bit``: torchao's AdamW8bit (block-wise 8-bit m and v; stochastic rounding when the
-      parameters are bf16).
-    torchao's steps are ``torch.compile``-d per parameter shape: the first step compiles (seconds).
+      parameters are bf16; ``torch.compile``-d per parameter shape on the first step: seconds).
     """
     t = recipe.train
     params = [p for p in model.parameters() if p.requires_grad]
     kw = dict(lr=t.learning_rate, betas=tuple(t.adam_betas), weight_decay=t.weight_decay)
     if t.optimizer == "adamw":
         opt = torch.optim.AdamW(params, **kw, fused=True)
+    elif t.optimizer == "adamw_bf16_sr":
+        from grpokit.optim import AdamWStochasticRounding
+
+        opt = AdamWStochasticRounding(params, **kw)
     else:
-        import torchao.optim as optim  # its import-time warnings are quieted in grpokit/__init__.py
+        import torchao.optim  # its import-time warnings are quieted in grpokit/__init__.py
 
         bf16 = all(p.dtype == torch.bfloat16 for p in params)
-        cls = optim._AdamW if t.optimizer == "adamw_bf16_sr" else optim.AdamW8bit
-        opt = cls(params, **kw, bf16_stochastic_round=bf16)
+        opt = torchao.optim.AdamW8bit(params, **kw, bf16_stochastic_round=bf16)
     total = max(t.max_steps * t.num_iterations, 1)
 
     def factor(i: int) -> float:

@@ -1,0 +1,65 @@
+"""The attention function grpokit registers with transformers (``"grpokit_sdpa"``, set by
+:func:`grpokit.fused.apply_fused_ops`).
+
+transformers' ``sdpa`` implementation repeats each key/value head ``num_heads / num_kv_heads``
+times (``repeat_kv``) before calling ``F.scaled_dot_product_attention`` whenever a mask is given
+on CPU, and the backward keeps the repeated copies: for SmolLM2 (9 query / 3 KV heads, a batch
+of 8 completions sharing a ~100-token prompt) 86 MB per micro-batch in bf16. PyTorch's SDPA takes
+grouped heads itself (``enable_gqa=True``): same values, a third of that memory, and a faster
+backward on CPU. Everything else (no mask, single-token decoding, position biases, softcapping)
+goes to transformers' own ``sdpa_attention_forward`` unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+NAME = "grpokit_sdpa"
+
+
+def grpokit_sdpa_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """Scaled dot-product attention (Vaswani et al. 2017, eq. 1) over grouped KV heads.
+
+    Args:
+        module: the attention module (``num_key_value_groups`` = query heads per KV head).
+        query: ``(B, H, q, d)``; key, value: ``(B, H_kv, k, d)``.
+        attention_mask: ``(B, 1, q, k)`` bool (True = attend) or additive float, or None.
+
+    Returns:
+        ``(B, q, H, d)`` attention output (transformers' layout) and None (no weights).
+
+    Raises:
+        RuntimeError: from torch, on shapes that do not broadcast.
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    groups = getattr(module, "num_key_value_groups", 1)
+    special = any(kwargs.get(k) is not None for k in ("position_bias", "softcap")) or kwargs.get("output_attentions")
+    if special or attention_mask is None or query.shape[2] == 1 or groups == 1:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, is_causal=is_causal, **kwargs)
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
+                                         scale=scaling, enable_gqa=True)  # (B, H, q, d)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register() -> str:
+    """Register :func:`grpokit_sdpa_attention` (and transformers' SDPA mask builder) under
+    :data:`NAME`; idempotent. Returns the name."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(NAME, grpokit_sdpa_attention)
+    AttentionMaskInterface.register(NAME, sdpa_mask)
+    return NAME

@@ -1,0 +1,110 @@
+"""Put :mod:`grpokit.ops` into a transformers model (``model.fused_ops``, on by default).
+
+``apply_fused_ops(model)`` replaces, on the instances, the ``forward`` of the RMSNorm and gated-MLP
+modules of Llama, Mistral, Qwen2 and Qwen3 models; marks the model so that
+:func:`grpokit.policy.completion_logprobs` takes its log-probs with
+:func:`grpokit.ops.linear_token_logprobs` from the decoder's hidden states instead of the full
+logits; and switches transformers' ``sdpa`` attention to :mod:`grpokit.attention` (grouped KV
+heads not repeated). Each module class is checked once, on a random input, to give the original forward's
+values before it is replaced (a transformers release that changed the formula is left alone).
+
+The replaced forwards defer to the original one when no gradient is being recorded (generation,
+reference passes: nothing would be saved) and under autocast (the plain path handles its casts).
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+
+from grpokit import attention
+from grpokit.ops import rms_norm, swiglu_mlp
+
+_NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"}
+_MLPS = {"LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP"}
+#: model types whose causal-LM logits are exactly ``lm_head(decoder(...).last_hidden_state)``
+_PLAIN_HEAD_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
+_MARK = "_grpokit_fused_ops"
+
+
+def _plain(x: torch.Tensor) -> bool:
+    return not torch.is_grad_enabled() or torch.is_autocast_enabled(x.device.type)
+
+
+def _norm_forward(self, hidden_states):
+    if _plain(hidden_states):
+        return type(self).forward(self, hidden_states)
+    return rms_norm(hidden_states, self.weight, self.variance_epsilon)
+
+
+def _mlp_forward(self, x):
+    if _plain(x):
+        return type(self).forward(self, x)
+    return swiglu_mlp(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight)
+
+
+def _eligible_mlp(m: torch.nn.Module) -> bool:
+    act = getattr(getattr(m, "config", None), "hidden_act", None)
+    linears = [getattr(m, k, None) for k in ("gate_proj", "up_proj", "down_proj")]
+    return act in ("silu", "swish") and all(isinstance(lin, torch.nn.Linear) and lin.bias is None
+                                            for lin in linears)
+
+
+def _same_as_original(m: torch.nn.Module, new_forward, width: int) -> bool:
+    """Both forwards on one random ``(2, 3, width)`` input, with gradient recording on."""
+    p = next(m.parameters())
+    x = torch.randn(2, 3, width, generator=torch.Generator().manual_seed(0)).to(p.device, p.dtype)
+    with torch.enable_grad():
+        want, got = type(m).forward(m, x), new_forward(m, x)
+    tol = 1e-5 if p.dtype == torch.float32 else 2e-2
+    return want.shape == got.shape and torch.allclose(want.float(), got.float(), rtol=tol, atol=tol)
+
+
+def apply_fused_ops(model: torch.nn.Module) -> dict[str, int]:
+    """Use the memory-lean ops in ``model`` (in place); see the module docstring.
+
+    Returns:
+        how many modules were switched: ``{"rms_norm": n, "mlp": n, "head": 0|1, "attention": 0|1}``
+        (attention: a model on transformers' ``sdpa`` now uses :mod:`grpokit.attention`). All
+        zero for an architecture outside the list above (it then runs as before).
+    """
+    counts = {"rms_norm": 0, "mlp": 0, "head": 0, "attention": 0}
+    checked: dict[type, bool] = {}  # per class (two classes may share a name)
+    for m in model.modules():
+        name = type(m).__name__
+        if name in _NORMS and hasattr(m, "variance_epsilon"):
+            new, key, width = _norm_forward, "rms_norm", m.weight.shape[0]
+        elif name in _MLPS and _eligible_mlp(m):
+            new, key, width = _mlp_forward, "mlp", m.gate_proj.in_features
+        else:
+            continue
+        if type(m) not in checked:
+            checked[type(m)] = _same_as_original(m, new, width)
+        if checked[type(m)]:
+            m.forward = types.MethodType(new, m)
+            counts[key] += 1
+    if fused_head(model, mark_required=False) is not None:
+        setattr(model, _MARK, True)
+        counts["head"] = 1
+    config = getattr(model, "config", None)
+    if getattr(config, "_attn_implementation", None) == "sdpa" and hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(attention.register())
+        counts["attention"] = int(config._attn_implementation == attention.NAME)
+    return counts
+
+
+def fused_head(model: torch.nn.Module, *, mark_required: bool = True):
+    """``(decoder, head_weight)`` if ``model``'s log-probs may be taken with
+    :func:`grpokit.ops.linear_token_logprobs` (a marked model of a listed type whose head is a
+    bias-free ``Linear``), else None."""
+    if mark_required and not getattr(model, _MARK, False):
+        return None
+    config = getattr(model, "config", None)
+    if getattr(config, "model_type", None) not in _PLAIN_HEAD_TYPES:
+        return None
+    decoder = getattr(model, getattr(model, "base_model_prefix", "model"), None)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if not isinstance(decoder, torch.nn.Module) or not isinstance(head, torch.nn.Linear) or head.bias is not None:
+        return None
+    return decoder, head.weight

@@ -1,0 +1,121 @@
+"""``model.fused_ops`` (``grpokit.fused``): a model with the memory-lean ops gives the plain model's
+log-probs, entropies, loss and gradients, samples the same tokens, and keeps fewer bytes for the
+backward. Tiny random Llama with grouped KV heads (4 query heads, 2 KV heads), float32."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from grpokit.fused import apply_fused_ops, fused_head
+from grpokit.policy import batch_logprobs, completion_logprobs
+from tests.test_policy_fast import V, _grouped_batch, _loss_and_grads
+
+GQA = dict(vocab_size=V, pad_token_id=0, num_attention_heads=4, num_key_value_heads=2)
+
+
+def _pair(make_tiny_model, **overrides):
+    plain = make_tiny_model(**(GQA | overrides))
+    fused = copy.deepcopy(plain)
+    return plain, fused, apply_fused_ops(fused)
+
+
+def test_apply_switches_every_norm_mlp_the_head_and_attention(make_tiny_model):
+    plain, fused, counts = _pair(make_tiny_model)
+    layers = plain.config.num_hidden_layers
+    assert counts == {"rms_norm": 2 * layers + 1, "mlp": layers, "head": 1, "attention": 1}
+    assert fused.config._attn_implementation == "grpokit_sdpa"
+    assert fused_head(fused) is not None and fused_head(plain) is None  # only a prepared model
+
+
+@pytest.mark.parametrize("share_prompt", [True, False])
+def test_fused_model_equals_plain_logprobs_entropy_loss_and_grads(make_tiny_model, share_prompt):
+    plain, fused, _ = _pair(make_tiny_model)
+    batch, adv = _grouped_batch(G=3)
+    ref_logp = batch_logprobs(plain, batch, temperature=0.7, micro_batch_size=4)
+    torch.testing.assert_close(batch_logprobs(fused, batch, temperature=0.7, micro_batch_size=4), ref_logp)
+    a = _loss_and_grads(plain, batch, adv, ref_logp, share_prompt=share_prompt)
+    b = _loss_and_grads(fused, batch, adv, ref_logp, share_prompt=share_prompt)
+    for x, y in zip(b[:3], a[:3]):  # log-probs, entropies, loss
+        torch.testing.assert_close(x, y)
+    assert a[3].keys() == b[3].keys() and len(a[3]) == len(list(plain.parameters()))
+    for name in a[3]:
+        torch.testing.assert_close(b[3][name], a[3][name], msg=name)
+
+
+def test_fused_model_with_tied_embeddings_and_checkpointing(make_tiny_model):
+    """The head weight is the embedding: both gradient paths add into one tensor; checkpointed
+    layers recompute the fused ops."""
+    from grpokit.policy import enable_gradient_checkpointing
+
+    plain, fused, _ = _pair(make_tiny_model, tie_word_embeddings=True)
+    assert fused.lm_head.weight is fused.model.embed_tokens.weight
+    enable_gradient_checkpointing(fused)
+    batch, adv = _grouped_batch(G=2, seed=1)
+    ref_logp = torch.zeros(batch.completion_ids.shape)
+    a = _loss_and_grads(plain, batch, adv, ref_logp)
+    b = _loss_and_grads(fused, batch, adv, ref_logp)
+    torch.testing.assert_close(b[2], a[2])
+    for name in a[3]:
+        torch.testing.assert_close(b[3][name], a[3][name], msg=name)
+
+
+def test_fused_model_keeps_fewer_bytes_for_backward(make_tiny_model):
+    plain, fused, _ = _pair(make_tiny_model, vocab_size=512, intermediate_size=128)
+    batch, _ = _grouped_batch(G=4, T=24, seed=2)
+
+    def saved(model):
+        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        seen, total = set(), 0
+
+        def pack(t):
+            nonlocal total
+            ptr = t.untyped_storage().data_ptr()
+            if ptr not in seen and ptr not in params:
+                seen.add(ptr)
+                total += t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            completion_logprobs(model, batch, temperature=1.0)
+        return total
+
+    assert saved(fused) < 0.6 * saved(plain)
+
+
+def test_generation_is_unchanged(make_tiny_model, smollm2_tokenizer, smollm2_prompts):
+    """Without gradient the replaced forwards run the original code: same sampled tokens."""
+    from grpokit.rollout import SamplingParams, generate_rollouts
+
+    plain, fused, _ = _pair(make_tiny_model, vocab_size=49152, pad_token_id=2)
+    params = SamplingParams(temperature=1.0, max_new_tokens=8)
+    run = lambda m: generate_rollouts(m, smollm2_tokenizer, smollm2_prompts, 3, params,  # noqa: E731
+                                      eos_token_ids=[2, 0], seed=3)
+    assert torch.equal(run(fused).completion_ids, run(plain).completion_ids)
+
+
+def test_a_module_whose_formula_differs_is_left_alone(make_tiny_model):
+    """The one-off check before replacing: a norm class of a listed name computing something else
+    (here Gemma's ``(1 + w)`` gain) keeps its own forward."""
+    from transformers.models.llama import modeling_llama
+
+    class LlamaRMSNorm(modeling_llama.LlamaRMSNorm):  # same name, other formula
+        def forward(self, hidden_states):
+            return super().forward(hidden_states) * 2.0
+
+    model = make_tiny_model(**GQA)
+    model.model.norm = LlamaRMSNorm(model.config.hidden_size)
+    counts = apply_fused_ops(model)
+    assert counts["rms_norm"] == 2 * model.config.num_hidden_layers  # the final norm was not switched
+    assert "forward" not in vars(model.model.norm)
+
+
+def test_other_architectures_are_left_as_they_are():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=32)).eval()
+    counts = apply_fused_ops(model)
+    assert counts["rms_norm"] == counts["mlp"] == counts["head"] == 0
+    assert fused_head(model) is None

@@ -1,0 +1,134 @@
+"""``grpokit.ops``: the memory-lean autograd functions equal the plain PyTorch expressions.
+
+Gradients are checked with ``torch.autograd.gradcheck`` in float64 (finite differences, so a wrong
+backward formula fails whatever the forward does), values against the plain expression, and the
+bytes each keeps for the backward against plain autograd's (the point of the functions).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import grpokit.ops as ops
+from grpokit.algo import token_entropy, token_logprobs
+from grpokit.ops import linear_token_logprobs, rms_norm, swiglu_mlp
+
+
+def _rand(*shape, dtype=torch.float64, seed=0, grad=True):
+    t = torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+    return t.requires_grad_(grad)
+
+
+def _plain_rms_norm(x, w, eps):  # transformers' LlamaRMSNorm.forward
+    h = x.to(torch.float32) if x.dtype != torch.float64 else x
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return w * h.to(x.dtype)
+
+
+def _plain_mlp(x, wg, wu, wd):  # transformers' LlamaMLP.forward
+    return F.linear(F.silu(F.linear(x, wg)) * F.linear(x, wu), wd)
+
+
+def _saved_bytes(fn, *inputs) -> int:
+    """Bytes of the tensors autograd keeps for ``fn()``'s backward, ``inputs`` not counted."""
+    skip = {a.untyped_storage().data_ptr() for a in inputs}
+    seen, total = set(), 0
+
+    def pack(t):
+        nonlocal total
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in seen and ptr not in skip:
+            seen.add(ptr)
+            total += t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return total
+
+
+def test_rms_norm_gradcheck_and_values():
+    x, w = _rand(2, 3, 8), _rand(8, seed=1)
+    assert torch.autograd.gradcheck(lambda x, w: rms_norm(x, w, 1e-6), (x, w))
+    torch.testing.assert_close(rms_norm(x, w, 1e-6), _plain_rms_norm(x, w, 1e-6))
+
+
+def test_swiglu_mlp_gradcheck_and_values():
+    x = _rand(2, 3, 8)
+    wg, wu, wd = _rand(5, 8, seed=1), _rand(5, 8, seed=2), _rand(8, 5, seed=3)
+    assert torch.autograd.gradcheck(swiglu_mlp, (x, wg, wu, wd))
+    torch.testing.assert_close(swiglu_mlp(x, wg, wu, wd), _plain_mlp(x, wg, wu, wd))
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_linear_token_logprobs_gradcheck_over_several_vocab_blocks(monkeypatch, temperature):
+    monkeypatch.setattr(ops, "_MIN_BLOCK", 1)
+    monkeypatch.setattr(ops, "_CHUNK_ELEMENTS", 24)  # 6 positions: blocks of 4, 4 and 3 of the 11 columns
+    h, w = _rand(2, 3, 8), _rand(11, 8, seed=1)
+    ids = torch.randint(0, 11, (2, 3), generator=torch.Generator().manual_seed(2))
+    assert torch.autograd.gradcheck(lambda h, w: linear_token_logprobs(h, w, ids, temperature=temperature)[0],
+                                    (h, w))
+    logp, ent = linear_token_logprobs(h, w, ids, temperature=temperature, with_entropy=True)
+    logits = h @ w.t()
+    # grpokit.algo's versions compute in float32
+    torch.testing.assert_close(logp.float(), token_logprobs(logits, ids, temperature=temperature))
+    torch.testing.assert_close(ent.float(), token_entropy(logits, temperature=temperature))
+    assert logp.requires_grad and not ent.requires_grad
+
+
+def test_bf16_values_and_gradients_match_plain_autograd():
+    """In bf16 the forward values are the plain ones bit for bit (same ops, same order); gradients
+    agree to bf16 rounding (the backward's float32 intermediates round at other places)."""
+    x = _rand(4, 16, 64, dtype=torch.bfloat16)
+    w = (1 + 0.1 * _rand(64, seed=1, grad=False)).to(torch.bfloat16).requires_grad_()
+    wg, wu = ((0.1 * _rand(96, 64, seed=s, grad=False)).bfloat16().requires_grad_() for s in (2, 3))
+    wd = (0.1 * _rand(64, 96, seed=4, grad=False)).bfloat16().requires_grad_()
+    head = (0.1 * _rand(50, 64, seed=5, grad=False)).bfloat16().requires_grad_()
+    ids = torch.randint(0, 50, (4, 16), generator=torch.Generator().manual_seed(6))
+    gout = torch.linspace(-1, 1, 4 * 16).view(4, 16)
+
+    def run(norm, mlp, logp_fn):
+        for t in (x, w, wg, wu, wd, head):
+            t.grad = None
+        h = norm(x, w, 1e-5)
+        h = h + mlp(h, wg, wu, wd)
+        lp = logp_fn(h)
+        (lp * gout).sum().backward()
+        return lp.detach(), [t.grad.float() for t in (x, w, wg, wu, wd, head)]
+
+    fast = run(rms_norm, swiglu_mlp, lambda h: linear_token_logprobs(h, head, ids, temperature=0.7)[0])
+    plain = run(_plain_rms_norm, _plain_mlp, lambda h: token_logprobs(F.linear(h, head), ids, temperature=0.7))
+    torch.testing.assert_close(fast[0], plain[0], rtol=0, atol=0)
+    for name, a, b in zip(("x", "w", "w_gate", "w_up", "w_down", "head"), fast[1], plain[1]):
+        torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2 * float(b.abs().max()), msg=name)
+
+
+def test_saved_bytes_are_smaller_than_plain_autograd():
+    x = _rand(4, 16, 64, dtype=torch.bfloat16)
+    w = torch.ones(64, dtype=torch.bfloat16, requires_grad=True)
+    wg, wu = (_rand(96, 64, seed=s, dtype=torch.bfloat16) for s in (1, 2))
+    wd = _rand(64, 96, seed=3, dtype=torch.bfloat16)
+    head = _rand(500, 64, seed=4, dtype=torch.bfloat16)
+    ids = torch.zeros(4, 16, dtype=torch.long)
+    n = 4 * 16
+    # RMSNorm: x itself (an input: not counted) and a float32 rstd per position vs rstd, float32 x, bf16 x̂
+    assert _saved_bytes(lambda: rms_norm(x, w, 1e-6), x, w) == n * 4
+    assert _saved_bytes(lambda: _plain_rms_norm(x, w, 1e-6), x, w) == n * 4 + n * 64 * (4 + 2)
+    # MLP: nothing but its inputs vs gate, silu(gate), up and the product (bf16)
+    assert _saved_bytes(lambda: swiglu_mlp(x, wg, wu, wd), x, wg, wu, wd) == 0
+    assert _saved_bytes(lambda: _plain_mlp(x, wg, wu, wd), x, wg, wu, wd) == 4 * n * 96 * 2
+    # head: an (n,) float32 log-sum-exp vs the (n, V) logits and their float32 copy
+    assert _saved_bytes(lambda: linear_token_logprobs(x, head, ids), x, head, ids) == n * 4
+    assert _saved_bytes(lambda: token_logprobs(F.linear(x, head), ids), x, head, ids) >= n * 500 * 4
+
+
+def test_linear_token_logprobs_errors():
+    h, w, ids = torch.zeros(2, 3, 4), torch.zeros(7, 4), torch.zeros(2, 3, dtype=torch.long)
+    with pytest.raises(ValueError, match="linear_token_logprobs: hidden"):
+        linear_token_logprobs(h, w, ids[:, :2])
+    with pytest.raises(ValueError, match="linear_token_logprobs: weight"):
+        linear_token_logprobs(h, w.bfloat16(), ids)
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        linear_token_logprobs(h, w, ids, temperature=0.0)
