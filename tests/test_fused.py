@@ -119,3 +119,29 @@ def test_other_architectures_are_left_as_they_are():
     counts = apply_fused_ops(model)
     assert counts["rms_norm"] == counts["mlp"] == counts["head"] == 0
     assert fused_head(model) is None
+
+
+@pytest.mark.parametrize("q_len, grad", [(1, False), (5, True)])
+def test_attention_function_equals_sdpa_with_repeated_heads(q_len, grad):
+    """grpokit_sdpa_attention (one-token decoding path and the grouped-heads SDPA path) against
+    SDPA on explicitly repeated KV heads, with a padding mask; float32."""
+    import torch.nn.functional as F
+
+    from grpokit.attention import grpokit_sdpa_attention
+
+    gen = torch.Generator().manual_seed(0)
+    b, h, h_kv, k, d = 3, 6, 2, 9, 8
+    q = torch.randn(b, h, q_len, d, generator=gen)
+    key, value = torch.randn(b, h_kv, k, d, generator=gen), torch.randn(b, h_kv, k, d, generator=gen)
+    mask = torch.ones(b, 1, q_len, k, dtype=torch.bool).tril(k - q_len)
+    mask[1, ..., :4] = False  # left padding of row 1
+    module = torch.nn.Module()
+    module.num_key_value_groups = h // h_kv
+    want = F.scaled_dot_product_attention(q, key.repeat_interleave(3, 1), value.repeat_interleave(3, 1),
+                                          attn_mask=mask, scale=0.3).transpose(1, 2)
+    with torch.set_grad_enabled(grad):
+        got, _ = grpokit_sdpa_attention(module, q, key, value, mask, scaling=0.3)
+        additive = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))
+        got_additive, _ = grpokit_sdpa_attention(module, q, key, value, additive, scaling=0.3)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(got_additive, want)

@@ -38,6 +38,35 @@ def test_inverse_cdf_matches_softmax():
     _assert_frequencies(tokens, probs)
 
 
+def test_two_level_search_draws_what_the_full_cdf_draws(monkeypatch):
+    """Large vocabularies search blocks of entries, then one block: the same token as one
+    cumulative sum over the whole row for the same uniform numbers (random logits, a third of the
+    entries -inf, one block entirely -inf), and never a zero-probability entry."""
+    import grpokit.rollout.sampling as sampling
+
+    gen = torch.Generator().manual_seed(0)
+    logits = 3 * torch.randn(64, 5000, generator=gen)
+    logits[torch.rand(64, 5000, generator=gen) < 0.3] = NEG
+    logits[:, 256:512] = NEG
+    torch.manual_seed(3)
+    two_level = sample_inverse_cdf(logits)
+    monkeypatch.setattr(sampling, "_BLOCK", 10_000)  # one level
+    torch.manual_seed(3)
+    one_level = sample_inverse_cdf(logits)
+    assert torch.equal(two_level, one_level)
+    assert torch.isfinite(logits.gather(1, two_level[:, None])).all()
+
+
+def test_two_level_frequencies_match_softmax():
+    torch.manual_seed(4)
+    logits = torch.full((600,), NEG)  # blocks 0-255, 256-511, 512-599 (padded)
+    ids = [3, 255, 256, 511, 512, 599]
+    logits[ids] = torch.tensor([1.0, 0.0, 2.0, -1.0, 0.5, 1.5])
+    z = torch.softmax(logits.double(), 0)
+    tokens = sample_inverse_cdf(logits.repeat(40_000, 1))
+    _assert_frequencies(tokens, z.tolist())
+
+
 def test_sampler_applies_temperature_and_top_k_like_generate():
     torch.manual_seed(1)
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, 0.5]]).repeat(200_000, 1)

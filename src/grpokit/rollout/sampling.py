@@ -37,7 +37,9 @@ def sample_inverse_cdf(scores: torch.Tensor, generator: torch.Generator | None =
         ``(N,)`` long token ids.
 
     The softmax is taken in float32 (as ``generate`` does before ``torch.multinomial``); the
-    cumulative sum in float64, so tokens with probability down to ~1e-15 keep their mass.
+    cumulative sums in float64, so tokens with probability down to ~1e-15 keep their mass. For a
+    large vocabulary the CDF is searched in two levels: blocks of 256 entries, then the entries of
+    the chosen block.
 
     Raises:
         ValueError: ``scores`` is not 2-D, or a row has no finite entry.
@@ -54,11 +56,32 @@ def sample_inverse_cdf(scores: torch.Tensor, generator: torch.Generator | None =
         row = int((~finite).nonzero()[0])
         raise ValueError(f"sample_inverse_cdf: row {row} of scores has no finite entry (nothing to draw)")
     probs = torch.softmax(scores.float(), dim=-1)  # (N, V) float32
-    cdf = probs.cumsum(dim=-1, dtype=torch.float64)  # (N, V)
-    u = torch.rand(scores.shape[0], 1, dtype=torch.float64, device=scores.device, generator=generator)
-    # first j with cdf_j > u·cdf_V; zero-probability tokens never satisfy it (cdf_j == cdf_{j-1})
-    idx = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)  # (N, 1)
-    return idx.clamp_(max=scores.shape[1] - 1).squeeze(1)
+    n, v = probs.shape
+    u = torch.rand(n, 1, dtype=torch.float64, device=scores.device, generator=generator)
+    if v <= 2 * _BLOCK:
+        cdf = probs.cumsum(dim=-1, dtype=torch.float64)  # (N, V)
+        idx = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)  # (N, 1)
+        return idx.clamp_(max=v - 1).squeeze(1)
+    # Two levels (a cumulative sum over all V entries is sequential per row: ~6 ms for 32 × 49k):
+    # the block of the drawn token from the blocks' cumulative masses, then the token inside it.
+    nb = -(-v // _BLOCK)
+    blocks = torch.nn.functional.pad(probs, (0, nb * _BLOCK - v)).view(n, nb, _BLOCK)
+    block_cdf = blocks.sum(-1, dtype=torch.float64).cumsum(-1)  # (N, nb)
+    target = u * block_cdf[:, -1:]  # (N, 1)
+    b = torch.searchsorted(block_cdf, target, right=True).clamp_(max=nb - 1)  # (N, 1)
+    before = torch.where(b > 0, block_cdf.gather(1, (b - 1).clamp(min=0)), 0.0)  # mass of earlier blocks
+    inside = blocks[torch.arange(n, device=probs.device), b.squeeze(1)]  # (N, BLOCK)
+    cdf = before + inside.cumsum(-1, dtype=torch.float64)
+    j = torch.searchsorted(cdf, target, right=True)
+    # rounding (the block sums and the running sum add in other orders) can leave `target` past
+    # the block's last entry: take the block's last token with mass then, never a zero-mass one
+    last = torch.where(inside > 0, torch.arange(_BLOCK, device=probs.device), -1).amax(-1, keepdim=True)
+    j = torch.minimum(j, last)
+    return (b * _BLOCK + j).clamp_(max=v - 1).squeeze(1)
+
+
+#: vocabulary entries per block of the two-level inverse CDF in :func:`sample_inverse_cdf`
+_BLOCK = 256
 
 
 class InverseCDFSampler(LogitsProcessor):
