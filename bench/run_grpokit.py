@@ -197,13 +197,21 @@ def parity(s, batch, advantages, w: Workload, *, share: bool) -> dict:
         advantages = torch.randn(advantages.shape, generator=torch.Generator().manual_seed(0))
         note = "seeded N(0,1) advantages (the step's were all 0)"
     fast = _loss_and_grad(s, batch, advantages, share=share, autocast=w.precision == "bf16_autocast")
-    if w.precision == "bf16":  # the plain path on fp32 copies of the same (bf16-valued) weights
-        import copy
-        import types
+    # the plain path: fp32 copies of the same weights, without model.fused_ops, no prompt sharing
+    import copy
+    import types
 
-        s = types.SimpleNamespace(model=copy.deepcopy(s.model).float(), recipe=s.recipe,
-                                  ref_model=None if s.ref_model is None else copy.deepcopy(s.ref_model).float())
-        note += "; plain = fp32 copies of the bf16 weights"
+    from grpokit.fused import remove_fused_ops
+
+    def plain_copy(m):
+        if m is None:
+            return None
+        m = copy.deepcopy(m).float()
+        remove_fused_ops(m)
+        return m
+
+    s = types.SimpleNamespace(model=plain_copy(s.model), recipe=s.recipe, ref_model=plain_copy(s.ref_model))
+    note += "; plain = fp32 copies of the weights without model.fused_ops"
     plain = _loss_and_grad(s, batch, advantages, share=False, autocast=False)
     g_fast, g_plain = fast[2].double(), plain[2].double()
     gd = (g_fast - g_plain).norm() / g_plain.norm().clamp(min=1e-300)

@@ -45,6 +45,15 @@ def test_fused_model_equals_plain_logprobs_entropy_loss_and_grads(make_tiny_mode
         torch.testing.assert_close(b[3][name], a[3][name], msg=name)
 
 
+def test_remove_fused_ops_restores_the_plain_model(make_tiny_model):
+    from grpokit.fused import remove_fused_ops
+
+    plain, fused, _ = _pair(make_tiny_model)
+    remove_fused_ops(fused)
+    assert fused_head(fused) is None and fused.config._attn_implementation == "sdpa"
+    assert not any("forward" in vars(m) for m in fused.modules())
+
+
 def test_fused_model_with_tied_embeddings_and_checkpointing(make_tiny_model):
     """The head weight is the embedding: both gradient paths add into one tensor; checkpointed
     layers recompute the fused ops."""

@@ -108,3 +108,17 @@ def fused_head(model: torch.nn.Module, *, mark_required: bool = True):
     if not isinstance(decoder, torch.nn.Module) or not isinstance(head, torch.nn.Linear) or head.bias is not None:
         return None
     return decoder, head.weight
+
+
+def remove_fused_ops(model: torch.nn.Module) -> None:
+    """Undo :func:`apply_fused_ops` on ``model`` (in place): the original forwards, no fused head,
+    transformers' ``sdpa`` attention. For comparisons with the plain path (``bench/``)."""
+    for m in model.modules():
+        forward = vars(m).get("forward")
+        if getattr(forward, "__func__", None) in (_norm_forward, _mlp_forward):
+            del m.forward
+    if getattr(model, _MARK, False):
+        delattr(model, _MARK)
+    config = getattr(model, "config", None)
+    if getattr(config, "_attn_implementation", None) == attention.NAME:
+        model.set_attn_implementation("sdpa")
