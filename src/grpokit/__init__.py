@@ -2,7 +2,7 @@
 
 import logging as _logging
 
-# transformers imports torchao (a grpokit dependency, for the bf16/8-bit optimizers) whenever it is
+# transformers imports torchao (a grpokit dependency, for the 8-bit optimizer) whenever it is
 # installed; on a CPU machine torchao then logs that its CUDA-only extensions cannot load, and
 # torch warns about torchao's enum registrations. Neither concerns a grpokit run.
 for _name in ("torchao", "torch.utils._pytree"):

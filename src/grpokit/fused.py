@@ -5,8 +5,14 @@ modules of Llama, Mistral, Qwen2 and Qwen3 models; marks the model so that
 :func:`grpokit.policy.completion_logprobs` takes its log-probs with
 :func:`grpokit.ops.linear_token_logprobs` from the decoder's hidden states instead of the full
 logits; and switches transformers' ``sdpa`` attention to :mod:`grpokit.attention` (grouped KV
-heads not repeated). Each module class is checked once, on a random input, to give the original forward's
-values before it is replaced (a transformers release that changed the formula is left alone).
+heads not repeated). Each module class is checked once, on a random input, to give the original
+forward's values before it is replaced (a transformers release that changed the formula is left
+alone).
+
+Measured on SmolLM2-135M in bf16, one 8-row micro-batch sharing a 100-token prompt, 64 completion
+tokens: the tensors autograd keeps for the backward go from 609 MB to ~175 MB, and the benchmark's
+peak resident memory from 3.1 to 2.3 GB, at the same step time (``tests/test_fused.py`` pins the
+values, ``bench/`` the speed and memory).
 
 The replaced forwards defer to the original one when no gradient is being recorded (generation,
 reference passes: nothing would be saved) and under autocast (the plain path handles its casts).
