@@ -41,3 +41,24 @@ def write_recipe(path: str | Path, raw: dict) -> Path:
     path = Path(path)
     path.write_text(yaml.safe_dump(raw))
     return path
+
+
+def saved_bytes(fn, *inputs) -> int:
+    """Bytes of the tensors autograd keeps for ``fn()``'s backward (each storage once), the
+    storages of ``inputs`` (e.g. the parameters) not counted."""
+    import torch
+
+    skip = {a.untyped_storage().data_ptr() for a in inputs}
+    seen, total = set(), 0
+
+    def pack(t):
+        nonlocal total
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in seen and ptr not in skip:
+            seen.add(ptr)
+            total += t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return total

@@ -8,6 +8,7 @@ import copy
 
 import pytest
 import torch
+from helpers import saved_bytes
 
 from grpokit.fused import apply_fused_ops, fused_head
 from grpokit.policy import batch_logprobs, completion_logprobs
@@ -76,20 +77,7 @@ def test_fused_model_keeps_fewer_bytes_for_backward(make_tiny_model):
     batch, _ = _grouped_batch(G=4, T=24, seed=2)
 
     def saved(model):
-        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-        seen, total = set(), 0
-
-        def pack(t):
-            nonlocal total
-            ptr = t.untyped_storage().data_ptr()
-            if ptr not in seen and ptr not in params:
-                seen.add(ptr)
-                total += t.untyped_storage().nbytes()
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            completion_logprobs(model, batch, temperature=1.0)
-        return total
+        return saved_bytes(lambda: completion_logprobs(model, batch, temperature=1.0), *model.parameters())
 
     assert saved(fused) < 0.6 * saved(plain)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import saved_bytes
 
 import grpokit.ops as ops
 from grpokit.algo import token_entropy, token_logprobs
@@ -29,24 +30,6 @@ def _plain_rms_norm(x, w, eps):  # transformers' LlamaRMSNorm.forward
 
 def _plain_mlp(x, wg, wu, wd):  # transformers' LlamaMLP.forward
     return F.linear(F.silu(F.linear(x, wg)) * F.linear(x, wu), wd)
-
-
-def _saved_bytes(fn, *inputs) -> int:
-    """Bytes of the tensors autograd keeps for ``fn()``'s backward, ``inputs`` not counted."""
-    skip = {a.untyped_storage().data_ptr() for a in inputs}
-    seen, total = set(), 0
-
-    def pack(t):
-        nonlocal total
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in seen and ptr not in skip:
-            seen.add(ptr)
-            total += t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn()
-    return total
 
 
 def test_rms_norm_gradcheck_and_values():
@@ -114,14 +97,14 @@ def test_saved_bytes_are_smaller_than_plain_autograd():
     ids = torch.zeros(4, 16, dtype=torch.long)
     n = 4 * 16
     # RMSNorm: x itself (an input: not counted) and a float32 rstd per position vs rstd, float32 x, bf16 x̂
-    assert _saved_bytes(lambda: rms_norm(x, w, 1e-6), x, w) == n * 4
-    assert _saved_bytes(lambda: _plain_rms_norm(x, w, 1e-6), x, w) == n * 4 + n * 64 * (4 + 2)
+    assert saved_bytes(lambda: rms_norm(x, w, 1e-6), x, w) == n * 4
+    assert saved_bytes(lambda: _plain_rms_norm(x, w, 1e-6), x, w) == n * 4 + n * 64 * (4 + 2)
     # MLP: nothing but its inputs vs gate, silu(gate), up and the product (bf16)
-    assert _saved_bytes(lambda: swiglu_mlp(x, wg, wu, wd), x, wg, wu, wd) == 0
-    assert _saved_bytes(lambda: _plain_mlp(x, wg, wu, wd), x, wg, wu, wd) == 4 * n * 96 * 2
+    assert saved_bytes(lambda: swiglu_mlp(x, wg, wu, wd), x, wg, wu, wd) == 0
+    assert saved_bytes(lambda: _plain_mlp(x, wg, wu, wd), x, wg, wu, wd) == 4 * n * 96 * 2
     # head: an (n,) float32 log-sum-exp vs the (n, V) logits and their float32 copy
-    assert _saved_bytes(lambda: linear_token_logprobs(x, head, ids), x, head, ids) == n * 4
-    assert _saved_bytes(lambda: token_logprobs(F.linear(x, head), ids), x, head, ids) >= n * 500 * 4
+    assert saved_bytes(lambda: linear_token_logprobs(x, head, ids), x, head, ids) == n * 4
+    assert saved_bytes(lambda: token_logprobs(F.linear(x, head), ids), x, head, ids) >= n * 500 * 4
 
 
 def test_linear_token_logprobs_errors():
