@@ -210,8 +210,8 @@ def _shared_prompt_forward(model: torch.nn.Module, net: torch.nn.Module, batch: 
     kv = {cache_kwarg(net.forward): cache}
     with autocast_context(autocast_bf16, batch.prompt_ids.device):
         _last_positions(
-            _with_own_grad_leaves(net), 1, net is not model, input_ids=batch.prompt_ids[first, : p - 1], attention_mask=attn[first, : p - 1],
-            position_ids=position_ids[first, : p - 1], use_cache=True, **kv,
+            _with_own_grad_leaves(net), 1, net is not model, input_ids=batch.prompt_ids[first, : p - 1],
+            attention_mask=attn[first, : p - 1], position_ids=position_ids[first, : p - 1], use_cache=True, **kv,
         )  # fills `cache`: (U, heads, P-1, d) per layer
         cache.batch_select_indices(inverse)  # (N, heads, P-1, d); differentiable gather
         rest = torch.cat([batch.prompt_ids[:, p - 1 :], batch.completion_ids[:, :-1]], dim=1)  # (N, T)
