@@ -105,6 +105,23 @@ def test_adamw_sr_on_float32_parameters_equals_torch_adamw(weight_decay):
         torch.testing.assert_close(a.state[p]["exp_avg_sq"], b.state[q]["exp_avg_sq"])
 
 
+def test_adamw_sr_takes_non_contiguous_parameters_and_gradients():
+    import grpokit.optim as optim
+
+    gen = torch.Generator().manual_seed(1)
+    base = torch.randn(6, 4, generator=gen)
+    ours = torch.nn.Parameter(base.t())  # (4, 6), not contiguous
+    ref = torch.nn.Parameter(base.t().clone())
+    a = optim.AdamWStochasticRounding([ours], lr=1e-2, weight_decay=0.1)
+    b = torch.optim.AdamW([ref], lr=1e-2, weight_decay=0.1)
+    for _ in range(3):
+        g = torch.randn(6, 4, generator=gen).t()
+        ours.grad, ref.grad = g, g.clone()
+        a.step()
+        b.step()
+    torch.testing.assert_close(ours, ref)
+
+
 def test_stochastic_rounding_of_second_moments_is_unbiased():
     """v = β₂·v: a 0.1 % decay, under half a bf16 ulp, vanishes when rounded to nearest; with
     stochastic rounding the mean stored value decays by (1 - β₂) within 5 standard errors."""

@@ -70,10 +70,14 @@ class AdamWStochasticRounding(torch.optim.Optimizer):
                 state = self.state[p]
                 if not state:
                     state["step"] = torch.tensor(0.0)
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
                 state["step"] += 1
-                self._update(p, p.grad, state["exp_avg"], state["exp_avg_sq"], int(state["step"]), group)
+                work = p if p.is_contiguous() else p.contiguous()  # the chunks are flat views
+                self._update(work, p.grad.contiguous(), state["exp_avg"], state["exp_avg_sq"], int(state["step"]),
+                             group)
+                if work is not p:
+                    p.copy_(work)
         return loss
 
     @staticmethod
@@ -94,7 +98,7 @@ class AdamWStochasticRounding(torch.optim.Optimizer):
                 w.mul_(1 - lr * wd)
             w.addcdiv_(m, denom, value=-lr / bc1)
             if sr:
-                noise = torch.randint(0, 1 << 16, w.shape, dtype=torch.int32)
+                noise = torch.randint(0, 1 << 16, w.shape, dtype=torch.int32, device=w.device)
                 stochastic_round_to_bf16_(pf, w, noise)
                 stochastic_round_to_bf16_(vf, v, noise.bitwise_xor_(0x5A5A))  # another uniform draw of bits
             else:

@@ -89,6 +89,12 @@ def completion_logprobs(
     repeats, the prompt is one token long, the model's cache has sliding-window/static layers, or
     gradient checkpointing is active (it would drop the cache).
 
+    Gradients: call ``.backward()`` on a loss built from ``logp``. The shared-prompt pass and a
+    fused head run on aliases of the weights whose gradients hooks add into the parameters'
+    ``.grad`` (module docstring); ``torch.autograd.grad(loss, params)`` or
+    ``backward(inputs=...)`` would miss those parts (pass ``share_prompt=False`` and a model
+    without :func:`grpokit.fused.apply_fused_ops` for them).
+
     Returns:
         ``logp`` ``(N, T)`` float32 and, if ``with_entropy``, the entropy ``(N, T)`` (no grad).
     """
