@@ -122,6 +122,13 @@ def _vocab_block(rows: int, vocab: int) -> int:
     return min(vocab, max(_MIN_BLOCK, _CHUNK_ELEMENTS // max(rows, 1)))
 
 
+def _block_logits(hidden: torch.Tensor, weight_block: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``(M, b)`` float32 logits of one vocabulary block over the temperature, computed as the
+    model's ``logits.float()`` would be (matmul in the weights' dtype, then upcast)."""
+    z = _f32(F.linear(hidden, weight_block))
+    return z / temperature if temperature != 1.0 else z
+
+
 class _LinearTokenLogprobs(torch.autograd.Function):
     """Blocks run over the vocabulary, so each block of the head weight is read once per pass
     (blocks over positions would re-read the whole 57 MB head for every block); the log-sum-exp
@@ -131,16 +138,14 @@ class _LinearTokenLogprobs(torch.autograd.Function):
     def forward(ctx, hidden, weight, token_ids, temperature, with_entropy):
         h2, ids = hidden.reshape(-1, hidden.shape[-1]), token_ids.reshape(-1)
         m, vocab = h2.shape[0], weight.shape[0]
-        acc = _f32(hidden[:0]).dtype
+        acc = torch.promote_types(hidden.dtype, torch.float32)
         run_max = torch.full((m,), float("-inf"), dtype=acc, device=hidden.device)
         run_sum = torch.zeros(m, dtype=acc, device=hidden.device)
         run_zsum = torch.zeros(m if with_entropy else 0, dtype=acc, device=hidden.device)  # Σ e^(z-max)·z
         picked = torch.zeros(m, dtype=acc, device=hidden.device)
         block = _vocab_block(m, vocab)
         for v0 in range(0, vocab, block):
-            z = _f32(F.linear(h2, weight[v0 : v0 + block]))  # (M, b), as the model's logits.float()
-            if temperature != 1.0:
-                z = z / temperature
+            z = _block_logits(h2, weight[v0 : v0 + block], temperature)  # (M, b)
             local = ids - v0
             here = (local >= 0) & (local < z.shape[1])
             picked += torch.where(here, z.gather(1, local.clamp(0, z.shape[1] - 1)[:, None]).squeeze(1), 0.0)
@@ -171,9 +176,7 @@ class _LinearTokenLogprobs(torch.autograd.Function):
         block = _vocab_block(m, vocab)
         for v0 in range(0, vocab, block):
             w_b = weight[v0 : v0 + block]
-            z = _f32(F.linear(h2, w_b))
-            if tau != 1.0:
-                z = z / tau
+            z = _block_logits(h2, w_b, tau)
             # d logp / d z = onehot(id) − softmax(z); then d z / d logits = 1 / τ
             gz = (z - lse[:, None]).exp_().mul_(-g[:, None])
             del z
