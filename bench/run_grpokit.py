@@ -62,7 +62,7 @@ def _processed_tokens(batch, share: bool) -> tuple[int, int]:
 def main() -> None:
     ap = workload_parser(__doc__.splitlines()[0])
     ap.add_argument("--plain", action="store_true",
-                    help="switch off prompt sharing and the static generation cache (the unoptimized paths)")
+                    help="switch off prompt sharing, the static generation cache and packed weights (the unoptimized paths)")
     ap.add_argument("--bf16-sampler", action="store_true",
                     help="sample from a bf16 copy of the policy (generate_rollouts(sampler_dtype=torch.bfloat16))")
     ap.add_argument("--parity", action="store_true",
@@ -84,7 +84,7 @@ def main() -> None:
     counts = {"train_tokens": 0, "train_tokens_padded": 0, "sequence_tokens": 0}
 
     # -- instrument the functions the trainer looks up at call time ------------------------------
-    gen_kw = {"share_prompt": share, "static_cache": share}
+    gen_kw = {"share_prompt": share, "static_cache": share, "packed_weights": share}
     if a.bf16_sampler:
         gen_kw["sampler_dtype"] = torch.bfloat16
     hf.generate_rollouts = functools.partial(hf.generate_rollouts, **gen_kw)

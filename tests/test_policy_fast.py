@@ -111,7 +111,7 @@ MANY_EOS = list(range(0, 49152, 5))  # ~20% of sampled ids end a completion (tin
 
 FAST_GENERATION = [dict(share_prompt=True, static_cache=False), dict(share_prompt=False, static_cache=True),
                    dict(share_prompt=True, static_cache=True)]
-PLAIN_GENERATION = dict(share_prompt=False, static_cache=False)
+PLAIN_GENERATION = dict(share_prompt=False, static_cache=False, packed_weights=False)
 
 
 @pytest.mark.parametrize("seed", [0, 1])

@@ -27,6 +27,10 @@ the fast paths sample the same tokens as the plain one on a tiny model):
 - ``sampler_dtype=torch.bfloat16``: sample from a bf16 copy of the weights (made once, refreshed
   from the model at every call), for the bf16 setting (``model.autocast_bf16``) where the trainer
   scores in bf16 too. Decode steps on CPU are bound by reading the weights; bf16 halves that.
+- ``packed_weights=True`` (default): on CPU the linear layers run on copies of their weights
+  packed once per call for oneDNN (:mod:`grpokit.rollout.packed`) instead of being re-packed by
+  the BLAS library at every decode step: 0.27 → 0.20 ms per 576×1536 layer in bf16 at 32 rows,
+  0.64 → 0.34 ms in float32. bf16 logits are bit-identical; float32 ones differ by summation order.
 - ``SamplingParams.sampler="inverse_cdf"`` (default): the next token is drawn by a logits
   processor with one uniform number per row (:mod:`grpokit.rollout.sampling`) instead of
   ``torch.multinomial`` (one exponential number per vocabulary entry: ~33 ms of a ~130 ms decode
@@ -51,6 +55,7 @@ import torch
 
 from grpokit.algo import completion_terminated, mask_completions
 from grpokit.policy import cache_kwarg, distinct_rows, dynamic_prefix_cache
+from grpokit.rollout.packed import packed_linear_weights
 
 # Fields that transformers only switches off when they are ``None`` -- which it then fills from
 # the model's generation_config. We cannot neutralise them through our config; warn if set.
@@ -224,6 +229,7 @@ def generate_rollouts(
     share_prompt: bool = True,
     static_cache: bool = True,
     sampler_dtype: torch.dtype | None = None,
+    packed_weights: bool = True,
 ) -> Rollout:
     """Sample ``group_size`` completions for each prompt with ``model.generate``.
 
@@ -247,6 +253,8 @@ def generate_rollouts(
             ``DynamicCache`` ``generate`` builds by default.
         sampler_dtype: ``None`` = sample with ``model`` as it is; a float dtype (bf16) = sample
             with a copy of its weights in that dtype, refreshed from ``model`` on every call.
+        packed_weights: run the linear layers on weights packed once for oneDNN (module
+            docstring; CPU only, a no-op elsewhere); False = ``F.linear`` on the plain weights.
 
     Returns:
         :class:`Rollout` with ``N = B·G`` rows, grouped by prompt, ``T <= max_new_tokens``.
@@ -309,16 +317,18 @@ def generate_rollouts(
     t0 = time.perf_counter()
     with torch.inference_mode(), _seeded(seed, device):
         sampler = model if sampler_dtype is None else _sampler_copy(model, sampler_dtype)
-        for start in range(0, N, rows):
-            ids = prompt_ids[start : start + rows]
-            mask = prompt_mask[start : start + rows]
-            cache = _prefix_cache(sampler, ids, mask, share=share_prompt, static=static_cache,
-                                  max_len=P + params.max_new_tokens)
-            extra = {} if cache is None else {cache_kwarg(sampler.forward): cache}
-            out = sampler.generate(
-                input_ids=ids, attention_mask=mask.long(), generation_config=gen_config, **extra, **extra_gen
-            )
-            chunks.append(out[:, P:])  # (n, T_chunk): generate returns prompt + new tokens
+        packing = packed_linear_weights(sampler, rows) if packed_weights else contextlib.nullcontext()
+        with packing:
+            for start in range(0, N, rows):
+                ids = prompt_ids[start : start + rows]
+                mask = prompt_mask[start : start + rows]
+                cache = _prefix_cache(sampler, ids, mask, share=share_prompt, static=static_cache,
+                                      max_len=P + params.max_new_tokens)
+                extra = {} if cache is None else {cache_kwarg(sampler.forward): cache}
+                out = sampler.generate(
+                    input_ids=ids, attention_mask=mask.long(), generation_config=gen_config, **extra, **extra_gen
+                )
+                chunks.append(out[:, P:])  # (n, T_chunk): generate returns prompt + new tokens
     gen_s = time.perf_counter() - t0
 
     # A chunk shorter than the longest stopped early because all its rows hit EOS, so padding
