@@ -137,3 +137,39 @@ def test_stochastic_rounding_of_second_moments_is_unbiased():
     v = opt.state[p]["exp_avg_sq"].double()
     se = float(v.std()) / math.sqrt(v.numel())
     assert abs(float(v.mean()) - 0.999) < 5 * se and float((v != 1).double().mean()) > 0.1
+
+
+@pytest.mark.parametrize("n", [1, 7, 100_003])
+def test_rounding_noise_is_uniform_16_bit_and_seeded_by_torch(n):
+    """The CPU noise (four 16-bit values per raw PCG64 output): n values in [0, 2¹⁶) whose mean and
+    bit frequencies are those of a uniform draw (5 standard errors); one seed, one sequence."""
+    import numpy as np
+
+    from grpokit.optim import _noise
+
+    draw = lambda seed: _noise(n, torch.device("cpu"), np.random.Generator(np.random.PCG64(seed)))  # noqa: E731
+    x = draw(3)
+    assert x.shape == (n,) and x.dtype == torch.int32 and torch.equal(x, draw(3))
+    assert int(x.min()) >= 0 and int(x.max()) < 1 << 16
+    if n > 1000:
+        assert not torch.equal(x, draw(4))
+        mean_se = (2**32 / 12) ** 0.5 / n**0.5
+        assert abs(float(x.double().mean()) - (2**16 - 1) / 2) < 5 * mean_se
+        for bit in (0, 7, 15):  # each bit is set half of the time
+            f = float(((x >> bit) & 1).double().mean())
+            assert abs(f - 0.5) < 5 * 0.5 / n**0.5, bit
+
+
+def test_sr_step_is_reproducible_from_the_torch_seed():
+    from grpokit.optim import AdamWStochasticRounding
+
+    def run(seed):
+        torch.manual_seed(seed)
+        p = torch.nn.Parameter(torch.ones(5000, dtype=torch.bfloat16))
+        p.grad = torch.full_like(p, 0.3)
+        AdamWStochasticRounding([p], lr=1e-4).step()
+        return p.detach().clone()
+
+    a, b, c = run(0), run(0), run(1)
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    assert len(a.unique()) == 2  # 1 - 1e-4 lies between two bf16 values: both appear
