@@ -173,3 +173,17 @@ def test_sr_step_is_reproducible_from_the_torch_seed():
     a, b, c = run(0), run(0), run(1)
     assert torch.equal(a, b) and not torch.equal(a, c)
     assert len(a.unique()) == 2  # 1 - 1e-4 lies between two bf16 values: both appear
+
+
+def test_float32_steps_leave_torch_rng_alone():
+    """Only steps that round stochastically draw from torch's generator (fp32 runs keep their draws)."""
+    from grpokit.optim import AdamWStochasticRounding
+
+    p = torch.nn.Parameter(torch.ones(10))
+    p.grad = torch.ones(10)
+    opt = AdamWStochasticRounding([p], lr=1e-3)
+    torch.manual_seed(5)
+    want = torch.rand(3)
+    torch.manual_seed(5)
+    opt.step()
+    assert torch.equal(torch.rand(3), want)

@@ -67,8 +67,9 @@ class AdamWStochasticRounding(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        seed = int(torch.randint(0, 2**63 - 1, (), dtype=torch.int64))  # one draw per step
-        rng = np.random.Generator(np.random.PCG64(seed))
+        rng = None  # seeded with one draw from torch's generator, in steps that round stochastically
+        if any(p.grad is not None and p.dtype == torch.bfloat16 for g in self.param_groups for p in g["params"]):
+            rng = np.random.Generator(np.random.PCG64(int(torch.randint(0, 2**63 - 1, (), dtype=torch.int64))))
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is None:
@@ -87,7 +88,7 @@ class AdamWStochasticRounding(torch.optim.Optimizer):
         return loss
 
     @staticmethod
-    def _update(p, grad, exp_avg, exp_avg_sq, step: int, group, rng: np.random.Generator) -> None:
+    def _update(p, grad, exp_avg, exp_avg_sq, step: int, group, rng: np.random.Generator | None) -> None:
         lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
         bc1, bc2 = 1 - b1**step, 1 - b2**step
         sr = p.dtype == torch.bfloat16
