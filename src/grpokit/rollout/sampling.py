@@ -51,9 +51,9 @@ def sample_inverse_cdf(scores: torch.Tensor, generator: torch.Generator | None =
     """
     if scores.dim() != 2:
         raise ValueError(f"sample_inverse_cdf: scores must be (N, V), got shape {tuple(scores.shape)}")
-    top = scores.amax(dim=1)  # -inf: nothing to draw; NaN: the softmax would be NaN
-    if not bool((top > float("-inf")).all()):
-        row = int((~(top > float("-inf"))).nonzero()[0])
+    drawable = scores.amax(dim=1) > float("-inf")  # max -inf: nothing to draw; NaN: the softmax would be NaN
+    if not bool(drawable.all()):
+        row = int((~drawable).nonzero()[0])
         raise ValueError(f"sample_inverse_cdf: row {row} of scores has no finite entry or a NaN (nothing to draw)")
     probs = torch.softmax(scores.float(), dim=-1)  # (N, V) float32
     n, v = probs.shape
