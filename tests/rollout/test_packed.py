@@ -3,6 +3,8 @@ bit-identical, float32 to summation order), only without gradient, and leave not
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -100,3 +102,31 @@ def test_generation_with_packed_weights_samples_the_same_tokens(make_tiny_model,
     assert calls  # the packed layers really ran
     assert torch.equal(fast.completion_ids, plain.completion_ids)
     assert not any("forward" in vars(m) for m in _linears(model))
+
+
+def test_autocast_takes_the_plain_forward(make_tiny_model):
+    """Under CPU bf16 autocast a float32 layer computes in bf16 as F.linear would (not in float32)."""
+    model = make_tiny_model()
+    lin = model.model.layers[0].mlp.up_proj
+    x = torch.randn(4, lin.in_features)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        want = lin(x)
+        with packed_linear_weights(model, rows=4):
+            got = lin(x)
+    assert want.dtype == got.dtype == torch.bfloat16 and torch.equal(want, got)
+
+
+def test_views_with_one_start_and_empty_weights():
+    """Two weights that start at one address but differ in shape get their own packed copies;
+    an empty weight is left unpacked."""
+    base = torch.randn(48, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "initializing zero-element tensors is a no-op"
+        a, b, e = torch.nn.Linear(8, 48, bias=False), torch.nn.Linear(8, 16, bias=False), torch.nn.Linear(8, 0)
+    a.weight, b.weight = torch.nn.Parameter(base), torch.nn.Parameter(base[:16])
+    model = torch.nn.Sequential(a, b, e)
+    x = torch.randn(5, 8)
+    with torch.no_grad(), packed_linear_weights(model, rows=5) as n:
+        assert n == 2 and not hasattr(e, "_grpokit_packed")
+        assert a(x).shape == (5, 48) and b(x).shape == (5, 16) and e(x).shape == (5, 0)
+        torch.testing.assert_close(b(x), x @ base[:16].T)

@@ -94,8 +94,10 @@ def test_sample_inverse_cdf_errors_name_the_problem():
         sample_inverse_cdf(torch.zeros(3))
     with pytest.raises(ValueError, match="row 1 of scores has no finite entry"):
         sample_inverse_cdf(torch.tensor([[0.0, 1.0], [NEG, NEG]]))
-    with pytest.raises(ValueError, match="row 0 of scores has no finite entry or a NaN"):
+    with pytest.raises(ValueError, match="row 0 of scores has no finite entry, a NaN or a"):
         sample_inverse_cdf(torch.tensor([[0.0, float("nan")], [0.0, 1.0]]))
+    with pytest.raises(ValueError, match="row 1 of scores has no finite entry, a NaN or a"):
+        sample_inverse_cdf(torch.tensor([[0.0, 1.0], [0.0, float("inf")]]))
     with pytest.raises(ValueError, match="temperature must be > 0"):
         InverseCDFSampler(temperature=0.0)
     with pytest.raises(ValueError, match="SamplingParams.sampler"):

@@ -60,8 +60,9 @@ def packing_works(dtype: torch.dtype) -> bool:
 
 def _forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     packed = self._grpokit_packed
-    if torch.is_grad_enabled() or x.dtype != packed.dtype or x.device.type != "cpu":
-        return type(self).forward(self, x)  # training, autocast casts, other devices: as before
+    if (torch.is_grad_enabled() or x.dtype != packed.dtype or x.device.type != "cpu"
+            or torch.is_autocast_enabled("cpu")):
+        return type(self).forward(self, x)  # training, autocast (it casts in F.linear), other devices
     return _packed_linear(x, packed, self.bias)
 
 
@@ -80,7 +81,8 @@ def packed_linear_weights(model: torch.nn.Module, rows: int) -> Iterator[int]:
         weights' dtype: the model then runs as before). The weights are read when the context
         opens: do not change them inside it.
 
-    With gradient recording on, or for an input of another dtype, a layer runs its own forward.
+    With gradient recording or autocast on, or for an input of another dtype, a layer runs its own
+    forward. Empty weights are left alone.
     Two layers sharing one weight share one packed copy. On exit the instance ``forward`` s are
     removed and the packed copies dropped.
     """
@@ -91,9 +93,9 @@ def packed_linear_weights(model: torch.nn.Module, rows: int) -> Iterator[int]:
             for m in model.modules():
                 w = getattr(m, "weight", None)
                 if (type(m) is not torch.nn.Linear or "forward" in vars(m) or w is None or w.device.type != "cpu"
-                        or not packing_works(w.dtype)):
+                        or w.numel() == 0 or not packing_works(w.dtype)):
                     continue
-                key = w.data_ptr()
+                key = (w.data_ptr(), tuple(w.shape), w.stride(), w.dtype)  # views may share a start
                 if key not in packed:
                     packed[key] = _pack(w, max(int(rows), 1))
                 m._grpokit_packed = packed[key]

@@ -38,11 +38,11 @@ def sample_inverse_cdf(scores: torch.Tensor, generator: torch.Generator | None =
 
     The softmax is taken in float32 (as ``generate`` does before ``torch.multinomial``); the
     cumulative sums in float64, so tokens with probability down to ~1e-15 keep their mass. For a
-    large vocabulary the CDF is searched in two levels: blocks of 256 entries (each block's mass
-    summed in float32, ~1e-7 relative), then the entries of the chosen block.
+    large vocabulary the CDF is searched in two levels: blocks of 256 entries, then the entries of
+    the chosen block.
 
     Raises:
-        ValueError: ``scores`` is not 2-D, or a row has no finite entry or holds a NaN.
+        ValueError: ``scores`` is not 2-D, or a row has no finite entry or holds a NaN or +inf.
 
     >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
     <torch._C.Generator object at ...>
@@ -51,10 +51,11 @@ def sample_inverse_cdf(scores: torch.Tensor, generator: torch.Generator | None =
     """
     if scores.dim() != 2:
         raise ValueError(f"sample_inverse_cdf: scores must be (N, V), got shape {tuple(scores.shape)}")
-    drawable = scores.amax(dim=1) > float("-inf")  # max -inf: nothing to draw; NaN: the softmax would be NaN
+    drawable = torch.isfinite(scores.amax(dim=1))  # -inf: nothing to draw; NaN or +inf: the softmax is NaN
     if not bool(drawable.all()):
         row = int((~drawable).nonzero()[0])
-        raise ValueError(f"sample_inverse_cdf: row {row} of scores has no finite entry or a NaN (nothing to draw)")
+        raise ValueError(f"sample_inverse_cdf: row {row} of scores has no finite entry, a NaN or a +inf "
+                         "(nothing to draw)")
     probs = torch.softmax(scores.float(), dim=-1)  # (N, V) float32
     n, v = probs.shape
     u = torch.rand(n, 1, dtype=torch.float64, device=scores.device, generator=generator)
@@ -66,7 +67,7 @@ def sample_inverse_cdf(scores: torch.Tensor, generator: torch.Generator | None =
     # the block of the drawn token from the blocks' cumulative masses, then the token inside it.
     nb = -(-v // _BLOCK)
     blocks = (probs if v % _BLOCK == 0 else torch.nn.functional.pad(probs, (0, nb * _BLOCK - v))).view(n, nb, _BLOCK)
-    block_cdf = blocks.sum(-1).double().cumsum(-1)  # (N, nb): each block's mass to float32 precision
+    block_cdf = blocks.sum(-1, dtype=torch.float64).cumsum(-1)  # (N, nb)
     target = u * block_cdf[:, -1:]  # (N, 1)
     b = torch.searchsorted(block_cdf, target, right=True).clamp_(max=nb - 1)  # (N, 1)
     before = torch.where(b > 0, block_cdf.gather(1, (b - 1).clamp(min=0)), 0.0)  # mass of earlier blocks
