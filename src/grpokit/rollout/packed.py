@@ -87,7 +87,7 @@ def packed_linear_weights(model: torch.nn.Module, rows: int) -> Iterator[int]:
     removed and the packed copies dropped.
     """
     switched: list[torch.nn.Linear] = []
-    packed: dict[int, torch.Tensor] = {}
+    packed: dict[tuple, torch.Tensor] = {}  # (address, shape, stride, dtype) -> packed copy
     try:
         with torch.no_grad():
             for m in model.modules():
