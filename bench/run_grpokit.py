@@ -25,12 +25,16 @@ from _common import (  # noqa: E402
 import torch  # noqa: E402
 
 
-def build_recipe(w: Workload, out_dir: str):
+def build_recipe(w: Workload, out_dir: str, recompute_mlp: bool | None = None):
+    """The workload as a grpokit recipe. ``recompute_mlp`` None: off at fp32 (comparison (a) runs
+    without recomputation, as it runs without gradient checkpointing: the fused MLP keeps gate(x)
+    and up(x) for its backward), on at bf16 (its memory is what setting (b) is measured on)."""
     from grpokit.config import recipe_from_dict
 
-    bf16 = w.precision == "bf16"  # bf16 parameters: torchao AdamW with stochastic rounding, bf16 states
+    bf16 = w.precision == "bf16"  # bf16 parameters: AdamW with stochastic rounding, bf16 states
     model = {"name_or_path": MODEL_ALIAS, "dtype": "bfloat16" if bf16 else "float32",
-             "autocast_bf16": w.precision == "bf16_autocast"}
+             "autocast_bf16": w.precision == "bf16_autocast",
+             "recompute_mlp": w.precision != "fp32" if recompute_mlp is None else recompute_mlp}
     return recipe_from_dict({
         "model": model,
         "data": {"dataset": "gsm8k", "split": "train"},
@@ -65,6 +69,8 @@ def main() -> None:
                     help="switch off prompt sharing, the static generation cache and packed weights (the unoptimized paths)")
     ap.add_argument("--bf16-sampler", action="store_true",
                     help="sample from a bf16 copy of the policy (generate_rollouts(sampler_dtype=torch.bfloat16))")
+    ap.add_argument("--recompute-mlp", choices=("auto", "on", "off"), default="auto",
+                    help="model.recompute_mlp (auto: off at fp32, on otherwise)")
     ap.add_argument("--parity", action="store_true",
                     help="after the steps: loss/grad of this setting vs the plain fp32 path on the last batch")
     a = ap.parse_args()
@@ -112,8 +118,9 @@ def main() -> None:
     trainer.optimize = optimize
 
     with tempfile.TemporaryDirectory(prefix="grpokit-bench-") as tmp:
-        recipe = build_recipe(w, tmp)
+        recipe = build_recipe(w, tmp, {"auto": None, "on": True, "off": False}[a.recompute_mlp])
         s = prepare(recipe)
+        res.notes["recompute_mlp"] = recipe.model.recompute_mlp
         res.n_params = sum(p.numel() for p in s.model.parameters())
         expected = [r["prompt_text"] for r in ordered_rows(s.tokenizer, w)]
         seen: list[str] = []

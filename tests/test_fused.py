@@ -17,10 +17,10 @@ from tests.test_policy_fast import V, _grouped_batch, _loss_and_grads
 GQA = dict(vocab_size=V, pad_token_id=0, num_attention_heads=4, num_key_value_heads=2)
 
 
-def _pair(make_tiny_model, **overrides):
+def _pair(make_tiny_model, recompute_mlp=True, **overrides):
     plain = make_tiny_model(**(GQA | overrides))
     fused = copy.deepcopy(plain)
-    return plain, fused, apply_fused_ops(fused)
+    return plain, fused, apply_fused_ops(fused, recompute_mlp=recompute_mlp)
 
 
 def test_apply_switches_every_norm_mlp_the_head_and_attention(make_tiny_model):
@@ -31,9 +31,9 @@ def test_apply_switches_every_norm_mlp_the_head_and_attention(make_tiny_model):
     assert fused_head(fused) is not None and fused_head(plain) is None  # only a prepared model
 
 
-@pytest.mark.parametrize("share_prompt", [True, False])
-def test_fused_model_equals_plain_logprobs_entropy_loss_and_grads(make_tiny_model, share_prompt):
-    plain, fused, _ = _pair(make_tiny_model)
+@pytest.mark.parametrize("share_prompt,recompute_mlp", [(True, True), (False, True), (True, False)])
+def test_fused_model_equals_plain_logprobs_entropy_loss_and_grads(make_tiny_model, share_prompt, recompute_mlp):
+    plain, fused, _ = _pair(make_tiny_model, recompute_mlp=recompute_mlp)
     batch, adv = _grouped_batch(G=3)
     ref_logp = batch_logprobs(plain, batch, temperature=0.7, micro_batch_size=4)
     torch.testing.assert_close(batch_logprobs(fused, batch, temperature=0.7, micro_batch_size=4), ref_logp)
@@ -49,10 +49,10 @@ def test_fused_model_equals_plain_logprobs_entropy_loss_and_grads(make_tiny_mode
 def test_remove_fused_ops_restores_the_plain_model(make_tiny_model):
     from grpokit.fused import remove_fused_ops
 
-    plain, fused, _ = _pair(make_tiny_model)
+    plain, fused, _ = _pair(make_tiny_model, recompute_mlp=False)
     remove_fused_ops(fused)
     assert fused_head(fused) is None and fused.config._attn_implementation == "sdpa"
-    assert not any("forward" in vars(m) for m in fused.modules())
+    assert not any("forward" in vars(m) or "_grpokit_recompute_mlp" in vars(m) for m in fused.modules())
 
 
 def test_fused_model_with_tied_embeddings_and_checkpointing(make_tiny_model):
@@ -80,6 +80,14 @@ def test_fused_model_keeps_fewer_bytes_for_backward(make_tiny_model):
         return saved_bytes(lambda: completion_logprobs(model, batch, temperature=1.0), *model.parameters())
 
     assert saved(fused) < 0.6 * saved(plain)
+    # recompute_mlp=False: + gate(x) and up(x), two float32 (positions, 128) tensors per layer;
+    # positions: 2 prompts × 8 shared prefix tokens + 8 rows × 24 (storages can be reused once
+    # freed during the forward, so the count is approximate)
+    keep = copy.deepcopy(plain)
+    apply_fused_ops(keep, recompute_mlp=False)
+    extra = saved(keep) - saved(fused)
+    assert extra == pytest.approx((2 * 8 + 8 * 24) * 2 * 128 * 4 * plain.config.num_hidden_layers, rel=0.01)
+    assert saved(keep) < 0.75 * saved(plain)
 
 
 def test_generation_is_unchanged(make_tiny_model, smollm2_tokenizer, smollm2_prompts):

@@ -38,11 +38,29 @@ def test_rms_norm_gradcheck_and_values():
     torch.testing.assert_close(rms_norm(x, w, 1e-6), _plain_rms_norm(x, w, 1e-6))
 
 
-def test_swiglu_mlp_gradcheck_and_values():
+@pytest.mark.parametrize("recompute", [True, False])
+def test_swiglu_mlp_gradcheck_and_values(recompute):
     x = _rand(2, 3, 8)
     wg, wu, wd = _rand(5, 8, seed=1), _rand(5, 8, seed=2), _rand(8, 5, seed=3)
-    assert torch.autograd.gradcheck(swiglu_mlp, (x, wg, wu, wd))
-    torch.testing.assert_close(swiglu_mlp(x, wg, wu, wd), _plain_mlp(x, wg, wu, wd))
+    assert torch.autograd.gradcheck(lambda *a: swiglu_mlp(*a, recompute=recompute), (x, wg, wu, wd))
+    torch.testing.assert_close(swiglu_mlp(x, wg, wu, wd, recompute=recompute), _plain_mlp(x, wg, wu, wd))
+
+
+def test_swiglu_mlp_keeping_gate_and_up_gives_the_recomputed_gradients_bit_for_bit():
+    """recompute=False runs the same backward ops on the kept tensors (bf16: no tolerance)."""
+    x = _rand(4, 16, 64, dtype=torch.bfloat16)
+    wg, wu = ((0.1 * _rand(96, 64, seed=s, grad=False)).bfloat16().requires_grad_() for s in (1, 2))
+    wd = (0.1 * _rand(64, 96, seed=3, grad=False)).bfloat16().requires_grad_()
+    gout = _rand(4, 16, 64, seed=4, dtype=torch.bfloat16, grad=False)
+    got = {}
+    for recompute in (True, False):
+        for t in (x, wg, wu, wd):
+            t.grad = None
+        y = swiglu_mlp(x, wg, wu, wd, recompute=recompute)
+        y.backward(gout)
+        got[recompute] = [y.detach()] + [t.grad for t in (x, wg, wu, wd)]
+    for a, b in zip(got[True], got[False]):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -101,6 +119,7 @@ def test_saved_bytes_are_smaller_than_plain_autograd():
     assert saved_bytes(lambda: _plain_rms_norm(x, w, 1e-6), x, w) == n * 4 + n * 64 * (4 + 2)
     # MLP: nothing but its inputs vs gate, silu(gate), up and the product (bf16)
     assert saved_bytes(lambda: swiglu_mlp(x, wg, wu, wd), x, wg, wu, wd) == 0
+    assert saved_bytes(lambda: swiglu_mlp(x, wg, wu, wd, recompute=False), x, wg, wu, wd) == 2 * n * 96 * 2  # gate, up
     assert saved_bytes(lambda: _plain_mlp(x, wg, wu, wd), x, wg, wu, wd) == 4 * n * 96 * 2
     # head: an (n,) float32 log-sum-exp vs the (n, V) logits and their float32 copy
     assert saved_bytes(lambda: linear_token_logprobs(x, head, ids), x, head, ids) == n * 4

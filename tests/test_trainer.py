@@ -182,3 +182,20 @@ def test_sampling_params_reach_generate(tiny_model_dir, tmp_path, monkeypatch):
     m = read_metrics(tmp_path / "metrics.jsonl")[0]
     assert m["completion_len_mean"] <= 5
 
+
+
+def test_keeping_mlp_activations_trains_the_same_weights(tiny_model_dir, tmp_path, monkeypatch):
+    """``model.recompute_mlp=false`` keeps gate(x), up(x) instead of recomputing them: the same
+    backward ops on the same values, so one step gives the default's weights bit for bit."""
+    trained = {}
+    for recompute in (True, False):
+        recipe = tiny_recipe(tiny_model_dir, tmp_path / str(recompute), model={"recompute_mlp": recompute},
+                             train={"max_steps": 1})
+        _, s = run(recipe, monkeypatch)
+        flags = {m._grpokit_recompute_mlp for m in s.model.modules() if "_grpokit_recompute_mlp" in vars(m)}
+        assert flags == {recompute}
+        trained[recompute] = s.model.state_dict()
+    init = _initial_state(tiny_model_dir)
+    assert any(not torch.equal(init[k], trained[True][k]) for k in init)
+    for k in trained[True]:
+        torch.testing.assert_close(trained[False][k], trained[True][k], rtol=0, atol=0, msg=k)

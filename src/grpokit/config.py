@@ -54,6 +54,8 @@ class ModelConfig:
                                       "eval(); turns off prompt sharing in training: about 30% slower)")
     fused_ops: bool = _f(True, "memory-lean RMSNorm, MLP, attention and LM-head log-probs for Llama/Mistral/Qwen2/"
                          "Qwen3 models (grpokit.fused): same values, about a third of the activation memory")
+    recompute_mlp: bool = _f(True, "with fused_ops: the MLP backward recomputes gate(x) and up(x) (off: keeps them, "
+                             "two (tokens, intermediate) tensors per layer, two matmuls fewer per MLP backward)")
 
 
 @dataclass

@@ -32,6 +32,7 @@ _MLPS = {"LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP"}
 #: model types whose causal-LM logits are exactly ``lm_head(decoder(...).last_hidden_state)``
 _PLAIN_HEAD_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
 _MARK = "_grpokit_fused_ops"
+_RECOMPUTE = "_grpokit_recompute_mlp"  # on a switched MLP module: swiglu_mlp(recompute=...)
 
 
 def _plain(x: torch.Tensor) -> bool:
@@ -47,7 +48,8 @@ def _norm_forward(self, hidden_states):
 def _mlp_forward(self, x):
     if _plain(x):
         return type(self).forward(self, x)
-    return swiglu_mlp(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight)
+    return swiglu_mlp(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight,
+                      recompute=getattr(self, _RECOMPUTE, True))
 
 
 def _eligible_mlp(m: torch.nn.Module) -> bool:
@@ -67,8 +69,14 @@ def _same_as_original(m: torch.nn.Module, new_forward, width: int) -> bool:
     return want.shape == got.shape and torch.allclose(want.float(), got.float(), rtol=tol, atol=tol)
 
 
-def apply_fused_ops(model: torch.nn.Module) -> dict[str, int]:
+def apply_fused_ops(model: torch.nn.Module, *, recompute_mlp: bool = True) -> dict[str, int]:
     """Use the memory-lean ops in ``model`` (in place); see the module docstring.
+
+    Args:
+        model: a transformers causal LM.
+        recompute_mlp: the MLP's backward runs its ``gate`` and ``up`` matmuls again (True) or
+            uses the two ``(tokens, intermediate)`` outputs kept from the forward (False: more
+            activation memory, less time; :func:`grpokit.ops.swiglu_mlp`).
 
     Returns:
         how many modules were switched: ``{"rms_norm": n, "mlp": n, "head": 0|1, "attention": 0|1}``
@@ -90,6 +98,8 @@ def apply_fused_ops(model: torch.nn.Module) -> dict[str, int]:
         if checked[type(m)]:
             m.forward = types.MethodType(new, m)
             counts[key] += 1
+            if key == "mlp":
+                setattr(m, _RECOMPUTE, recompute_mlp)
     if fused_head(model, mark_required=False) is not None:
         setattr(model, _MARK, True)
         counts["head"] = 1
@@ -123,6 +133,8 @@ def remove_fused_ops(model: torch.nn.Module) -> None:
         forward = vars(m).get("forward")
         if getattr(forward, "__func__", None) in (_norm_forward, _mlp_forward):
             del m.forward
+        if _RECOMPUTE in vars(m):
+            delattr(m, _RECOMPUTE)
     if getattr(model, _MARK, False):
         delattr(model, _MARK)
     config = getattr(model, "config", None)

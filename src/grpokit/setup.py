@@ -115,7 +115,7 @@ class Setup:
         if m.fused_ops:
             from grpokit.fused import apply_fused_ops
 
-            apply_fused_ops(self.model)
+            apply_fused_ops(self.model, recompute_mlp=m.recompute_mlp)
         if m.gradient_checkpointing:
             from grpokit.policy import enable_gradient_checkpointing
 
