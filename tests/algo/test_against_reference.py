@@ -43,6 +43,34 @@ def test_process_advantages(seed, b, g):
     torch.testing.assert_close(got, torch.tensor(want, dtype=f64), rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("scale", ["group", "batch"])
+def test_advantages_of_rewards_near_the_float64_limit(scale):
+    """Rewards up to float64's max: the statistics run on rewards divided by a power of two, so
+    sums and squares do not overflow (inf − inf was NaN); eps = 0 makes the result scale-free."""
+    gen = torch.Generator().manual_seed(4)
+    r = torch.rand(12, generator=gen, dtype=f64) * 2 - 1
+    big = torch.finfo(f64).max
+    want = algo.group_advantages(r, 4, scale=scale, eps=0.0)
+    torch.testing.assert_close(algo.group_advantages(r * big, 4, scale=scale, eps=0.0), want, rtol=1e-12, atol=0)
+    pair = algo.group_advantages(torch.tensor([big, -big], dtype=f64), 2, scale=scale, eps=0.0)
+    torch.testing.assert_close(pair, torch.tensor([1.0, -1.0], dtype=f64) / math.sqrt(2))
+    t, mask = 5, torch.ones(12, 5, dtype=torch.bool)
+    ends = torch.zeros(12, t, dtype=torch.bool)
+    ends[:, [1, 4]] = True
+    step_r = torch.rand(12, t, generator=gen, dtype=f64) * 2 - 1
+    torch.testing.assert_close(algo.process_advantages(step_r * big, ends, mask, 4, eps=0.0),
+                               algo.process_advantages(step_r, ends, mask, 4, eps=0.0), rtol=1e-12, atol=1e-12)
+
+
+def test_centred_advantages_saturate_beyond_the_dtype():
+    """scale="none" returns r − mean in the rewards' dtype: a value past its range is clamped to
+    the largest finite one (float32 rewards, a difference of 4/3 · max)."""
+    big = torch.finfo(torch.float32).max
+    got = algo.group_advantages(torch.tensor([big, big, -big]), 3, scale="none")
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, torch.tensor([2 / 3 * big, 2 / 3 * big, -big]))
+
+
 def test_process_single_step_at_last_token_equals_outcome():
     """One step ending at the last token: every token gets the outcome advantage (same pooled stats)."""
     gen = torch.Generator().manual_seed(3)

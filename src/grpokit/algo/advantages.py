@@ -1,6 +1,8 @@
 """Advantage estimators: GRPO outcome and process supervision (DeepSeekMath §4.1.2–4.1.3), GAE (PPO).
 
-All statistics are computed in float64 so that a constant group gives advantages of exactly 0.
+All statistics are computed in float64 so that a constant group gives advantages of exactly 0, on
+rewards divided by a power of two (exact) so that rewards up to float64's largest value give finite
+advantages.
 """
 
 from __future__ import annotations
@@ -28,6 +30,21 @@ def _pooled_stats(values: torch.Tensor, valid: torch.Tensor):
     vmin = torch.where(valid, values, torch.full_like(values, big)).amin(dim=1)
     varies = (count >= 2) & (vmax > vmin)
     return mean, std, varies
+
+
+def _row_scales(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """``(B, 1)`` powers of two ``2^(e-1)`` with ``e`` the binary exponent of each row's largest
+    ``|valid value|`` (1 for a row with none): dividing by one is exact and leaves every valid
+    value in ``(-2, 2)``, so sums and squares cannot overflow float64 (rewards up to its max)."""
+    big = torch.where(valid, values.abs(), torch.zeros_like(values)).amax(dim=1, keepdim=True)
+    _, exp = torch.frexp(big)  # big = m · 2^exp, m in [0.5, 1)
+    return torch.where(big > 0, torch.ldexp(torch.ones_like(big), exp - 1), torch.ones_like(big))
+
+
+def _saturate(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x`` in ``dtype``, values beyond its range clamped to its largest finite value."""
+    big = torch.finfo(dtype).max
+    return x.clamp(-big, big).to(dtype)
 
 
 def _safe_div(num: torch.Tensor, denom: torch.Tensor) -> torch.Tensor:
@@ -75,16 +92,20 @@ def group_advantages(
     out_dtype = rewards.dtype if rewards.is_floating_point() else torch.float32
     r = rewards.double().view(b, group_size)  # (B, G)
     valid = torch.isfinite(r)
-    mean, std, varies = _pooled_stats(r, valid)
-    centred = torch.where(valid & varies[:, None], r - mean[:, None], torch.zeros_like(r))
+    scale_of = _row_scales(r, valid)  # (B, 1); statistics of r / scale, then scaled back
+    if scale == "batch":
+        scale_of = scale_of.amax().expand_as(scale_of)
+    x = r / scale_of
+    mean, std, varies = _pooled_stats(x, valid)
+    centred = torch.where(valid & varies[:, None], x - mean[:, None], torch.zeros_like(x))
     if scale == "group":
-        adv = _safe_div(centred, std[:, None] + eps)
+        adv = _safe_div(centred, std[:, None] + eps / scale_of)  # = (r - mean_r) / (std_r + eps)
     elif scale == "batch":
-        _, batch_std, batch_varies = _pooled_stats(r.reshape(1, -1), valid.reshape(1, -1))
-        adv = _safe_div(centred, batch_std + eps) if bool(batch_varies) else torch.zeros_like(r)
+        _, batch_std, batch_varies = _pooled_stats(x.reshape(1, -1), valid.reshape(1, -1))
+        adv = _safe_div(centred, batch_std + eps / scale_of) if bool(batch_varies) else torch.zeros_like(r)
     else:
-        adv = centred
-    return adv.reshape(-1).to(out_dtype)
+        adv = centred * scale_of  # may exceed the dtype's range for rewards near it: saturated
+    return _saturate(adv.reshape(-1), out_dtype)
 
 
 def process_advantages(
@@ -133,15 +154,17 @@ def process_advantages(
     b = check_group_size(fn, n, group_size)
     r = step_rewards.double()
     valid = step_end_mask.bool() & completion_mask.bool() & torch.isfinite(r)
-    pooled_r = r.reshape(b, group_size * t)
-    mean, std, varies = _pooled_stats(pooled_r, valid.reshape(b, group_size * t))
-    norm = (pooled_r - mean[:, None]) / (std[:, None] + eps)
+    pooled_valid = valid.reshape(b, group_size * t)
+    scale_of = _row_scales(r.reshape(b, group_size * t), pooled_valid)  # (B, 1), as in group_advantages
+    pooled_r = r.reshape(b, group_size * t) / scale_of
+    mean, std, varies = _pooled_stats(pooled_r, pooled_valid)
+    norm = (pooled_r - mean[:, None]) / (std[:, None] + eps / scale_of)
     norm = torch.where(valid.reshape(b, -1) & varies[:, None], norm, torch.zeros_like(norm))
     norm = norm.reshape(n, t)
     # reverse cumulative sum over t: A_t = sum_{t' >= t} norm_{t'}
     adv = norm.flip(1).cumsum(1).flip(1)
     adv = torch.where(completion_mask.bool(), adv, torch.zeros_like(adv))
-    return adv.to(step_rewards.dtype)
+    return _saturate(adv, step_rewards.dtype)
 
 
 def gae_advantages(
