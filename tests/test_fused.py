@@ -10,6 +10,7 @@ import pytest
 import torch
 from helpers import saved_bytes
 
+from grpokit import algo
 from grpokit.fused import apply_fused_ops, fused_head
 from grpokit.policy import batch_logprobs, completion_logprobs
 from tests.test_policy_fast import V, _grouped_batch, _loss_and_grads
@@ -26,7 +27,7 @@ def _pair(make_tiny_model, recompute_mlp=True, **overrides):
 def test_apply_switches_every_norm_mlp_the_head_and_attention(make_tiny_model):
     plain, fused, counts = _pair(make_tiny_model)
     layers = plain.config.num_hidden_layers
-    assert counts == {"rms_norm": 2 * layers + 1, "mlp": layers, "head": 1, "attention": 1}
+    assert counts == {"rms_norm": 2 * layers + 1, "mlp": layers, "head": 1, "attention": 1, "embedding": 1}
     assert fused.config._attn_implementation == "grpokit_sdpa"
     assert fused_head(fused) is not None and fused_head(plain) is None  # only a prepared model
 
@@ -46,13 +47,37 @@ def test_fused_model_equals_plain_logprobs_entropy_loss_and_grads(make_tiny_mode
         torch.testing.assert_close(b[3][name], a[3][name], msg=name)
 
 
+@pytest.mark.parametrize("tied", [False, True])
+def test_embedding_gradient_accumulates_dense_over_micro_batches(make_tiny_model, tied):
+    """The sparse embedding gradient ends up in a dense ``.grad`` (untied: the weight's hook; tied:
+    added to the head's), equal to the plain model's after two accumulated backward passes, with
+    and without prompt sharing (its prompt pass adds through a gradient alias)."""
+    plain, fused, counts = _pair(make_tiny_model, tie_word_embeddings=tied)
+    assert counts["embedding"] == 1
+    batch, adv = _grouped_batch(G=2, seed=3)
+    ref_logp = torch.zeros(batch.completion_ids.shape)
+    grads = {}
+    for name, model in (("plain", plain), ("fused", fused)):
+        model.zero_grad(set_to_none=True)
+        for share in (True, False):
+            logp, _ = completion_logprobs(model, batch, temperature=1.0, share_prompt=share)
+            loss, _ = algo.policy_loss(logp, logp.detach(), adv, batch.completion_mask, ref_logp=ref_logp, beta=0.04,
+                                       num_sequences=len(batch), num_tokens=int(batch.completion_mask.sum()))
+            loss.backward()
+        grads[name] = model.model.embed_tokens.weight.grad
+    assert grads["fused"].layout == torch.strided
+    torch.testing.assert_close(grads["fused"], grads["plain"])
+
+
 def test_remove_fused_ops_restores_the_plain_model(make_tiny_model):
     from grpokit.fused import remove_fused_ops
 
     plain, fused, _ = _pair(make_tiny_model, recompute_mlp=False)
     remove_fused_ops(fused)
     assert fused_head(fused) is None and fused.config._attn_implementation == "sdpa"
-    assert not any("forward" in vars(m) or "_grpokit_recompute_mlp" in vars(m) for m in fused.modules())
+    assert not any(k in vars(m) for m in fused.modules()
+                   for k in ("forward", "_grpokit_recompute_mlp", "_grpokit_dense_grad_hook"))
+    assert not fused.model.embed_tokens.weight._post_accumulate_grad_hooks
 
 
 def test_fused_model_with_tied_embeddings_and_checkpointing(make_tiny_model):
@@ -122,7 +147,7 @@ def test_other_architectures_are_left_as_they_are():
 
     model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=32)).eval()
     counts = apply_fused_ops(model)
-    assert counts["rms_norm"] == counts["mlp"] == counts["head"] == 0
+    assert counts["rms_norm"] == counts["mlp"] == counts["head"] == counts["embedding"] == 0
     assert fused_head(model) is None
 
 

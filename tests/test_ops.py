@@ -14,7 +14,7 @@ from helpers import saved_bytes
 
 import grpokit.ops as ops
 from grpokit.algo import token_entropy, token_logprobs
-from grpokit.ops import linear_token_logprobs, rms_norm, swiglu_mlp
+from grpokit.ops import embedding, linear_token_logprobs, rms_norm, swiglu_mlp
 
 
 def _rand(*shape, dtype=torch.float64, seed=0, grad=True):
@@ -61,6 +61,40 @@ def test_swiglu_mlp_keeping_gate_and_up_gives_the_recomputed_gradients_bit_for_b
         got[recompute] = [y.detach()] + [t.grad for t in (x, wg, wu, wd)]
     for a, b in zip(got[True], got[False]):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("padding_idx", [None, 3])
+def test_embedding_sparse_gradient_equals_the_dense_one(padding_idx):
+    """Duplicate ids sum into one row; the padding row gets nothing; the dense gradient F.embedding
+    computes is the reference (float64, so summation order cannot matter)."""
+    w = _rand(10, 6)
+    ids = torch.tensor([[1, 3, 3, 7], [7, 7, 0, 3]])
+    gout = _rand(2, 4, 6, seed=1, grad=False)
+    out = embedding(ids, w, padding_idx)
+    torch.testing.assert_close(out, F.embedding(ids, w, padding_idx), rtol=0, atol=0)
+    out.backward(gout)
+    sparse = w.grad
+    w.grad = None
+    F.embedding(ids, w, padding_idx).backward(gout)
+    assert sparse.layout == torch.sparse_coo
+    rows = sparse._indices()[0].tolist()  # one row per distinct id, the padding id left out
+    assert sorted(rows) == sorted({0, 1, 3, 7} - {padding_idx})
+    torch.testing.assert_close(sparse.to_dense(), w.grad)
+
+
+def test_embedding_sums_repeated_bf16_rows_in_float32():
+    """A token seen 300 times: its row's gradient is the float32 sum rounded once to bf16, closer
+    to the exact sum than bf16 accumulation (F.embedding's dense backward)."""
+    w = _rand(5, 64, dtype=torch.bfloat16)
+    ids = torch.full((300,), 2)
+    gout = _rand(300, 64, seed=1, dtype=torch.bfloat16, grad=False)
+    embedding(ids, w).backward(gout)
+    exact = gout.double().sum(0)
+    got = w.grad.to_dense()[2]
+    torch.testing.assert_close(got, exact.bfloat16(), rtol=0, atol=0)
+    w.grad = None
+    F.embedding(ids, w).backward(gout)
+    assert (got.double() - exact).abs().max() <= (w.grad[2].double() - exact).abs().max()
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])

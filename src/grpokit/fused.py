@@ -4,8 +4,9 @@
 modules of Llama, Mistral, Qwen2 and Qwen3 models; marks the model so that
 :func:`grpokit.policy.completion_logprobs` takes its log-probs with
 :func:`grpokit.ops.linear_token_logprobs` from the decoder's hidden states instead of the full
-logits; and switches transformers' ``sdpa`` attention to :mod:`grpokit.attention` (grouped KV
-heads not repeated). Each module class is checked once, on a random input, to give the original
+logits; switches transformers' ``sdpa`` attention to :mod:`grpokit.attention` (grouped KV
+heads not repeated); and gives the input embedding a sparse weight gradient
+(:func:`grpokit.ops.embedding`). Each module class is checked once, on a random input, to give the original
 forward's values before it is replaced (a transformers release that changed the formula is left
 alone).
 
@@ -25,7 +26,7 @@ import types
 import torch
 
 from grpokit import attention
-from grpokit.ops import rms_norm, swiglu_mlp
+from grpokit.ops import embedding, rms_norm, swiglu_mlp
 
 _NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"}
 _MLPS = {"LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP"}
@@ -33,6 +34,7 @@ _MLPS = {"LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP"}
 _PLAIN_HEAD_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
 _MARK = "_grpokit_fused_ops"
 _RECOMPUTE = "_grpokit_recompute_mlp"  # on a switched MLP module: swiglu_mlp(recompute=...)
+_DENSE_HOOK = "_grpokit_dense_grad_hook"  # on the switched input embedding: its weight's hook handle
 
 
 def _plain(x: torch.Tensor) -> bool:
@@ -50,6 +52,31 @@ def _mlp_forward(self, x):
         return type(self).forward(self, x)
     return swiglu_mlp(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight,
                       recompute=getattr(self, _RECOMPUTE, True))
+
+
+def _embedding_forward(self, input):
+    if _plain(input):
+        return type(self).forward(self, input)
+    return embedding(input, self.weight, self.padding_idx)
+
+
+def _densify_grad(param: torch.Tensor) -> None:
+    """Post-accumulate hook of the embedding weight: a ``.grad`` left sparse (an untied embedding,
+    whose gradient nothing dense was added to) becomes dense, as optimizers and clipping expect."""
+    if param.grad is not None and param.grad.layout != torch.strided:
+        param.grad = param.grad.to_dense()
+
+
+def _switch_embedding(model: torch.nn.Module) -> int:
+    """The input embedding's backward gives a sparse gradient (:func:`grpokit.ops.embedding`); a
+    frozen embedding (a reference model) is left as it is."""
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if (type(emb) is not torch.nn.Embedding or emb.max_norm is not None or emb.scale_grad_by_freq or emb.sparse
+            or "forward" in vars(emb) or not emb.weight.requires_grad):
+        return 0
+    emb.forward = types.MethodType(_embedding_forward, emb)
+    setattr(emb, _DENSE_HOOK, emb.weight.register_post_accumulate_grad_hook(_densify_grad))
+    return 1
 
 
 def _eligible_mlp(m: torch.nn.Module) -> bool:
@@ -79,11 +106,13 @@ def apply_fused_ops(model: torch.nn.Module, *, recompute_mlp: bool = True) -> di
             activation memory, less time; :func:`grpokit.ops.swiglu_mlp`).
 
     Returns:
-        how many modules were switched: ``{"rms_norm": n, "mlp": n, "head": 0|1, "attention": 0|1}``
-        (attention: a model on transformers' ``sdpa`` now uses :mod:`grpokit.attention`). All
-        zero for an architecture outside the list above (it then runs as before).
+        how many modules were switched: ``{"rms_norm": n, "mlp": n, "head": 0|1, "attention": 0|1,
+        "embedding": 0|1}`` (attention: a model on transformers' ``sdpa`` now uses
+        :mod:`grpokit.attention`; embedding: the input embedding's weight gets a sparse gradient,
+        :func:`grpokit.ops.embedding`). All zero for an architecture outside the list above (it
+        then runs as before).
     """
-    counts = {"rms_norm": 0, "mlp": 0, "head": 0, "attention": 0}
+    counts = {"rms_norm": 0, "mlp": 0, "head": 0, "attention": 0, "embedding": 0}
     checked: dict[type, bool] = {}  # per class (two classes may share a name)
     for m in model.modules():
         name = type(m).__name__
@@ -103,6 +132,8 @@ def apply_fused_ops(model: torch.nn.Module, *, recompute_mlp: bool = True) -> di
     if fused_head(model, mark_required=False) is not None:
         setattr(model, _MARK, True)
         counts["head"] = 1
+    if getattr(getattr(model, "config", None), "model_type", None) in _PLAIN_HEAD_TYPES:
+        counts["embedding"] = _switch_embedding(model)
     config = getattr(model, "config", None)
     if getattr(config, "_attn_implementation", None) == "sdpa" and hasattr(model, "set_attn_implementation"):
         model.set_attn_implementation(attention.register())
@@ -131,10 +162,12 @@ def remove_fused_ops(model: torch.nn.Module) -> None:
     transformers' ``sdpa`` attention. For comparisons with the plain path (``bench/``)."""
     for m in model.modules():
         forward = vars(m).get("forward")
-        if getattr(forward, "__func__", None) in (_norm_forward, _mlp_forward):
+        if getattr(forward, "__func__", None) in (_norm_forward, _mlp_forward, _embedding_forward):
             del m.forward
         if _RECOMPUTE in vars(m):
             delattr(m, _RECOMPUTE)
+        if _DENSE_HOOK in vars(m):
+            vars(m).pop(_DENSE_HOOK).remove()
     if getattr(model, _MARK, False):
         delattr(model, _MARK)
     config = getattr(model, "config", None)

@@ -16,6 +16,9 @@ plain autograd, and the saved bytes):
 - LM head + log-softmax + gather (the per-token log-prob): the ``(N, T, V)`` logits and their
   float32 copy (V = 49,152: 0.3 MB/token) → the ``(N, T)`` log-sum-exp; the backward recomputes
   the logits chunk by chunk (one more head matmul).
+
+And one for time: the token embedding's weight gradient as a sparse tensor over the distinct ids
+(:func:`embedding`) instead of a dense ``(V, H)`` tensor per call.
 """
 
 from __future__ import annotations
@@ -129,6 +132,56 @@ def swiglu_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down
         RuntimeError: from torch, on mismatched shapes or dtypes.
     """
     return _SwiGLU.apply(x, w_gate, w_up, w_down, recompute)
+
+
+class _Embedding(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, token_ids, weight, padding_idx):
+        ctx.save_for_backward(token_ids)
+        ctx.weight_shape, ctx.padding_idx = weight.shape, padding_idx
+        return F.embedding(token_ids, weight, padding_idx)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        if not ctx.needs_input_grad[1]:
+            return None, None, None
+        (token_ids,) = ctx.saved_tensors
+        ids, g = token_ids.reshape(-1), grad_out.reshape(-1, grad_out.shape[-1])
+        if ctx.padding_idx is not None:  # as F.embedding: the padding row gets no gradient
+            keep = ids != ctx.padding_idx
+            ids, g = ids[keep], g[keep]
+        rows, inverse = torch.unique(ids, return_inverse=True)  # sorted, distinct
+        sums = torch.zeros(len(rows), g.shape[1], dtype=_f32(g[:0]).dtype, device=g.device)
+        sums.index_add_(0, inverse, _f32(g))
+        grad_w = torch.sparse_coo_tensor(rows[None], sums.to(grad_out.dtype), ctx.weight_shape, is_coalesced=True,
+                                         check_invariants=False)
+        return None, grad_w, None
+
+
+def embedding(token_ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None = None) -> torch.Tensor:
+    """``weight[token_ids]`` (``F.embedding``) whose weight gradient is a sparse COO tensor over
+    the distinct ids only, each row summed in float32 (float64 for float64 weights).
+
+    ``F.embedding``'s dense backward allocates and zeroes a ``(V, H)`` gradient for every call
+    (SmolLM2-135M: 113 MB in float32, ~40 ms on 2 cores per micro-batch, mostly page faults) and
+    then adds it into the weight's; autograd adds a sparse gradient into a dense one row by row
+    (~1 ms). ``nn.Embedding(sparse=True)`` is the same idea but sums the duplicates of a bf16
+    gradient in bf16.
+
+    Args:
+        token_ids: ``(...)`` int64 ids in ``[0, V)``.
+        weight: ``(V, H)`` float.
+        padding_idx: a row that gets no gradient (``nn.Embedding``'s), or None.
+
+    Returns:
+        ``(..., H)``, ``weight``'s dtype. The backward gives ``weight`` a coalesced sparse
+        ``(V, H)`` gradient; where nothing else makes the accumulated ``.grad`` dense, the caller
+        densifies it (:func:`grpokit.fused.apply_fused_ops` registers a hook).
+
+    Raises:
+        IndexError: from torch, for an id outside ``[0, V)``.
+    """
+    return _Embedding.apply(token_ids, weight, padding_idx)
 
 
 def _vocab_block(rows: int, vocab: int) -> int:

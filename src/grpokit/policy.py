@@ -250,10 +250,11 @@ def _grad_alias(param: torch.Tensor) -> torch.Tensor:
 
 
 def _add_grad_into(param: torch.Tensor, alias: torch.Tensor) -> None:
+    grad = alias.grad  # sparse for an embedding (grpokit.ops.embedding): kept dense in param.grad
     if param.grad is None:
-        param.grad = alias.grad
+        param.grad = grad if grad.layout == torch.strided else grad.to_dense()
     else:
-        param.grad.add_(alias.grad)
+        param.grad.add_(grad)
     alias.grad = None
 
 
