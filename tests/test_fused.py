@@ -47,13 +47,17 @@ def test_fused_model_equals_plain_logprobs_entropy_loss_and_grads(make_tiny_mode
         torch.testing.assert_close(b[3][name], a[3][name], msg=name)
 
 
-@pytest.mark.parametrize("tied", [False, True])
-def test_embedding_gradient_accumulates_dense_over_micro_batches(make_tiny_model, tied):
+@pytest.mark.parametrize("tied,copied", [(False, False), (True, False), (False, True)])
+def test_embedding_gradient_accumulates_dense_over_micro_batches(make_tiny_model, tied, copied):
     """The sparse embedding gradient ends up in a dense ``.grad`` (untied: the weight's hook; tied:
     added to the head's), equal to the plain model's after two accumulated backward passes, with
-    and without prompt sharing (its prompt pass adds through a gradient alias)."""
+    and without prompt sharing (its prompt pass adds through a gradient alias); also in a deep
+    copy of a fused model (tensor hooks are not copied)."""
     plain, fused, counts = _pair(make_tiny_model, tie_word_embeddings=tied)
     assert counts["embedding"] == 1
+    if copied:
+        completion_logprobs(fused, _grouped_batch(G=2)[0], temperature=1.0)  # the original gets its hook
+        fused = copy.deepcopy(fused)
     batch, adv = _grouped_batch(G=2, seed=3)
     ref_logp = torch.zeros(batch.completion_ids.shape)
     grads = {}
@@ -73,10 +77,12 @@ def test_remove_fused_ops_restores_the_plain_model(make_tiny_model):
     from grpokit.fused import remove_fused_ops
 
     plain, fused, _ = _pair(make_tiny_model, recompute_mlp=False)
+    batch, _ = _grouped_batch(G=2)
+    completion_logprobs(fused, batch, temperature=1.0)  # a forward with gradient adds the densify hook
+    assert fused.model.embed_tokens.weight._post_accumulate_grad_hooks
     remove_fused_ops(fused)
     assert fused_head(fused) is None and fused.config._attn_implementation == "sdpa"
-    assert not any(k in vars(m) for m in fused.modules()
-                   for k in ("forward", "_grpokit_recompute_mlp", "_grpokit_dense_grad_hook"))
+    assert not any(k in vars(m) for m in fused.modules() for k in ("forward", "_grpokit_recompute_mlp"))
     assert not fused.model.embed_tokens.weight._post_accumulate_grad_hooks
 
 

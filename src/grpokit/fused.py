@@ -34,7 +34,6 @@ _MLPS = {"LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP"}
 _PLAIN_HEAD_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
 _MARK = "_grpokit_fused_ops"
 _RECOMPUTE = "_grpokit_recompute_mlp"  # on a switched MLP module: swiglu_mlp(recompute=...)
-_DENSE_HOOK = "_grpokit_dense_grad_hook"  # on the switched input embedding: its weight's hook handle
 
 
 def _plain(x: torch.Tensor) -> bool:
@@ -57,7 +56,10 @@ def _mlp_forward(self, x):
 def _embedding_forward(self, input):
     if _plain(input):
         return type(self).forward(self, input)
-    return embedding(input, self.weight, self.padding_idx)
+    weight = self.weight
+    if isinstance(weight, torch.nn.Parameter) and weight.requires_grad:
+        _densify_hooks(weight, add=True)  # here, not when switching: a deepcopy drops tensor hooks
+    return embedding(input, weight, self.padding_idx)
 
 
 def _densify_grad(param: torch.Tensor) -> None:
@@ -67,15 +69,24 @@ def _densify_grad(param: torch.Tensor) -> None:
         param.grad = param.grad.to_dense()
 
 
+def _densify_hooks(param: torch.Tensor, *, add: bool) -> None:
+    """Make sure ``param`` has the :func:`_densify_grad` hook once (``add``), or has none."""
+    hooks = param._post_accumulate_grad_hooks or {}
+    ours = [k for k, fn in hooks.items() if fn is _densify_grad]
+    if add and not ours:
+        param.register_post_accumulate_grad_hook(_densify_grad)
+    elif not add:
+        for k in ours:
+            del hooks[k]
+
+
 def _switch_embedding(model: torch.nn.Module) -> int:
-    """The input embedding's backward gives a sparse gradient (:func:`grpokit.ops.embedding`); a
-    frozen embedding (a reference model) is left as it is."""
+    """The input embedding's backward gives a sparse gradient (:func:`grpokit.ops.embedding`)."""
     emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     if (type(emb) is not torch.nn.Embedding or emb.max_norm is not None or emb.scale_grad_by_freq or emb.sparse
-            or "forward" in vars(emb) or not emb.weight.requires_grad):
+            or "forward" in vars(emb)):
         return 0
     emb.forward = types.MethodType(_embedding_forward, emb)
-    setattr(emb, _DENSE_HOOK, emb.weight.register_post_accumulate_grad_hook(_densify_grad))
     return 1
 
 
@@ -162,12 +173,12 @@ def remove_fused_ops(model: torch.nn.Module) -> None:
     transformers' ``sdpa`` attention. For comparisons with the plain path (``bench/``)."""
     for m in model.modules():
         forward = vars(m).get("forward")
+        if getattr(forward, "__func__", None) is _embedding_forward and isinstance(m.weight, torch.Tensor):
+            _densify_hooks(m.weight, add=False)
         if getattr(forward, "__func__", None) in (_norm_forward, _mlp_forward, _embedding_forward):
             del m.forward
         if _RECOMPUTE in vars(m):
             delattr(m, _RECOMPUTE)
-        if _DENSE_HOOK in vars(m):
-            vars(m).pop(_DENSE_HOOK).remove()
     if getattr(model, _MARK, False):
         delattr(model, _MARK)
     config = getattr(model, "config", None)
