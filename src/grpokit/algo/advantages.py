@@ -75,7 +75,8 @@ def group_advantages(
         eps: added to the std (ignored for ``scale="none"``).
 
     Returns:
-        ``(N,)`` advantages in ``rewards.dtype`` (float32 for integer input).
+        ``(N,)`` advantages in ``rewards.dtype`` (float32 for integer input); finite for any
+        finite rewards (``scale="none"`` clamps a difference beyond the dtype's range to its max).
 
     Raises:
         ValueError: ``rewards`` not 1-D, N not divisible by ``group_size``, unknown ``scale``.
