@@ -62,6 +62,16 @@ def test_advantages_of_rewards_near_the_float64_limit(scale):
                                algo.process_advantages(step_r, ends, mask, 4, eps=0.0), rtol=1e-12, atol=1e-12)
 
 
+def test_integer_step_rewards_give_float32_process_advantages():
+    """As group_advantages: integer rewards are scored as floats (they were truncated to 0 once)."""
+    ends = torch.tensor([[True, False], [True, False]])
+    mask = torch.ones(2, 2, dtype=torch.bool)
+    got = algo.process_advantages(torch.tensor([[1, 0], [0, 0]]), ends, mask, 2)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, algo.process_advantages(torch.tensor([[1.0, 0], [0, 0]]), ends, mask, 2))
+    assert got[0, 0] > 0.7
+
+
 def test_centred_advantages_saturate_beyond_the_dtype():
     """scale="none" returns r − mean in the rewards' dtype: a value past its range is clamped to
     the largest finite one (float32 rewards, a difference of 4/3 · max)."""

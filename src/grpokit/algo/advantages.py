@@ -135,7 +135,7 @@ def process_advantages(
         eps: added to the pooled std.
 
     Returns:
-        ``(N, T)`` advantages, dtype of ``step_rewards``.
+        ``(N, T)`` advantages, dtype of ``step_rewards`` (float32 for integer input).
 
     Raises:
         ValueError: mismatched shapes, not 2-D, N not divisible by ``group_size``.
@@ -165,7 +165,7 @@ def process_advantages(
     # reverse cumulative sum over t: A_t = sum_{t' >= t} norm_{t'}
     adv = norm.flip(1).cumsum(1).flip(1)
     adv = torch.where(completion_mask.bool(), adv, torch.zeros_like(adv))
-    return _saturate(adv, step_rewards.dtype)
+    return _saturate(adv, step_rewards.dtype if step_rewards.is_floating_point() else torch.float32)
 
 
 def gae_advantages(
