@@ -183,7 +183,6 @@ def test_sampling_params_reach_generate(tiny_model_dir, tmp_path, monkeypatch):
     assert m["completion_len_mean"] <= 5
 
 
-
 def test_keeping_mlp_activations_trains_the_same_weights(tiny_model_dir, tmp_path, monkeypatch):
     """``model.recompute_mlp=false`` keeps gate(x), up(x) instead of recomputing them: the same
     backward ops on the same values, so one step gives the default's weights bit for bit."""

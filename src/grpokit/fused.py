@@ -172,10 +172,10 @@ def remove_fused_ops(model: torch.nn.Module) -> None:
     """Undo :func:`apply_fused_ops` on ``model`` (in place): the original forwards, no fused head,
     transformers' ``sdpa`` attention. For comparisons with the plain path (``bench/``)."""
     for m in model.modules():
-        forward = vars(m).get("forward")
-        if getattr(forward, "__func__", None) is _embedding_forward and isinstance(m.weight, torch.Tensor):
+        func = getattr(vars(m).get("forward"), "__func__", None)
+        if func is _embedding_forward and isinstance(m.weight, torch.Tensor):
             _densify_hooks(m.weight, add=False)
-        if getattr(forward, "__func__", None) in (_norm_forward, _mlp_forward, _embedding_forward):
+        if func in (_norm_forward, _mlp_forward, _embedding_forward):
             del m.forward
         if _RECOMPUTE in vars(m):
             delattr(m, _RECOMPUTE)

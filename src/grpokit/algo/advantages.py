@@ -155,9 +155,9 @@ def process_advantages(
     b = check_group_size(fn, n, group_size)
     r = step_rewards.double()
     valid = step_end_mask.bool() & completion_mask.bool() & torch.isfinite(r)
-    pooled_valid = valid.reshape(b, group_size * t)
-    scale_of = _row_scales(r.reshape(b, group_size * t), pooled_valid)  # (B, 1), as in group_advantages
-    pooled_r = r.reshape(b, group_size * t) / scale_of
+    pooled_r, pooled_valid = r.reshape(b, group_size * t), valid.reshape(b, group_size * t)
+    scale_of = _row_scales(pooled_r, pooled_valid)  # (B, 1), as in group_advantages
+    pooled_r = pooled_r / scale_of
     mean, std, varies = _pooled_stats(pooled_r, pooled_valid)
     norm = (pooled_r - mean[:, None]) / (std[:, None] + eps / scale_of)
     norm = torch.where(valid.reshape(b, -1) & varies[:, None], norm, torch.zeros_like(norm))
