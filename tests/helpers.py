@@ -49,14 +49,17 @@ def saved_bytes(fn, *inputs) -> int:
     import torch
 
     skip = {a.untyped_storage().data_ptr() for a in inputs}
-    seen, total = set(), 0
+    seen, total = {}, 0
 
     def pack(t):
+        # ``seen`` holds every counted storage until the end, so a storage freed during the forward
+        # cannot hand its address to a later one (which would then not be counted)
         nonlocal total
-        ptr = t.untyped_storage().data_ptr()
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
         if ptr not in seen and ptr not in skip:
-            seen.add(ptr)
-            total += t.untyped_storage().nbytes()
+            seen[ptr] = storage
+            total += storage.nbytes()
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
