@@ -105,10 +105,10 @@ def test_adversarial_inputs_are_fast():
     texts = ["9^" * 200 + "9 = 1", "(" * 500 + "1" + ")" * 500 + " = 1", "1 + " * 2000 + "1 = 2001",
              "= " * 3000, "2**2**2**2**2**2 = 3", "1/" * 300 + "1 = 1", "2 = " + "1 + " * 3000 + "1",
              "1 = " + "(" * 3000 + "1" + ")" * 3000, "1 = " + "-" * 5000 + "1 = 1", "<<" + "1+" * 3000 + "1=1>>"]
-    start = time.perf_counter()
+    start = time.process_time()  # CPU time: a loaded machine must not make this fail
     for t in texts:
         find_claims(t)
-    assert time.perf_counter() - start < 5.0
+    assert time.process_time() - start < 5.0
 
 
 # ---- step scores -------------------------------------------------------------------------------
