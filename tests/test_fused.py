@@ -117,7 +117,7 @@ def test_fused_model_keeps_fewer_bytes_for_backward(make_tiny_model):
     keep = copy.deepcopy(plain)
     apply_fused_ops(keep, recompute_mlp=False)
     extra = saved(keep) - saved(fused)
-    assert extra == pytest.approx((2 * 8 + 8 * 24) * 2 * 128 * 4 * plain.config.num_hidden_layers, rel=0)
+    assert extra == (2 * 8 + 8 * 24) * 2 * 128 * 4 * plain.config.num_hidden_layers
     assert saved(keep) < 0.75 * saved(plain)
 
 

@@ -143,9 +143,9 @@ def apply_fused_ops(model: torch.nn.Module, *, recompute_mlp: bool = True) -> di
     if fused_head(model, mark_required=False) is not None:
         setattr(model, _MARK, True)
         counts["head"] = 1
-    if getattr(getattr(model, "config", None), "model_type", None) in _PLAIN_HEAD_TYPES:
-        counts["embedding"] = _switch_embedding(model)
     config = getattr(model, "config", None)
+    if getattr(config, "model_type", None) in _PLAIN_HEAD_TYPES:
+        counts["embedding"] = _switch_embedding(model)
     if getattr(config, "_attn_implementation", None) == "sdpa" and hasattr(model, "set_attn_implementation"):
         model.set_attn_implementation(attention.register())
         counts["attention"] = int(config._attn_implementation == attention.NAME)
