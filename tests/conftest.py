@@ -39,6 +39,7 @@ the rollout tests ~4x slower (22 s vs 5.6 s measured).
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Callable
 
 import pytest
@@ -46,6 +47,7 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("GRPOKIT_FAKE_REWARDS_DIR", tempfile.mkdtemp(prefix="grpokit-fake-rewards-"))
 torch.set_num_threads(int(os.environ.get("GRPOKIT_TEST_THREADS", "1")))
 
 SMOLLM2_VOCAB = 49152

@@ -5,13 +5,19 @@ completions with these instead (``tests/`` is on ``pythonpath``).
 
 The faulty ones fail on row ``BAD_ROW`` of a batch. ``GuardedReward`` retries a failing batch
 row by row, one completion per call; to fail on the same row then, the batch call remembers the
-bad row's text in ``_BAD_TEXTS`` (random completions of a 49k-token vocab never repeat).
+bad row's text (random completions of a 49k-token vocab never repeat) in a file under
+``$GRPOKIT_FAKE_REWARDS_DIR`` (else the temp folder): the guard runs each call in a worker
+process and kills it at a timeout, so memory of the process would not survive to the retry.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
+import os
+import tempfile
 import time
+from pathlib import Path
 
 BAD_ROW = 1
 """The row (index within the batch of one reward call) the faulty rewards below fail on."""
@@ -19,7 +25,12 @@ BAD_ROW = 1
 HANG_S = 2.0
 """How long ``hanging_reward`` sleeps on the bad row (tests use ``rewards.timeout_s=0.5``)."""
 
-_BAD_TEXTS: set[str] = set()
+
+
+def _memo(text: str) -> Path:
+    root = Path(os.environ.get("GRPOKIT_FAKE_REWARDS_DIR") or Path(tempfile.gettempdir()) / "grpokit-fake-rewards")
+    root.mkdir(parents=True, exist_ok=True)
+    return root / hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def length_reward(prompts, completions, **_):
@@ -29,9 +40,9 @@ def length_reward(prompts, completions, **_):
 
 def _bad(completions) -> bool:
     if len(completions) > BAD_ROW:  # the batch call
-        _BAD_TEXTS.add(completions[BAD_ROW])
+        _memo(completions[BAD_ROW]).touch()
         return True
-    return len(completions) == 1 and completions[0] in _BAD_TEXTS  # the row-by-row retry
+    return len(completions) == 1 and _memo(completions[0]).exists()  # the row-by-row retry
 
 
 def raising_reward(prompts, completions, **_):
@@ -61,3 +72,51 @@ def inf_reward(prompts, completions, **_):
 def process_length_reward(prompts, completions, steps, **_):
     """Process reward: one score per step, the step's length in characters / 10."""
     return [[len(s) / 10.0 for s in row] for row in steps]
+
+
+def gil_holding_reward(prompts, completions, **_):
+    """A big-integer power computed in C while holding the GIL (as sympy does on ``9^{9^{9}}``):
+    no thread of the same process runs until it ends, minutes later."""
+    base = len(completions[0]) + 9
+    return [float(len(str(base ** (10**9))))]
+
+
+def exiting_reward(prompts, completions, **_):
+    """Ends its process at once with exit code 3 (a crash in native code, say)."""
+    os._exit(3)
+
+
+def pid_reward(prompts, completions, **_):
+    """The id of the process the reward runs in, for every completion."""
+    return [float(os.getpid())] * len(completions)
+
+
+def constant_reward(prompts, completions, **_):
+    """1.0 for every completion: no group varies, so a step carries no learning signal."""
+    return [1.0] * len(completions)
+
+
+def residue_reward(prompts, completions, **_):
+    """0.3 and 0.1 + 0.2 (= 0.30000000000000004) in turn: equal up to rounding, so no group varies."""
+    return [0.3 if i % 2 else 0.1 + 0.2 for i in range(len(completions))]
+
+
+FAIL_MARK = "<fail>"
+"""A completion holding this makes ``raising_process_reward`` raise (in its batch call and in its
+row-by-row retry alike: no memory between calls is needed)."""
+
+
+def raising_process_reward(prompts, completions, steps, **_):
+    """Process reward: raises ``ValueError`` if a completion holds ``FAIL_MARK``; else
+    ``process_length_reward``."""
+    if any(FAIL_MARK in c for c in completions):
+        raise ValueError("fake process-reward failure")
+    return process_length_reward(prompts, completions, steps)
+
+
+def bad_row_process_reward(prompts, completions, steps, **_):
+    """Process reward: raises ``ZeroDivisionError`` on row ``BAD_ROW`` (as ``raising_reward``);
+    ``process_length_reward`` elsewhere."""
+    if _bad(completions):
+        raise ZeroDivisionError("fake failure on the bad row")
+    return process_length_reward(prompts, completions, steps)

@@ -6,6 +6,16 @@ The vectorized functions in ``grpokit.algo`` must equal these on random inputs.
 from __future__ import annotations
 
 import math
+import sys
+
+ROUNDING_ULPS = 16  # as grpokit.algo.ROUNDING_ULPS
+F64_EPS = sys.float_info.epsilon
+
+
+def _constant(xs: list[float], rounding_eps: float) -> bool:
+    """Fewer than two values, or all equal up to rounding: spread <= 16 ulps (of the input dtype,
+    ``rounding_eps``) at the largest magnitude."""
+    return len(xs) < 2 or max(xs) - min(xs) <= ROUNDING_ULPS * rounding_eps * max(abs(x) for x in xs)
 
 
 def _mean_std(xs: list[float]) -> tuple[float, float]:
@@ -14,18 +24,20 @@ def _mean_std(xs: list[float]) -> tuple[float, float]:
     return m, math.sqrt(var)
 
 
-def group_advantages(rewards: list[float], group_size: int, scale: str = "group", eps: float = 1e-4):
+def group_advantages(rewards: list[float], group_size: int, scale: str = "group", eps: float = 1e-4,
+                     rounding_eps: float = F64_EPS):
+    """``rounding_eps``: ``finfo(dtype).eps`` of the rewards' dtype (float64 by default)."""
     out = []
     all_valid = [r for r in rewards if not math.isnan(r)]
     for g in range(0, len(rewards), group_size):
         group = rewards[g : g + group_size]
         valid = [r for r in group if not math.isnan(r)]
-        if len(valid) < 2 or max(valid) == min(valid):
+        if _constant(valid, rounding_eps):
             out += [0.0] * len(group)
             continue
         m, s = _mean_std(valid)
         if scale == "batch":
-            bs = _mean_std(all_valid)[1] if max(all_valid) > min(all_valid) else None
+            bs = None if _constant(all_valid, rounding_eps) else _mean_std(all_valid)[1]
             denom = None if bs is None else bs + eps
         elif scale == "group":
             denom = s + eps
@@ -36,8 +48,9 @@ def group_advantages(rewards: list[float], group_size: int, scale: str = "group"
     return out
 
 
-def process_advantages(step_rewards, step_end_mask, completion_mask, group_size, eps=1e-4):
-    """step_rewards etc. as nested lists (N x T)."""
+def process_advantages(step_rewards, step_end_mask, completion_mask, group_size, eps=1e-4,
+                       rounding_eps=F64_EPS):
+    """step_rewards etc. as nested lists (N x T); ``rounding_eps`` as in ``group_advantages``."""
     n, t = len(step_rewards), len(step_rewards[0])
     out = [[0.0] * t for _ in range(n)]
     for g in range(0, n, group_size):
@@ -48,7 +61,7 @@ def process_advantages(step_rewards, step_end_mask, completion_mask, group_size,
             for j in range(t)
             if step_end_mask[i][j] and completion_mask[i][j] and not math.isnan(step_rewards[i][j])
         ]
-        if len(pooled) < 2 or max(pooled) == min(pooled):
+        if _constant(pooled, rounding_eps):
             continue
         m, s = _mean_std(pooled)
         for i in rows:

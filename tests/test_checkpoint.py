@@ -170,3 +170,43 @@ def test_leftovers_of_a_killed_writer_are_removed_by_the_next_save(tmp_path, par
     (tmp_path / ".tmp-notes").mkdir()  # not ours: left alone
     save(tmp_path, 3, parts)
     assert sorted(p.name for p in tmp_path.iterdir()) == [".tmp-notes", "checkpoint-3"]
+
+
+def _fake_checkpoint(folder, state_bytes, blob=None):
+    """A checkpoint folder holding only the two files ``load_training_state`` reads."""
+    folder.mkdir()
+    (folder / "trainer_state.json").write_bytes(state_bytes)
+    torch.save(blob if blob is not None else {"optimizer": {}, "scheduler": {}, "rng": {}},
+               folder / "training_state.pt")
+    return folder
+
+
+@pytest.mark.parametrize(
+    "content, expect",
+    [
+        # '{"step": 3, "epoch": 0, "position": 6, "extra": {"note": "caf' is 61 bytes
+        (b'{"step": 3, "epoch": 0, "position": 6, "extra": {"note": "caf\xe9"}}',
+         r"trainer_state.json: line 1: not valid UTF-8 \(byte 0xe9 at offset 61 of the file\); resume"),
+        (b'{"step": 3, "epo', r"trainer_state.json: not valid JSON \(.*\); resume from an earlier"),
+        (b'{"step": 3}', r"trainer_state.json: expected an object with integer step, epoch and position"),
+        (b"[1, 2]", r"trainer_state.json: expected an object with integer step"),
+    ],
+)
+def test_damaged_trainer_state_is_a_value_error_naming_it(tmp_path, content, expect):
+    ckpt = _fake_checkpoint(tmp_path / "checkpoint-3", content)
+    with pytest.raises(ValueError, match=expect) as e:
+        load_training_state(ckpt)
+    assert "\n" not in str(e.value) and str(ckpt) in str(e.value)
+
+
+def test_damaged_training_state_pt_is_a_one_line_value_error(tmp_path):
+    good = b'{"step": 3, "epoch": 0, "position": 6}'
+    ckpt = _fake_checkpoint(tmp_path / "checkpoint-3", good)
+    assert load_training_state(ckpt)[0] == {"step": 3, "epoch": 0, "position": 6}
+    (ckpt / "training_state.pt").write_bytes((ckpt / "training_state.pt").read_bytes()[:100])  # torn
+    with pytest.raises(ValueError, match=r"training_state.pt: cannot load \(") as e:
+        load_training_state(ckpt)
+    assert "\n" not in str(e.value)
+    torch.save({"optimizer": {}}, ckpt / "training_state.pt")
+    with pytest.raises(ValueError, match=r"training_state.pt: expected optimizer, scheduler and rng"):
+        load_training_state(ckpt)

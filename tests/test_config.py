@@ -206,3 +206,23 @@ def test_more_out_of_range_values(key, value, allowed):
 def test_literal_braces_in_template_are_fine():
     r = recipe_from_dict({"data": {"prompt_template": "{question}\nPut it in \\boxed{{}}."}})
     assert "{{}}" in r.data.prompt_template
+
+
+def test_load_recipe_not_utf8_names_file_line_offset(tmp_path):
+    p = tmp_path / "r.yaml"
+    p.write_bytes(b"train:\r\n  max_steps: 3\r\ndata:\r\n  system_prompt: caf\xe9\r\n")
+    # 3 lines of 8 + 16 + 7 bytes, then "  system_prompt: caf" (20 bytes)
+    with pytest.raises(RecipeError) as e:
+        load_recipe(p)
+    assert str(e.value) == f"recipe {p}: line 4: not valid UTF-8 (byte 0xe9 at offset 51 of the file)"
+
+
+def test_load_recipe_unreadable_and_bad_yaml_are_one_line_recipe_errors(tmp_path):
+    with pytest.raises(RecipeError, match=r"recipe .*: cannot read"):
+        load_recipe(tmp_path)  # a folder
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train:\n  max_steps: [1, 2\n")
+    with pytest.raises(RecipeError) as e:
+        load_recipe(bad)
+    assert str(e.value).startswith(f"recipe {bad}: not valid YAML: line 3, column 1: ")
+    assert "\n" not in str(e.value)

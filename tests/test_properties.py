@@ -218,3 +218,57 @@ def test_extract_answer_many_unclosed_boxes_is_fast():
     t0 = time.process_time()
     assert extract_answer(text) == "1"
     assert time.process_time() - t0 < 1.0
+
+
+# -- rewards equal up to rounding are a constant group ------------------------------------------
+
+
+def _nudged(base: list[float], ulps: list[int], dtype: torch.dtype) -> torch.Tensor:
+    """``base[i]`` moved ``ulps[i]`` representable steps up (> 0) or down (< 0) in ``dtype``."""
+    out = torch.tensor(base, dtype=dtype)
+    for i, k in enumerate(ulps):
+        toward = torch.tensor(math.copysign(math.inf, k), dtype=dtype)
+        for _ in range(abs(k)):
+            out[i] = torch.nextafter(out[i], toward)
+    return out
+
+
+@st.composite
+def noisy_constant_groups(draw, max_ulps=4):
+    """B groups of G copies of one normal, finite value each (float32 or float64), every member
+    moved by up to ``max_ulps`` ulps: what summing the same reward in another order leaves."""
+    dtype = draw(st.sampled_from([torch.float32, torch.float64]))
+    fi = torch.finfo(dtype)
+    g, b = draw(st.integers(2, 8)), draw(st.integers(1, 3))
+    width = 32 if dtype == torch.float32 else 64
+    magnitude = st.floats(fi.tiny * 2**8, fi.max / 2, width=width)  # normal, nudging stays finite
+    base = [draw(magnitude) * draw(st.sampled_from([-1, 1])) for _ in range(b) for _ in range(g)]
+    base = [base[(i // g) * g] for i in range(b * g)]  # one value per group
+    ulps = draw(st.lists(st.integers(-max_ulps, max_ulps), min_size=b * g, max_size=b * g))
+    return _nudged(base, ulps, dtype), g
+
+
+@SETTINGS
+@given(noisy_constant_groups(), st.sampled_from(algo.SCALES), st.sampled_from([0.0, 1e-4]))
+def test_rounding_noise_on_a_constant_group_gives_zeros(rg, scale, eps):
+    r, g = rg
+    assert algo.constant_groups(r, g).all()
+    assert torch.equal(algo.group_advantages(r, g, scale=scale, eps=eps), torch.zeros_like(r))
+    # the same rewards as one step ending at the last token of each completion
+    n, t = len(r), 3
+    step_r = torch.zeros(n, t, dtype=r.dtype)
+    step_r[:, -1] = r
+    ends = torch.zeros(n, t, dtype=torch.bool)
+    ends[:, -1] = True
+    adv = algo.process_advantages(step_r, ends, torch.ones(n, t, dtype=torch.bool), g, eps=eps)
+    assert torch.equal(adv, torch.zeros_like(step_r))
+
+
+@SETTINGS
+@given(noisy_constant_groups(max_ulps=40))
+def test_constant_groups_is_the_rule_of_the_advantages(rg):
+    """Noise on both sides of the 16-ulp threshold: a group's advantages (eps = 0, scale=group)
+    are all 0 exactly when ``constant_groups`` says so (the trainer's ``frac_zero_std``)."""
+    r, g = rg
+    adv = algo.group_advantages(r, g, scale="group", eps=0.0).view(-1, g)
+    assert ((adv == 0).all(dim=1) == algo.constant_groups(r, g)).all()

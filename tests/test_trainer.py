@@ -142,7 +142,8 @@ def test_process_supervision_one_step(tiny_model_dir, tmp_path, monkeypatch):
 
 
 def test_sampling_params_reach_generate(tiny_model_dir, tmp_path, monkeypatch):
-    """The recipe's rollout section is what ``model.generate`` samples with."""
+    """The recipe's rollout section is what ``model.generate`` samples with: temperature only (the
+    truncating warpers are refused by the recipe, tests/test_sampler_agreement.py)."""
     from transformers import GenerationConfig, LlamaForCausalLM
 
     import grpokit.rollout.hf as hf
@@ -162,23 +163,22 @@ def test_sampling_params_reach_generate(tiny_model_dir, tmp_path, monkeypatch):
 
     monkeypatch.setattr(hf, "generate_rollouts", spy_rollouts)
     monkeypatch.setattr(LlamaForCausalLM, "generate", spy_generate)
-    rollout = {"group_size": 3, "temperature": 0.7, "top_p": 0.9, "top_k": 20, "min_p": 0.05,
-               "max_new_tokens": 5}
+    rollout = {"group_size": 3, "temperature": 0.7, "max_new_tokens": 5}
     recipe = tiny_recipe(tiny_model_dir, tmp_path, rollout=rollout, train={"max_steps": 1})
     run(recipe, monkeypatch)
     (call,) = seen["params"]
     params = call["params"]
     assert call["group_size"] == 3
     assert (params.temperature, params.top_p, params.top_k, params.min_p, params.max_new_tokens) == (
-        0.7, 0.9, 20, 0.05, 5)
+        0.7, 1.0, 0, 0.0, 5)
     assert list(call["eos_token_ids"])[:2] == [2, 0]
     assert call["seed"] is not None
     assert params.sampler == "inverse_cdf"  # the default: generate runs greedily over our sampler
     cfg = seen["configs"][0]
     assert not cfg.do_sample and cfg.max_new_tokens == 5
     (sampler,) = seen["processors"]
-    temp, top_k, top_p, min_p = sampler.warpers
-    assert (temp.temperature, top_k.top_k, top_p.top_p, min_p.min_p) == (0.7, 20, 0.9, 0.05)
+    (temp,) = sampler.warpers
+    assert temp.temperature == 0.7
     m = read_metrics(tmp_path / "metrics.jsonl")[0]
     assert m["completion_len_mean"] <= 5
 

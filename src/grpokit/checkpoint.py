@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from grpokit.textio import NotUtf8Error, read_utf8
+
 _NAME = re.compile(r"^checkpoint-(\d+)$")
 _LEFTOVER = re.compile(r"^\.(tmp|old)-checkpoint-\d+-\d+$")
 
@@ -111,11 +113,45 @@ def save_checkpoint(
     return final
 
 
+def _gist(e: Exception) -> str:
+    """One line of a (multi-line) torch error: the line saying "... error: <what>" if there is one
+    (weights_only refusals: "Unsupported global: ..."), else the first line; colour codes removed."""
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", l).strip() for l in str(e).splitlines()]
+    lines = [l for l in lines if l]
+    return next((l.split("error:", 1)[1].strip() for l in lines if "error:" in l), lines[0] if lines else "")
+
+
+_RESUME_HINT = "resume from an earlier checkpoint with train.resume=<folder>, or start over with train.resume=none"
+
+
 def load_training_state(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(trainer_state, {"optimizer", "scheduler", "rng"})`` of a complete checkpoint."""
+    """``(trainer_state, {"optimizer", "scheduler", "rng"})`` of a complete checkpoint.
+
+    ``trainer_state`` (from ``trainer_state.json``, read as UTF-8) is an object with integer
+    ``step``, ``epoch`` and ``position``; the blob (``training_state.pt``) a dict with those three keys.
+
+    Raises:
+        ValueError: either file is damaged: not UTF-8 (file, line, byte offset), not valid JSON,
+            missing keys, or a ``training_state.pt`` torch cannot load. The one-line message names
+            the file and says how to resume from elsewhere.
+    """
     path = Path(path)
-    state = json.loads((path / "trainer_state.json").read_text())
-    blob = torch.load(path / "training_state.pt", weights_only=True)
+    state_file, blob_file = path / "trainer_state.json", path / "training_state.pt"
+    try:
+        state = json.loads(read_utf8(state_file))
+    except NotUtf8Error as e:
+        raise ValueError(f"{e}; {_RESUME_HINT}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{state_file}: not valid JSON ({e}); {_RESUME_HINT}") from None
+    if not isinstance(state, dict) or not all(type(state.get(k)) is int for k in ("step", "epoch", "position")):
+        raise ValueError(f"{state_file}: expected an object with integer step, epoch and position; "
+                         f"{_RESUME_HINT}")
+    try:
+        blob = torch.load(blob_file, weights_only=True)
+    except Exception as e:  # truncated zip, unpickling refused, ...: torch's messages run to many lines
+        raise ValueError(f"{blob_file}: cannot load ({type(e).__name__}: {_gist(e)}); {_RESUME_HINT}") from None
+    if not isinstance(blob, dict) or not {"optimizer", "scheduler", "rng"} <= set(blob):
+        raise ValueError(f"{blob_file}: expected optimizer, scheduler and rng state; {_RESUME_HINT}")
     return state, blob
 
 

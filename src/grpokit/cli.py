@@ -44,13 +44,26 @@ def _train(argv: list[str]) -> int:
     except RecipeError as e:
         print(f"grpokit train: recipe error: {e}", file=sys.stderr)
         return 2
-    from grpokit.trainer import train
+    import warnings
 
+    from grpokit.trainer import RunWarning, train
+
+    show = warnings.showwarning
+
+    def say(message, category, *a, **k):  # a RunWarning is one plain line, not a source location
+        if issubclass(category, RunWarning):
+            print(f"[grpokit] warning: {message}", file=sys.stderr, flush=True)
+        else:
+            show(message, category, *a, **k)
+
+    warnings.showwarning = say
     try:
         summary = train(recipe, progress=not ns.no_progress)
     except (ValueError, RuntimeError, FileNotFoundError, ImportError) as e:
         print(f"grpokit train: error: {e}", file=sys.stderr)
         return 1
+    finally:
+        warnings.showwarning = show
     print(_report(summary))
     return 0
 
@@ -69,42 +82,97 @@ def _report(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def _eval(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="grpokit eval", description="Greedy accuracy on a math dataset.")
+def _eval_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="grpokit eval", description="Held-out accuracy: greedy, and mean@k / pass@k / maj@k over k samples, "
+        "each with a 95 % interval; --against compares two models on the same problems (exact McNemar test).")
     p.add_argument("model", help="model path, hub name or alias (smollm2-135m-instruct)")
+    p.add_argument("--against", default=None, metavar="MODEL", help="a second model (e.g. a checkpoint) scored on "
+                   "the same problems; prints the paired difference with its interval and the McNemar p-value")
     p.add_argument("--dataset", required=True)
     p.add_argument("--split", default="test")
     p.add_argument("--limit", type=int, default=100)
+    p.add_argument("--skip", type=int, default=0, help="leave out the first N rows (those a run trained on)")
+    p.add_argument("--data-options", default=None, help="dataset options as YAML, e.g. reasoning_gym's "
+                   "'{size: 500, max_digits: 2}'")
+    p.add_argument("--data-seed", type=int, default=1, help="seed of generated data (reasoning_gym); training "
+                   "uses train.seed (0 by default), so the default 1 gives another set")
+    p.add_argument("--scorer", default=None, help="reward function deciding correctness (default: reasoning_gym "
+                   "for reasoning_gym: data, else math_correct)")
+    p.add_argument("--samples", type=int, default=None, metavar="K", help="also sample K completions per problem")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for --samples")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed for --samples")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--prompt-template", default=None, help="default: the demo recipe's")
     p.add_argument("--system-prompt", default=None)
     p.add_argument("--output", default=None, help="JSON file (default: eval_<dataset>_<split>.json)")
-    ns = p.parse_args(argv)
-    from grpokit.config import load_recipe
+    return p.parse_args(argv)
+
+
+def _eval(argv: list[str]) -> int:
+    ns = _eval_args(argv)
+    from grpokit.config import _yaml_load, load_recipe
+    from grpokit.evalstats import format_summary, paired_comparison
     from grpokit.evaluate import evaluate
-    from grpokit.models import eos_token_ids, load_model, load_tokenizer
+    from grpokit.heldout import check_scorer, default_scorer
+    from grpokit.models import eos_token_ids, load_model, load_tokenizer, model_max_positions, resolve_model_path
+    from grpokit.rewards import get_reward_function
     from grpokit.setup import load_prompts
 
-    recipe = load_recipe(DEFAULT_RECIPE)
-    if ns.prompt_template is not None:
-        recipe.data.prompt_template = ns.prompt_template
-    if ns.system_prompt is not None:
-        recipe.data.system_prompt = ns.system_prompt
-    tok = load_tokenizer(ns.model)
-    try:
-        rows, prompts, _ = load_prompts(recipe, tok, dataset=ns.dataset, split=ns.split, limit=ns.limit)
-    except ValueError as e:
-        print(f"grpokit eval: error: {e}", file=sys.stderr)
+    def fail(msg: str) -> int:
+        print(f"grpokit eval: error: {msg}", file=sys.stderr)
         return 2
-    model = load_model(ns.model).eval()
-    res = evaluate(model, tok, prompts, rows, eos_token_ids=eos_token_ids(model, tok),
-                   max_new_tokens=ns.max_new_tokens, batch_size=ns.batch_size)
-    res.update(model=ns.model, dataset=ns.dataset, split=ns.split)
-    out = Path(ns.output or f"eval_{ns.dataset}_{ns.split}.json")
-    out.write_text(json.dumps(res, indent=1))
-    print(f"{ns.dataset}/{ns.split}: accuracy {res['accuracy']:.3f} ({res['correct']}/{res['total']}, "
-          f"greedy, {res['seconds']:.0f} s) -> {out}")
+
+    # every check that needs no model comes first
+    if ns.samples is not None and ns.samples < 1:
+        return fail(f"--samples must be >= 1 (k completions per problem), got {ns.samples}")
+    if ns.samples and ns.temperature <= 0:
+        return fail(f"--temperature must be > 0 with --samples, got {ns.temperature}")
+    scorer_name = ns.scorer or default_scorer(ns.dataset)
+    try:
+        check_scorer(scorer_name, ns.dataset)
+        scorer = get_reward_function(scorer_name)
+        models = [ns.model] + ([ns.against] if ns.against else [])
+        for m in models:
+            resolve_model_path(m)
+        recipe = load_recipe(DEFAULT_RECIPE)
+        recipe.train.seed = ns.data_seed
+        recipe.data.options = dict(_yaml_load(ns.data_options) or {}) if ns.data_options else {}
+        if ns.prompt_template is not None:
+            recipe.data.prompt_template = ns.prompt_template
+        if ns.system_prompt is not None:
+            recipe.data.system_prompt = ns.system_prompt
+        tok = load_tokenizer(ns.model)
+        limit = None if ns.limit is None else ns.skip + ns.limit
+        rows, prompts, _ = load_prompts(recipe, tok, dataset=ns.dataset, split=ns.split, limit=limit,
+                                        max_new_tokens=ns.max_new_tokens, max_positions=model_max_positions(ns.model),
+                                        new_tokens_key="--max-new-tokens")
+        rows, prompts = rows[ns.skip:], prompts[ns.skip:]
+        if not rows:
+            return fail(f"no rows of {ns.dataset}/{ns.split} left after --skip {ns.skip}")
+    except (ValueError, FileNotFoundError, TypeError) as e:  # unknown data/scorer, missing model or file
+        return fail(str(e))
+    results = {}
+    for m in models:
+        model = load_model(m).eval()
+        results[m] = evaluate(model, tok, prompts, rows, eos_token_ids=eos_token_ids(model, tok),
+                              max_new_tokens=ns.max_new_tokens, batch_size=ns.batch_size, scorer=scorer,
+                              num_samples=ns.samples or 0, temperature=ns.temperature, seed=ns.seed)
+        r = results[m]
+        print(f"{m} on {ns.dataset}/{ns.split} ({r['total']} problems, scorer {scorer_name}, "
+              f"{r['seconds']:.0f} s):\n{format_summary(r['metrics'])}", flush=True)
+    out = {"dataset": ns.dataset, "split": ns.split, "skip": ns.skip, "scorer": scorer_name,
+           "models": results}
+    if ns.against:
+        pc = paired_comparison(results[ns.model]["outcomes"], results[ns.against]["outcomes"])
+        out["paired"] = pc
+        print(f"paired ({ns.against} - {ns.model}), greedy: {pc['diff']:+.3f} "
+              f"[{pc['diff_lo']:+.3f}, {pc['diff_hi']:+.3f}] (95 %, {pc['interval']}); only the second right "
+              f"{pc['b_only']}, only the first {pc['a_only']}; exact McNemar p = {pc['p_value']:.3g}")
+    path = Path(ns.output or f"eval_{ns.dataset}_{ns.split}.json")
+    path.write_text(json.dumps(out, indent=1, default=str))
+    print(f"-> {path}")
     return 0
 
 

@@ -17,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from grpokit.textio import NotUtf8Error, read_utf8
+
 
 class _YamlLoader(yaml.SafeLoader):
     """``yaml.SafeLoader`` that also reads ``1e-6`` as a float (YAML 1.1 wants ``1.0e-6``, so plain
@@ -78,9 +80,10 @@ class RolloutConfig:
     group_size: int = _f(8, "G: completions sampled per prompt (>= 2)")
     max_new_tokens: int = _f(128, "longest completion, in tokens")
     temperature: float = _f(1.0, "sampling temperature; also divides logits in every log-prob")
-    top_p: float = _f(1.0, "nucleus sampling threshold (1 = off)")
-    top_k: int = _f(0, "top-k sampling (0 = off)")
-    min_p: float = _f(0.0, "min-p sampling (0 = off)")
+    top_p: float = _f(1.0, "nucleus sampling threshold; only 1 (off) is accepted: the loss scores full-vocabulary "
+                      "log-probs, so a truncated sampler would draw from another π than the one trained")
+    top_k: int = _f(0, "top-k sampling; only 0 (off) is accepted (see rollout.top_p)")
+    min_p: float = _f(0.0, "min-p sampling; only 0 (off) is accepted (see rollout.top_p)")
     chunk_size: int | None = _f(None, "generate at most this many rows per generate() call")
     sampler: str = _f("inverse_cdf", "how a token is drawn: inverse_cdf (one uniform per row, fast on CPU) or "
                       "multinomial (generate's torch.multinomial); same distribution", ("inverse_cdf", "multinomial"))
@@ -94,6 +97,10 @@ class RewardsConfig:
     on_error: str = _f("raise", "a reward function that raises or times out: stop the run, or "
                        "score it as unscorable (None)", ("raise", "none"))
     timeout_s: float = _f(10.0, "per-call time limit of a reward function, seconds")
+    isolation: str = _f("process", "where reward functions run: process = a worker process killed at the "
+                        "time limit (the limit always holds); thread = a thread of the trainer (for "
+                        "functions that need the trainer's live memory or GPU; a call holding the GIL "
+                        "cannot be cut off)", ("process", "thread"))
 
 
 @dataclass
@@ -113,6 +120,12 @@ class AlgoConfig:
                         "(lines, paragraphs, regex:PATTERN, tag:STRING)")
     process_reward: str = _f("arithmetic", "process supervision: step scorer (arithmetic, or "
                              "module:function)")
+    overlong_filter: bool = _f(False, "DAPO overlong filtering: completions cut at rollout.max_new_tokens (no EOS) "
+                               "are left out of the loss (still in their group's reward statistics)")
+    dynamic_sampling: bool = _f(False, "DAPO dynamic sampling (outcome supervision): groups whose rewards are all "
+                                "equal are dropped and refilled with new prompts until B groups carry signal")
+    max_sampling_rounds: int = _f(3, "dynamic sampling: extra generation rounds per step at most (then the step "
+                                  "trains on the groups with signal it has)")
 
 
 @dataclass
@@ -149,6 +162,13 @@ class EvalConfig:
     batch_size: int = _f(16, "prompts per greedy generate() call")
     before: bool = _f(True, "evaluate before training")
     after: bool = _f(True, "evaluate after training")
+    every_steps: int = _f(0, "also evaluate every k steps (logged as eval/* in metrics.jsonl; 0 = never)")
+    num_samples: int = _f(0, "k completions per problem sampled at rollout.temperature, for mean@k, pass@k and "
+                          "maj@k (0 = greedy only)")
+    scorer: str | None = _f(None, "reward function deciding correctness (default: reasoning_gym for reasoning_gym: "
+                            "data, else math_correct)")
+    options: dict | None = _f(None, "dataset options of the held-out set (default: data.options when eval.dataset "
+                              "is data.dataset); generated data is drawn with seed train.seed + 1")
 
 
 @dataclass
@@ -263,6 +283,7 @@ def validate(recipe: Recipe) -> None:
         "train.learning_rate": t.learning_rate, "train.warmup_steps": t.warmup_steps,
         "train.max_grad_norm": t.max_grad_norm, "train.save_steps": t.save_steps,
         "train.weight_decay": t.weight_decay, "data.skip": recipe.data.skip,
+        "eval.every_steps": recipe.eval.every_steps, "eval.num_samples": recipe.eval.num_samples,
     }
     for key, v in non_negative.items():
         if v < 0:
@@ -278,6 +299,18 @@ def validate(recipe: Recipe) -> None:
     if recipe.model.dtype == "bfloat16" and recipe.model.autocast_bf16:
         raise RecipeError("model.autocast_bf16: the parameters are already bfloat16 (model.dtype); "
                           "autocast is for float32 parameters")
+    if recipe.eval.dataset and recipe.eval.scorer:
+        from grpokit.heldout import check_scorer
+
+        try:
+            check_scorer(recipe.eval.scorer, recipe.eval.dataset)
+        except ValueError as e:
+            raise RecipeError(f"eval.scorer: {e}") from None
+    if a.max_sampling_rounds < 1:
+        raise RecipeError(f"algo.max_sampling_rounds: must be >= 1, got {a.max_sampling_rounds}")
+    if a.dynamic_sampling and a.supervision == "process":
+        raise RecipeError("algo.dynamic_sampling: outcome supervision only (a process group's signal is in its "
+                          "step rewards); set algo.supervision=outcome or algo.dynamic_sampling=false")
     if a.clip_eps_low >= 1:
         raise RecipeError(f"algo.clip_eps_low: must be < 1, got {a.clip_eps_low}")
     w = recipe.rewards.weights
@@ -307,6 +340,14 @@ def validate(recipe: Recipe) -> None:
         raise RecipeError(f"rollout.top_k: must be >= 0 (0 = off), got {r.top_k}")
     if not 0 <= r.min_p <= 1:
         raise RecipeError(f"rollout.min_p: must be in [0, 1] (0 = off), got {r.min_p}")
+    for key, value, off in (("top_k", r.top_k, 0), ("top_p", r.top_p, 1.0), ("min_p", r.min_p, 0.0)):
+        if value != off:
+            raise RecipeError(
+                f"rollout.{key}={value}: truncated sampling is refused in training. π_old, π_θ and π_ref are "
+                "scored with a full-vocabulary softmax(logits / temperature); a sampler that drops tokens "
+                "(top_k, top_p, min_p) draws from another distribution, so the ratio and the KL would be "
+                f"computed for a policy that did not sample. Leave rollout.{key}={off} (off); "
+                "rollout.temperature is applied to both sides and may be set.")
     tpl = recipe.data.prompt_template
     try:
         filled = tpl.format(question="\0")
@@ -354,20 +395,36 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return parts, parsed
 
 
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """One line for a YAML error: ``line L, column C: problem`` where PyYAML knows the place."""
+    mark, problem = getattr(e, "problem_mark", None), getattr(e, "problem", None)
+    if mark is not None and problem:
+        return f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
+    return " ".join(str(e).split())
+
+
 def load_recipe(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> Recipe:
     """Read a YAML recipe (or the defaults when ``path`` is None), apply dotted overrides, validate.
 
+    The file is read as UTF-8 whatever the locale.
+
     Raises:
-        RecipeError: unreadable file, unknown section/key, wrong type or out-of-range value.
+        RecipeError: unknown section/key, wrong type or out-of-range value; a file that is missing
+            or unreadable, not UTF-8 (message: file, line, byte offset) or not valid YAML (file,
+            line, column). Messages are one line.
     """
     raw: dict = {}
     if path is not None:
         try:
-            raw = _yaml_load(Path(path).read_text()) or {}
+            raw = _yaml_load(read_utf8(path)) or {}
         except FileNotFoundError:
             raise RecipeError(f"recipe file not found: {path}") from None
+        except OSError as e:  # a folder, no permission, ...
+            raise RecipeError(f"recipe {path}: cannot read: {e.strerror or e}") from None
+        except NotUtf8Error as e:  # "<path>: line N: not valid UTF-8 (byte 0x.. at offset K ...)"
+            raise RecipeError(f"recipe {e}") from None
         except yaml.YAMLError as e:
-            raise RecipeError(f"recipe {path}: not valid YAML: {e}") from None
+            raise RecipeError(f"recipe {path}: not valid YAML: {_yaml_problem(e)}") from None
         if not isinstance(raw, dict):
             raise RecipeError(f"recipe {path}: expected a mapping of sections")
     for text in overrides:

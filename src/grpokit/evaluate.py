@@ -1,4 +1,11 @@
-"""Held-out accuracy: greedy decoding, answers checked with ``math_correct`` (math-verify)."""
+"""Held-out evaluation: greedy accuracy, and over k samples per problem mean@k, pass@k and maj@k,
+each with a 95 % interval (:mod:`grpokit.evalstats`); per-problem outcomes for paired comparisons.
+
+The scorer follows the data (:func:`grpokit.heldout.default_scorer`): reasoning_gym rows are scored by their
+generator's own ``score_answer``, everything else by ``math_correct``; a completion is correct
+when it scores >= 1. Scoring runs under :class:`grpokit.rewards.guard.GuardedReward` (a worker
+process killed at the time limit): a completion it cannot score counts as wrong and is counted.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +13,14 @@ import time
 from typing import Any, Callable
 
 from grpokit.rollout.hf import SamplingParams, generate_rollouts
+
+
+def _score(guard, rows: list[dict], completions: list[str], per_row: int) -> list[bool]:
+    """Correctness of ``completions`` (``per_row`` consecutive ones per row)."""
+    expanded = [r for r in rows for _ in range(per_row)]
+    cols = {k: [r.get(k) for r in expanded] for k in rows[0] if k != "prompt"}
+    scores = guard([r["prompt"] for r in expanded], completions, **cols)
+    return [s is not None and s >= 1.0 for s in scores]
 
 
 def evaluate(
@@ -18,38 +33,75 @@ def evaluate(
     max_new_tokens: int,
     batch_size: int = 16,
     scorer: Callable | None = None,
+    scorer_timeout_s: float = 10.0,
+    isolation: str = "process",
+    num_samples: int = 0,
+    temperature: float = 1.0,
+    seed: int = 0,
 ) -> dict[str, Any]:
-    """Greedy-decode each prompt once and score it; returns accuracy and counts.
+    """Greedy-decode each prompt once (and sample ``num_samples`` more) and score them.
 
     Args:
-        prompts: ``B`` chat-templated prompts; rows: the matching data rows (``answer`` etc.).
-        scorer: a reward function (default ``math_correct``); a completion is correct when it
-            scores >= 1.
+        prompts: ``B`` formatted prompts; rows: the matching data rows (``answer`` etc.).
+        scorer: a reward function (default ``math_correct``); correct = score >= 1. It runs under
+            ``GuardedReward`` with ``scorer_timeout_s`` and ``isolation``.
+        num_samples: k >= 1 adds mean@k, pass@j (j = 1, 2, 4, … k) and maj@k from k completions
+            per problem sampled at ``temperature`` (seeded with ``seed``); 0 = greedy only.
 
     Returns:
-        ``{"accuracy", "correct", "total", "truncated_frac", "seconds", "samples"}`` (the first
-        five completions with their scores in ``samples``).
+        ``accuracy``, ``correct``, ``total``, ``unscorable``, ``truncated_frac`` (greedy),
+        ``seconds``, ``examples`` (the first five greedy completions), ``outcomes`` (per problem,
+        greedy correct or not, for :func:`grpokit.evalstats.paired_comparison`) and ``metrics``
+        (:func:`grpokit.evalstats.summarize`: each metric's value and 95 % interval).
+
+    Raises:
+        ValueError: ``num_samples < 0``, ``temperature <= 0`` with samples, rows/prompts mismatch.
     """
+    from grpokit import evalstats
+    from grpokit.rewards.guard import GuardedReward
+    from grpokit.rewards.math import extract_answer
+
+    if num_samples < 0 or (num_samples and temperature <= 0):
+        raise ValueError(f"evaluate: num_samples must be >= 0 and temperature > 0 with samples, got "
+                         f"num_samples={num_samples}, temperature={temperature}")
+    if len(prompts) != len(rows):
+        raise ValueError(f"evaluate: {len(prompts)} prompts for {len(rows)} rows")
     if scorer is None:
         from grpokit.rewards.math import math_correct as scorer
+    name = getattr(scorer, "__name__", type(scorer).__name__)
+    guard = GuardedReward(f"eval:{name}", scorer, timeout_s=scorer_timeout_s, on_error="none",
+                          isolation=isolation)
     t0 = time.perf_counter()
-    params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
-    correct, truncated, samples = 0, 0, []
-    for start in range(0, len(prompts), batch_size):
-        chunk_rows = rows[start : start + batch_size]
-        ro = generate_rollouts(model, tokenizer, prompts[start : start + batch_size], 1, params,
-                               eos_token_ids=eos_token_ids)
-        cols = {k: [r.get(k) for r in chunk_rows] for k in chunk_rows[0] if k != "prompt"}
-        scores = scorer([r["prompt"] for r in chunk_rows], ro.completions, **cols)
-        for r, c, sc in zip(chunk_rows, ro.completions, scores):
-            ok = sc is not None and sc >= 1.0
-            correct += ok
-            if len(samples) < 5:
-                samples.append({"question": r["prompt"], "answer": r["answer"], "completion": c, "correct": ok})
-        truncated += int(ro.truncated.sum())
+    greedy, truncated, examples = [], 0, []
+    sampled: list[list[bool]] = []
+    answers: list[list[str | None]] = []
+    per_call = max(1, batch_size // max(num_samples, 1))
+    try:
+        for start in range(0, len(prompts), batch_size):
+            chunk_rows, chunk = rows[start : start + batch_size], prompts[start : start + batch_size]
+            ro = generate_rollouts(model, tokenizer, chunk, 1, SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens),
+                                   eos_token_ids=eos_token_ids)
+            ok = _score(guard, chunk_rows, ro.completions, 1)
+            greedy += ok
+            truncated += int(ro.truncated.sum())
+            examples += [{"question": r["prompt"], "answer": r.get("answer"), "completion": c, "correct": o}
+                         for r, c, o in zip(chunk_rows, ro.completions, ok)][: max(0, 5 - len(examples))]
+        for start in range(0, len(prompts) if num_samples else 0, per_call):
+            chunk_rows, chunk = rows[start : start + per_call], prompts[start : start + per_call]
+            params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
+            ro = generate_rollouts(model, tokenizer, chunk, num_samples, params, eos_token_ids=eos_token_ids,
+                                   seed=seed * 100003 + start)
+            ok = _score(guard, chunk_rows, ro.completions, num_samples)
+            for i in range(len(chunk)):
+                sampled.append(ok[i * num_samples : (i + 1) * num_samples])
+                answers.append([extract_answer(c) for c in ro.completions[i * num_samples : (i + 1) * num_samples]])
+    finally:
+        guard.close()
     total = len(prompts)
+    summary = evalstats.summarize(greedy, sampled or None, answers or None) if total else None
     return {
-        "accuracy": correct / total if total else 0.0, "correct": correct, "total": total,
-        "truncated_frac": truncated / total if total else 0.0,
-        "seconds": time.perf_counter() - t0, "samples": samples,
+        "accuracy": sum(greedy) / total if total else 0.0, "correct": sum(greedy), "total": total,
+        "unscorable": guard.failures, "truncated_frac": truncated / total if total else 0.0,
+        "seconds": time.perf_counter() - t0, "examples": examples, "outcomes": greedy,
+        "metrics": summary,
     }

@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from grpokit.textio import NotUtf8Error, read_utf8
+
 #: the keys every metrics.jsonl line carries (the public contract; tests check them).
 METRIC_KEYS = (
     "step", "reward_mean", "reward_std", "frac_zero_std", "loss", "kl", "clip_frac_low",
@@ -45,10 +47,23 @@ class RunLogger:
 
     def truncate_after(self, step: int) -> None:
         """Drop lines of steps > ``step`` (a resumed run rewrites them), and a line torn by a kill
-        mid-write. The file is replaced atomically."""
+        mid-write. The file is replaced atomically.
+
+        Raises:
+            ValueError: on resume (``step > 0``), ``metrics.jsonl`` or ``samples.jsonl`` holds bytes
+                that are not UTF-8 (the files are written as ASCII, so this is damage, not a torn
+                line): the one-line message names the file, line and byte offset; the file is left
+                as it is. A fresh run (``step = 0``) keeps no line, so it just empties such a file.
+        """
         for path in (self.metrics_path, self.samples_path):
             if path.exists():
-                steps = [(l, _step_of(l)) for l in path.read_text().splitlines()]
+                try:
+                    text = read_utf8(path)
+                except NotUtf8Error as e:
+                    if step > 0:
+                        raise ValueError(f"{e}; repair or remove it to resume in {self.dir}") from None
+                    text = ""  # steps start at 1: a fresh run keeps nothing of an earlier run
+                steps = [(l, _step_of(l)) for l in text.splitlines()]
                 keep = [l for l, st in steps if st is not None and st <= step]
                 tmp = path.with_name(path.name + ".tmp")
                 tmp.write_text("".join(l + "\n" for l in keep))
@@ -75,8 +90,21 @@ class RunLogger:
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """All lines of a ``metrics.jsonl``."""
-    return [json.loads(l) for l in Path(path).read_text().splitlines() if l.strip()]
+    """All lines of a ``metrics.jsonl`` (read as UTF-8), as dicts.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: bytes that are not UTF-8 (:class:`grpokit.textio.NotUtf8Error`: file, line,
+            byte offset) or a line that is not valid JSON (file, line); one-line messages.
+    """
+    out = []
+    for lineno, line in enumerate(read_utf8(path).splitlines(), 1):
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}: line {lineno} is not valid JSON: {e}") from None
+    return out
 
 
 def plot_curves(metrics_path: str | Path, out_png: str | Path) -> None:

@@ -174,6 +174,74 @@ def eos_token_ids(model: Any, tokenizer: Any) -> list[int]:
     return ids
 
 
+#: config fields that hold a model's maximum number of positions, by architecture family
+_MAX_POSITION_FIELDS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+
+
+def max_positions(config: Any) -> int | None:
+    """The longest sequence (prompt + completion tokens) the model's config allows, or None when
+    the config states none. Read from the first of ``max_position_embeddings``, ``n_positions``,
+    ``max_sequence_length``, ``seq_length`` present (a nested ``text_config`` is read too)."""
+    for cfg in (config, getattr(config, "text_config", None)):
+        for name in _MAX_POSITION_FIELDS:
+            value = getattr(cfg, name, None) if cfg is not None else None
+            if isinstance(value, int) and value > 0:
+                return value
+    return None
+
+
+def model_max_positions(name_or_path: str, *, trust_remote_code: bool = False) -> int | None:
+    """:func:`max_positions` of a model's config, read without loading its weights.
+
+    Raises:
+        FileNotFoundError: as :func:`load_model`.
+    """
+    from transformers import AutoConfig
+
+    path = resolve_model_path(name_or_path)
+    with _clear_load_errors(name_or_path, path, "config"):
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    return max_positions(config)
+
+
+def bos_prefix(tokenizer: Any) -> list[int]:
+    """The ids the tokenizer puts before a text when it adds its special tokens: ``[bos_id]`` for
+    a tokenizer that adds a BOS (Llama, Mistral, Gemma), ``[]`` for one that adds none (SmolLM2,
+    Qwen2: their chat templates write every special token into the text).
+
+    Found by encoding a probe text with and without ``add_special_tokens`` (tokenizer settings such
+    as ``add_bos_token`` are honoured whatever the class).
+    """
+    probe = "a"
+    plain = tokenizer(probe, add_special_tokens=False)["input_ids"]
+    full = tokenizer(probe, add_special_tokens=True)["input_ids"]
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is not None and len(full) > len(plain) and full[0] == bos and full[1 : 1 + len(plain)] == plain:
+        return [int(bos)]
+    return []
+
+
+def encode_prompts(tokenizer: Any, prompts: list[str]) -> list[list[int]]:
+    """Token ids of prompt texts exactly as the model sees them, with exactly one BOS where the
+    model expects one.
+
+    Prompts are text already formatted for the model (chat template applied, or plain text
+    without one). They are encoded without special tokens, then the tokenizer's BOS
+    (:func:`bos_prefix`) is put in front of each prompt that does not already start with it: a
+    chat template that writes the BOS into the text gets no second one; plain text gets the one
+    the tokenizer would add. Generation, log-prob scoring, evaluation and the prompt-length filter
+    all use these ids.
+
+    Returns:
+        ``B`` lists of int ids (unpadded).
+    """
+    ids = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
+    prefix = bos_prefix(tokenizer)
+    if not prefix:
+        return [list(x) for x in ids]
+    return [list(x) if x[: len(prefix)] == prefix else prefix + list(x) for x in ids]
+
+
 # --------------------------------------------------------------------------------------------
 # internals
 

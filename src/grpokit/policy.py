@@ -78,9 +78,12 @@ def completion_logprobs(
     """Per-token log-probs of ``batch.completion_ids`` given the prompts, under ``model``.
 
     The input is ``[prompt ; completion]`` with ``attention_mask = [prompt_mask ; completion_mask]``
-    and position ids counted over unmasked tokens (as ``generate`` counts them with left padding),
-    so the trainer scores exactly the distribution the sampler drew from. Only the logits that
-    predict completion tokens are computed; logits are divided by ``temperature``. A model prepared
+    and position ids counted over unmasked tokens (as ``generate`` counts them with left padding).
+    Logits are divided by ``temperature`` and normalized over the **full vocabulary**: this is the
+    distribution the sampler drew from when it sampled with that temperature and no truncating
+    warper (``top_k``/``top_p``/``min_p`` off, which training recipes enforce; a truncated
+    sampler's log-probs differ, tests/test_sampler_agreement.py). Only the logits that predict
+    completion tokens are computed. A model prepared
     with :func:`grpokit.fused.apply_fused_ops` (and no autocast) goes through
     :func:`grpokit.ops.linear_token_logprobs`: same values, no ``(N, T, V)`` logits kept.
 

@@ -19,34 +19,51 @@ def _dtype(name: str) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
 
 
-def load_data_rows(recipe: Recipe, *, dataset: str, split: str, limit: int | None) -> list[dict]:
+def load_data_rows(recipe: Recipe, *, dataset: str, split: str, limit: int | None, seed: int | None = None,
+                   options: dict | None = None) -> list[dict]:
     """Rows of ``dataset``/``split`` (validated: known dataset and split, prompt/answer columns,
-    non-empty prompts); needs no tokenizer, so bad data fails before anything slow loads."""
+    non-empty prompts); needs no tokenizer, so bad data fails before anything slow loads.
+    ``seed``/``options`` default to ``train.seed``/``data.options``."""
     from grpokit.data import load_rows
 
     d = recipe.data
-    return load_rows(dataset, split, limit=limit, seed=recipe.train.seed, options=dict(d.options),
+    return load_rows(dataset, split, limit=limit, seed=recipe.train.seed if seed is None else seed,
+                     options=dict(d.options if options is None else options),
                      prompt_field=d.prompt_field, answer_field=d.answer_field)
 
 
 def _section_rows(recipe: Recipe, section: str) -> list[dict]:
     """``load_data_rows`` for the ``data`` or ``eval`` section; errors say which keys they concern."""
+    from grpokit import heldout
+
     sec = getattr(recipe, section)
     skip = recipe.data.skip if section == "data" else 0
+    held = section == "eval"
     try:
         limit = None if sec.limit is None else skip + sec.limit
-        rows = load_data_rows(recipe, dataset=sec.dataset, split=sec.split, limit=limit)[skip:]
+        rows = load_data_rows(recipe, dataset=sec.dataset, split=sec.split, limit=limit,
+                              seed=heldout.eval_seed(recipe) if held else None,
+                              options=heldout.eval_options(recipe) if held else None)[skip:]
         if not rows:
             raise ValueError(f"no rows left after data.skip={skip}")
         return rows
     except (ValueError, FileNotFoundError) as e:
-        raise type(e)(f"{section}.dataset={sec.dataset!r} {section}.split={sec.split!r}: {e}") from e
+        # a fixed, one-argument class: ``type(e)(msg)`` fails for UnicodeDecodeError (5 arguments)
+        cls = FileNotFoundError if isinstance(e, FileNotFoundError) else ValueError
+        raise cls(f"{section}.dataset={sec.dataset!r} {section}.split={sec.split!r}: {e}") from e
 
 
 def load_prompts(recipe: Recipe, tokenizer, *, dataset: str, split: str, limit: int | None,
-                 rows: list[dict] | None = None):
-    """Rows of ``dataset``/``split`` (or the given ``rows``) and their chat prompts; over-long
-    prompts dropped (counted)."""
+                 rows: list[dict] | None = None, max_new_tokens: int | None = None,
+                 max_positions: int | None = None, new_tokens_key: str = "rollout.max_new_tokens"):
+    """Rows of ``dataset``/``split`` (or the given ``rows``) and their chat prompts; prompts longer
+    than ``data.max_prompt_tokens``, or whose tokens plus ``max_new_tokens`` exceed the model's
+    ``max_positions``, are dropped and counted.
+
+    Raises:
+        ValueError: ``max_new_tokens >= max_positions`` (no room for any prompt), or no prompt
+            left; the message names ``new_tokens_key``, both numbers and the dataset.
+    """
     from grpokit.data import build_chat_prompt, filter_by_prompt_length
 
     d = recipe.data
@@ -58,6 +75,20 @@ def load_prompts(recipe: Recipe, tokenizer, *, dataset: str, split: str, limit: 
     if not keep:
         raise ValueError(f"data: all {len(rows)} prompts of {dataset}/{split} are longer than "
                          f"data.max_prompt_tokens={d.max_prompt_tokens}")
+    if max_positions is not None and max_new_tokens is not None:
+        room = max_positions - max_new_tokens  # longest prompt that leaves room for a whole completion
+        context = f"{new_tokens_key}={max_new_tokens} and the model's {max_positions} positions"
+        if room < 1:
+            raise ValueError(f"{new_tokens_key}={max_new_tokens} leaves no room for a prompt: the model "
+                             f"has {max_positions} positions (prompt tokens + new tokens must fit)")
+        fits, over = filter_by_prompt_length([prompts[i] for i in keep], tokenizer, room)
+        if not fits:
+            raise ValueError(f"data: all {len(keep)} prompts of {dataset}/{split} are longer than {room} "
+                             f"tokens, the most that fits with {context}")
+        if over:
+            print(f"[grpokit] note: {over} prompts of {dataset}/{split} skipped: longer than {room} tokens, "
+                  f"the most that fits with {context}", file=sys.stderr, flush=True)
+        keep, skipped = [keep[i] for i in fits], skipped + over
     return [rows[i] for i in keep], [prompts[i] for i in keep], skipped
 
 
@@ -73,7 +104,8 @@ def resolve_rewards(recipe: Recipe) -> tuple[dict, dict]:
             fn = get_reward_function(name)
         except ValueError as e:
             raise ValueError(f"rewards.functions: {e}") from e
-        funcs[name] = GuardedReward(name, fn, timeout_s=rc.timeout_s, on_error=rc.on_error)
+        funcs[name] = GuardedReward(name, fn, timeout_s=rc.timeout_s, on_error=rc.on_error,
+                                    isolation=rc.isolation)
     weights = dict(zip(rc.functions, rc.weights)) if rc.weights else {n: 1.0 for n in rc.functions}
     return funcs, weights
 
@@ -82,7 +114,7 @@ class Setup:
     """The run's parts; the trainer calls its methods."""
 
     def __init__(self, recipe: Recipe):
-        from grpokit.models import eos_token_ids, load_model, load_tokenizer
+        from grpokit.models import eos_token_ids, load_model, load_tokenizer, model_max_positions
         from grpokit.trainer import TrainState, make_optimizer, seed_everything
 
         self.recipe = recipe
@@ -101,11 +133,15 @@ class Setup:
                 raise ValueError(f"algo.step_rule: {e}") from None
         d, e = recipe.data, recipe.eval
         rows = _section_rows(recipe, "data")
-        self.eval_rows = _section_rows(recipe, "eval") if e.dataset else None
+        self.eval_rows = self._held_out_rows(rows) if e.dataset else None
         # 2. tokenizer, prompts; 3. models
         self.tokenizer = load_tokenizer(m.name_or_path, trust_remote_code=m.trust_remote_code)
+        self.max_positions = model_max_positions(m.name_or_path, trust_remote_code=m.trust_remote_code)
         self.rows, self.prompts, self.skipped_prompts = load_prompts(
-            recipe, self.tokenizer, dataset=d.dataset, split=d.split, limit=d.limit, rows=rows)
+            recipe, self.tokenizer, dataset=d.dataset, split=d.split, limit=d.limit, rows=rows,
+            max_new_tokens=recipe.rollout.max_new_tokens, max_positions=self.max_positions)
+        if e.dataset:  # the held-out prompts must fit too: fail now, not after training
+            self._eval_prompts()
         if len(self.rows) < recipe.train.prompts_per_step:
             print(f"[grpokit] note: {len(self.rows)} prompts < train.prompts_per_step; prompts repeat "
                   "within a step", file=sys.stderr)
@@ -153,20 +189,73 @@ class Setup:
 
         return compute_rewards(self.reward_funcs, self.reward_weights, prompts, completions, columns)
 
+    def _held_out_rows(self, train_rows: list[dict]) -> list[dict]:
+        """The eval section's rows, checked apart from the training rows (:mod:`grpokit.heldout`)."""
+        from grpokit import heldout
+
+        from grpokit.rewards import get_reward_function
+
+        heldout.check_ranges(self.recipe)
+        try:
+            get_reward_function(self.recipe.eval.scorer or heldout.default_scorer(self.recipe.eval.dataset))
+        except ValueError as err:
+            raise ValueError(f"eval.scorer: {err}") from None
+        rows, dropped = heldout.drop_training_questions(train_rows, _section_rows(self.recipe, "eval"))
+        e = self.recipe.eval
+        if not rows:
+            raise ValueError(f"eval: every held-out problem of {e.dataset}/{e.split} is also a training question")
+        self.eval_note = (f"{len(rows)} held-out problems, none a training question ({dropped} left out as "
+                          f"training questions; data seed {heldout.eval_seed(self.recipe)})")
+        return rows
+
     def run_eval(self, when: str) -> dict[str, Any]:
         from grpokit.evaluate import evaluate
+        from grpokit.evalstats import format_summary
+        from grpokit.heldout import default_scorer
+        from grpokit.rewards import get_reward_function
 
         e = self.recipe.eval
-        rows, prompts, _ = load_prompts(self.recipe, self.tokenizer, dataset=e.dataset, split=e.split,
-                                        limit=e.limit, rows=self.eval_rows)
+        rows, prompts = self._eval_prompts()
+        scorer = e.scorer or default_scorer(e.dataset)
         res = evaluate(self.model, self.tokenizer, prompts, rows, eos_token_ids=self.eos_ids,
-                       max_new_tokens=e.max_new_tokens or self.recipe.rollout.max_new_tokens,
-                       batch_size=e.batch_size)
-        res.update(dataset=e.dataset, split=e.split, when=when)
+                       max_new_tokens=self._eval_new_tokens(), scorer=get_reward_function(scorer),
+                       batch_size=e.batch_size, scorer_timeout_s=self.recipe.rewards.timeout_s,
+                       isolation=self.recipe.rewards.isolation, num_samples=e.num_samples,
+                       temperature=self.recipe.rollout.temperature, seed=self.recipe.train.seed)
+        res.update(dataset=e.dataset, split=e.split, when=when, scorer=scorer, held_out=self.eval_note)
         (self.out / f"eval_{when}.json").write_text(json.dumps(res, indent=1))
         print(f"[grpokit] eval {when}: {e.dataset}/{e.split} accuracy {res['accuracy']:.3f} "
-              f"({res['correct']}/{res['total']}, greedy)", flush=True)
+              f"({res['correct']}/{res['total']}, greedy; {self.eval_note}; scorer {scorer})\n"
+              f"{format_summary(res['metrics'])}", flush=True)
+        self._warn_eval(res, when)
         return res
+
+    def _warn_eval(self, res: dict[str, Any], when: str) -> None:
+        """An evaluation that measured little (most answers cut, rows the scorer could not score)
+        says so, as a training step does (``grpokit.trainer.RunWarning``)."""
+        import warnings
+
+        from grpokit.trainer import TRUNCATED_WARN_FRAC, RunWarning
+
+        if res["truncated_frac"] >= TRUNCATED_WARN_FRAC:
+            key = "eval.max_new_tokens" if self.recipe.eval.max_new_tokens else "rollout.max_new_tokens"
+            warnings.warn(f"eval {when}: {res['truncated_frac']:.0%} of the greedy completions reached "
+                          f"{key}={self._eval_new_tokens()} without an EOS: their answers count as wrong",
+                          RunWarning, stacklevel=3)
+        if res.get("unscorable"):
+            warnings.warn(f"eval {when}: the scorer raised or timed out on {res['unscorable']} of "
+                          f"{res['total']} completions (counted as wrong)", RunWarning, stacklevel=3)
+
+    def _eval_new_tokens(self) -> int:
+        return self.recipe.eval.max_new_tokens or self.recipe.rollout.max_new_tokens
+
+    def _eval_prompts(self) -> tuple[list[dict], list[str]]:
+        e = self.recipe.eval
+        key = "eval.max_new_tokens" if e.max_new_tokens else "rollout.max_new_tokens (eval.max_new_tokens unset)"
+        rows, prompts, _ = load_prompts(self.recipe, self.tokenizer, dataset=e.dataset, split=e.split,
+                                        limit=e.limit, rows=self.eval_rows, max_new_tokens=self._eval_new_tokens(),
+                                        max_positions=self.max_positions, new_tokens_key=key)
+        return rows, prompts
 
     def checkpoint(self, logger) -> Path:
         from grpokit.checkpoint import save_checkpoint
@@ -186,7 +275,12 @@ class Setup:
         files = sorted(ckpt.glob("*.safetensors"))
         state = {}
         for f in files:
-            state.update(load_file(f))
+            try:
+                state.update(load_file(f))
+            except Exception as e:  # noqa: BLE001 - safetensors raises its own error types
+                raise ValueError(f"checkpoint {ckpt}: {f.name} cannot be read ({type(e).__name__}: {e}); "
+                                 "resume from another checkpoint (train.resume=<folder>) or start over "
+                                 "(train.resume=none)") from e
         missing, unexpected = self.model.load_state_dict(state, strict=False)
         real_missing = [k for k in missing if not k.endswith("lm_head.weight")]  # tied embeddings
         if real_missing or unexpected:

@@ -155,10 +155,8 @@ def score_rollout(s: Setup, rows: list[dict], rollout) -> dict[str, Any]:
         metrics[f"rewards/{name}"] = sum(ok) / len(ok) if ok else None
     # None/NaN (and ±inf from a buggy reward) are unscorable: left out of the statistics, advantage 0
     metrics["unscorable_frac"] = float((~torch.isfinite(rewards)).float().mean())
-    grouped = rewards.view(-1, g)
-    finite = torch.where(torch.isfinite(grouped), grouped, torch.nan)
-    spread = torch.nan_to_num(finite.nanquantile(1.0, dim=1) - finite.nanquantile(0.0, dim=1), nan=0.0)
-    metrics["frac_zero_std"] = float((spread == 0).float().mean())
+    # groups whose rewards are equal up to rounding, or < 2 scorable: their advantages are exactly 0
+    metrics["frac_zero_std"] = float(algo.constant_groups(rewards, g).float().mean())
     ok = rewards[torch.isfinite(rewards)]
     metrics["reward_mean"] = float(ok.mean()) if len(ok) else None
     metrics["reward_std"] = float(ok.std()) if len(ok) > 1 else 0.0
@@ -176,8 +174,12 @@ def score_rollout(s: Setup, rows: list[dict], rollout) -> dict[str, Any]:
     return {"rewards": rewards, "advantages": advantages, "metrics": metrics}
 
 
-def optimize(s: Setup, batch: Batch, advantages: torch.Tensor) -> dict[str, Any]:
-    """Steps 5-6: reference/old log-probs, then μ passes of clipped-surrogate updates."""
+def optimize(s: Setup, batch: Batch, advantages: torch.Tensor, keep_rows: torch.Tensor | None = None) -> dict[str, Any]:
+    """Steps 5-6: reference/old log-probs, then μ passes of clipped-surrogate updates.
+
+    ``keep_rows`` ``(N,)`` bool (overlong filtering): rows False are left out of the loss (their
+    tokens are masked, and the sequence and token counts are those of the kept rows); they are
+    still fed to the model, so attention masks stay as sampled."""
     r, a, t = s.recipe, s.recipe.algo, s.recipe.train
     temp, mbs, ac = r.rollout.temperature, t.micro_batch_size, r.model.autocast_bf16
     t0 = time.perf_counter()
@@ -187,20 +189,22 @@ def optimize(s: Setup, batch: Batch, advantages: torch.Tensor) -> dict[str, Any]
                 if t.num_iterations > 1 else None)
     release_memory()  # heap pages freed by the no-grad passes go back to the OS (grpokit.memory)
     ref_s = time.perf_counter() - t0
-    n, n_tok = len(batch), int(batch.completion_mask.sum())
+    loss_mask = batch.completion_mask if keep_rows is None else batch.completion_mask & keep_rows[:, None]
+    n = len(batch) if keep_rows is None else max(int(keep_rows.sum()), 1)
+    n_tok, n_all = int(loss_mask.sum()), int(batch.completion_mask.sum())
     sums: dict[str, float] = {}
-    grad_norms, skipped = [], 0
+    grad_norms, lrs, skipped = [], [], 0
     for it in range(t.num_iterations):
         s.optimizer.zero_grad(set_to_none=True)
         loss_total = 0.0
-        for sl in micro_batches(n, mbs):
+        for sl in micro_batches(len(batch), mbs):
             sub = batch.rows(sl)
             tt = sub.completion_ids.shape[1]
             logp, ent = completion_logprobs(s.model, sub, temperature=temp, with_entropy=it == 0, autocast_bf16=ac)
             old = old_logp[sl, :tt] if old_logp is not None else logp.detach()
             adv = advantages[sl] if advantages.dim() == 1 else advantages[sl, :tt]
             loss, st = algo.policy_loss(
-                logp, old, adv, sub.completion_mask, ref_logp=None if ref_logp is None else ref_logp[sl, :tt],
+                logp, old, adv, loss_mask[sl, :tt], ref_logp=None if ref_logp is None else ref_logp[sl, :tt],
                 beta=a.beta, clip_eps_low=a.clip_eps_low, clip_eps_high=a.clip_eps_high,
                 kl_estimator=a.kl_estimator, aggregation=a.loss_aggregation,
                 max_completion_length=r.rollout.max_new_tokens, num_sequences=n, num_tokens=n_tok,
@@ -213,11 +217,12 @@ def optimize(s: Setup, batch: Batch, advantages: torch.Tensor) -> dict[str, Any]
                 sums[f"{k}@{it}"] = sums.get(f"{k}@{it}", 0.0) + w * st[k].item()
             if ent is not None:
                 m = sub.completion_mask.float()
-                sums["entropy"] = sums.get("entropy", 0.0) + float((ent * m).sum()) / max(n_tok, 1)
+                sums["entropy"] = sums.get("entropy", 0.0) + float((ent * m).sum()) / max(n_all, 1)
         sums[f"loss@{it}"] = loss_total
         clip = t.max_grad_norm if t.max_grad_norm > 0 else float("inf")
         gn = float(torch.nn.utils.clip_grad_norm_(s.model.parameters(), clip))
         grad_norms.append(gn)
+        lrs.append(float(s.optimizer.param_groups[0]["lr"]))  # the rate this update uses (before the schedule moves)
         if math.isfinite(gn) and math.isfinite(loss_total):
             s.optimizer.step()
             s.state.consecutive_skips = 0
@@ -232,8 +237,61 @@ def optimize(s: Setup, batch: Batch, advantages: torch.Tensor) -> dict[str, Any]
     mu = t.num_iterations
     out = {k: sum(sums[f"{k}@{i}"] for i in range(mu)) / mu for k in ("loss", "kl", "clip_frac_low", "clip_frac_high", "ratio_mean")}
     out.update(entropy=sums.get("entropy"), grad_norm=sum(grad_norms) / len(grad_norms),
-               skipped_updates=skipped, ref_s=ref_s)
+               lr=sum(lrs) / len(lrs), skipped_updates=skipped, ref_s=ref_s)
     return out
+
+
+class RunWarning(UserWarning):
+    """A step that trained on little or nothing (see :func:`warn_if_step_did_nothing`)."""
+
+
+#: a kind of warning repeats at most once per this many steps (each step's metrics say it anyway)
+WARN_EVERY_STEPS = 10
+#: warn when at least this fraction of a step's completions was cut at rollout.max_new_tokens
+TRUNCATED_WARN_FRAC = 0.5
+
+
+def warn_if_step_did_nothing(s: Setup, metrics: dict[str, Any], advantages: torch.Tensor) -> list[str]:
+    """Warn (``RunWarning``) when a step carried no or little learning signal; returns the kinds.
+
+    - ``truncated``: at least :data:`TRUNCATED_WARN_FRAC` of the completions hit
+      ``rollout.max_new_tokens`` (their ends, and a final answer, were never seen);
+    - ``no_signal``: every advantage is exactly 0 (every group's rewards equal, or unscorable):
+      the policy-gradient term of the update is zero;
+    - ``reward_failures``: reward rows raised or timed out and were scored unscorable;
+    - ``skipped_update``: an update was skipped as non-finite.
+
+    Each kind is said on its first step and then at most once every :data:`WARN_EVERY_STEPS`
+    steps (the metrics line of every step has the numbers: ``truncated_frac``, ``frac_zero_std``,
+    ``unscorable_frac``, ``reward_failures``, ``skipped_updates``).
+    """
+    step, r = metrics["step"], s.recipe
+    found: dict[str, str] = {}
+    if metrics["truncated_frac"] >= TRUNCATED_WARN_FRAC:
+        found["truncated"] = (
+            f"{metrics['truncated_frac']:.0%} of the completions reached rollout.max_new_tokens="
+            f"{r.rollout.max_new_tokens} without an EOS; raise rollout.max_new_tokens (or ask for "
+            "shorter answers) so that rewards see whole answers")
+    if not bool(advantages.ne(0).any()):
+        why = ("every reward was unscorable" if metrics["unscorable_frac"] == 1.0 else
+               f"every group's rewards were equal (frac_zero_std={metrics['frac_zero_std']:.2f}, "
+               f"unscorable_frac={metrics['unscorable_frac']:.2f})")
+        found["no_signal"] = (f"no learning signal: {why}, so every advantage is 0 and the policy-"
+                              "gradient term of this update is zero")
+    if metrics.get("reward_failures"):
+        found["reward_failures"] = (f"{metrics['reward_failures']} reward rows raised or timed out and "
+                                    "were scored unscorable (rewards.on_error=none)")
+    if metrics.get("skipped_updates"):
+        found["skipped_update"] = (f"{metrics['skipped_updates']} update(s) skipped: non-finite loss or "
+                                   "gradient norm")
+    last = getattr(s, "warned_at", None)
+    if last is None:
+        last = s.warned_at = {}  # kind -> step it was last said
+    for kind, text in found.items():
+        if kind not in last or step - last[kind] >= WARN_EVERY_STEPS:
+            last[kind] = step
+            warnings.warn(f"step {step}: {text}", RunWarning, stacklevel=2)
+    return list(found)
 
 
 def train(recipe: Recipe, *, progress: bool = True) -> dict[str, Any]:
@@ -288,34 +346,93 @@ def train(recipe: Recipe, *, progress: bool = True) -> dict[str, Any]:
     return summary
 
 
+def sample_and_score(s: Setup, step: int, n_prompts: int, *, round_: int):
+    """Steps 1-4 for ``n_prompts`` new prompts: ``(rows, rollout, scored, reward_s)``. Round 0 is
+    seeded ``seed·100003 + step`` (as always); dynamic sampling's extra rounds add ``1000003·round``."""
+    seed = s.recipe.train.seed
+    idx = next_prompt_indices(s.state, len(s.rows), n_prompts, seed)
+    rows = [s.rows[i] for i in idx]
+    rollout = s.generate([s.prompts[i] for i in idx], seed=seed * 100003 + step + 1000003 * round_)
+    release_memory()
+    t_reward = time.perf_counter()
+    scored = score_rollout(s, rows, rollout)
+    return rows, rollout, scored, time.perf_counter() - t_reward
+
+
+def refill_groups_with_signal(s: Setup, step: int, rows: list[dict], rollout, scored: dict):
+    """Dynamic sampling (DAPO, arXiv 2503.14476 §3.2): groups whose rewards are all equal
+    (``algo.constant_groups``: advantage 0, no signal) are dropped and replaced by groups of new
+    prompts, sampled in up to ``algo.max_sampling_rounds`` extra rounds, until B groups carry
+    signal. If the rounds run out, the step trains on the groups with signal it has (fewer than
+    B); if it has none, on round 0's batch as it is (the "no learning signal" warning says so).
+
+    Advantages are recomputed over the kept groups (batch scaling sees the batch trained on); the
+    reward metrics stay those of round 0 (the policy's own rate on fresh prompts), and
+    ``dynamic/rounds``, ``dynamic/groups_sampled``, ``dynamic/groups_kept`` are added.
+    Returns ``(rows, rollout, scored, extra_reward_s)``.
+    """
+    from grpokit.rollout.hf import concat_rollouts
+
+    a, g, b = s.recipe.algo, s.recipe.rollout.group_size, s.recipe.train.prompts_per_step
+    kept_rows, parts, rewards, extra_s, rounds, sampled = [], [], [], 0.0, 0, len(rows)
+    cur_rows, cur, cur_scored = rows, rollout, scored
+    while True:
+        signal_groups = (~algo.constant_groups(cur_scored["rewards"], g)).nonzero().flatten().tolist()
+        take = signal_groups[: b - len(kept_rows)]
+        if take:
+            kept_rows += [cur_rows[i] for i in take]
+            parts.append(cur.select_groups(take))
+            rewards.append(cur_scored["rewards"].view(-1, g)[take].flatten())
+        if len(kept_rows) >= b or rounds >= a.max_sampling_rounds:
+            break
+        rounds += 1
+        cur_rows, cur, cur_scored, dt = sample_and_score(s, step, b - len(kept_rows), round_=rounds)
+        extra_s, sampled = extra_s + dt, sampled + len(cur_rows)
+    metrics = dict(scored["metrics"], **{"dynamic/rounds": rounds, "dynamic/groups_sampled": sampled,
+                                         "dynamic/groups_kept": len(kept_rows)})
+    if not kept_rows:
+        return rows, rollout, dict(scored, metrics=metrics), extra_s
+    r = torch.cat(rewards)
+    adv = algo.group_advantages(r, g, scale=a.advantage_scale, eps=a.advantage_eps).float()
+    out = concat_rollouts(parts, s.tokenizer.pad_token_id)
+    return kept_rows, out, {"rewards": r, "advantages": adv, "metrics": metrics}, extra_s
+
+
 def run_step(s: Setup, logger: RunLogger) -> dict[str, Any]:
     """One GRPO step (1-7 in the module docstring); returns its metrics line."""
     recipe = s.recipe
     t_start = time.perf_counter()
-    idx = next_prompt_indices(s.state, len(s.rows), recipe.train.prompts_per_step, recipe.train.seed)
-    rows = [s.rows[i] for i in idx]
     step = s.state.step + 1
-    rollout = s.generate([s.prompts[i] for i in idx], seed=recipe.train.seed * 100003 + step)
-    release_memory()
-    t_reward = time.perf_counter()
-    scored = score_rollout(s, rows, rollout)
-    reward_s = time.perf_counter() - t_reward
+    rows, rollout, scored, reward_s = sample_and_score(s, step, recipe.train.prompts_per_step, round_=0)
+    if recipe.algo.dynamic_sampling:
+        rows, rollout, scored, extra_s = refill_groups_with_signal(s, step, rows, rollout, scored)
+        reward_s += extra_s
     batch = Batch(rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids, rollout.completion_mask)
+    keep = ~rollout.truncated if recipe.algo.overlong_filter else None  # DAPO overlong filtering
+    if keep is not None:
+        scored["metrics"]["overlong_filtered_frac"] = float(rollout.truncated.float().mean())
     t_train = time.perf_counter()
-    opt = optimize(s, batch, scored["advantages"])
+    opt = optimize(s, batch, scored["advantages"], keep_rows=keep)
     train_s = time.perf_counter() - t_train
     s.state.step = step
     lengths = rollout.completion_mask.sum(1).float()
     step_s = time.perf_counter() - t_start
+    s.state.extra["train_s"] = s.state.extra.get("train_s", 0.0) + step_s  # checkpointed: resumes count on
     metrics = {
         "step": step, **scored["metrics"], **opt,
         "completion_len_mean": float(lengths.mean()),
         "truncated_frac": float(rollout.truncated.float().mean()),
-        "lr": float(s.scheduler.get_last_lr()[0]),
         "step_s": step_s, "gen_s": rollout.gen_s, "reward_s": reward_s, "train_s": train_s,
         "tokens_per_s": float(lengths.sum()) / step_s,
     }
+    metrics["train_minutes"] = s.state.extra["train_s"] / 60  # training wall-clock so far, evaluations excluded
+    e = recipe.eval
+    if e.dataset and e.every_steps and step % e.every_steps == 0:
+        res = s.run_eval(f"step{step}")
+        for name, m in (res["metrics"] or {}).get("metrics", {}).items():
+            metrics.update({f"eval/{name}": m["value"], f"eval/{name}_lo": m["lo"], f"eval/{name}_hi": m["hi"]})
     logger.log(metrics)
+    warn_if_step_did_nothing(s, metrics, scored["advantages"])
     every, g = recipe.train.sample_every, recipe.rollout.group_size
     if every and (step % every == 0 or step == 1):
         logger.log_samples(step, [

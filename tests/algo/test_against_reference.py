@@ -43,6 +43,45 @@ def test_process_advantages(seed, b, g):
     torch.testing.assert_close(got, torch.tensor(want, dtype=f64), rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("b,g", LAYOUTS)
+def test_process_advantages_with_rounding_residue(seed, b, g):
+    gen = torch.Generator().manual_seed(seed)
+    n, t = b * g, 6
+    mask = _ragged_mask(gen, n, t)
+    ends = (torch.rand(n, t, generator=gen) < 0.5) & mask
+    pick = torch.randint(0, 2, (n, t), generator=gen) + 2 * torch.randint(0, 3, (b, 1, 1), generator=gen).expand(b, g, t).reshape(n, t)
+    rewards = torch.tensor(_RESIDUE_VALUES, dtype=f64)[pick]
+    for eps in (0.0, 1e-4):
+        got = algo.process_advantages(rewards, ends, mask, g, eps=eps)
+        want = ref.process_advantages(rewards.tolist(), ends.tolist(), mask.tolist(), g, eps)
+        torch.testing.assert_close(got, torch.tensor(want, dtype=f64), rtol=1e-10, atol=1e-12)
+
+
+# rewards equal up to rounding (0.3 and 0.1 + 0.2; 0.7 and 0.1 + 0.6) next to genuinely different ones
+_RESIDUE_VALUES = [0.3, 0.1 + 0.2, 0.7, 0.1 + 0.6, 0.3 + 1e-9, 1.0]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("b,g", LAYOUTS)
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+@pytest.mark.parametrize("eps", [0.0, 1e-4])
+@pytest.mark.parametrize("dtype", [torch.float32, f64])
+def test_group_advantages_with_rounding_residue(seed, b, g, scale, eps, dtype):
+    """The constancy rule (spread <= 16 ulps of the input dtype at max|r|) is the reference's too."""
+    gen = torch.Generator().manual_seed(seed)
+    # few distinct values per group, so constant-up-to-rounding groups are common
+    pick = torch.randint(0, 2, (b * g,), generator=gen) + 2 * torch.randint(0, 3, (b,), generator=gen).repeat_interleave(g)
+    r = torch.tensor(_RESIDUE_VALUES, dtype=f64)[pick].to(dtype)
+    r[torch.rand(b * g, generator=gen) < 0.15] = math.nan
+    got = algo.group_advantages(r, g, scale=scale, eps=eps)
+    want = ref.group_advantages(r.tolist(), g, scale, eps, rounding_eps=torch.finfo(dtype).eps)
+    torch.testing.assert_close(got, torch.tensor(want, dtype=f64).to(dtype), rtol=1e-10, atol=1e-12)
+    groups = r.view(b, g).tolist()
+    assert algo.constant_groups(r, g).tolist() == [
+        ref._constant([x for x in grp if not math.isnan(x)], torch.finfo(dtype).eps) for grp in groups]
+
+
 @pytest.mark.parametrize("scale", ["group", "batch"])
 def test_advantages_of_rewards_near_the_float64_limit(scale):
     """Rewards up to float64's max: the statistics run on rewards divided by a power of two, so

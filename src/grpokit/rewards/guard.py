@@ -1,61 +1,237 @@
-"""Run reward functions with a time limit and a fault policy (raise, or score as unscorable)."""
+"""Run reward functions with a time limit that always holds, and a fault policy.
+
+A reward function is user code (or a symbolic engine) reading model-written text: it can raise, and
+it can run for ever. A thread cannot bound it: CPython cannot interrupt a thread, and a call that
+holds the GIL in C (a big-integer power such as ``9**9**9``, sympy simplifying a tower of
+exponents) keeps the trainer's own thread from even noticing its deadline. So by default
+(``isolation="process"``) every call runs in a worker process that the guard kills when the time
+is up; the next call gets a fresh worker.
+
+The worker is a ``fork`` of the trainer made at the first call and kept for later calls (the
+function is not pickled, so lambdas and closures work; the trainer's ``__main__`` is not run
+again, unlike ``spawn``/``forkserver``). Inside it the function runs on the main thread (so
+math-verify's own signal-based time limit works there too), with SIGINT ignored (Ctrl-C stops the
+trainer, which then ends the worker) and torch limited to one thread (OpenMP thread pools do not
+survive a fork). The worker sees the trainer's memory as it was at the fork: a reward function
+that reads state the trainer changes later, or that must run a model on the trainer's GPU, wants
+``isolation="thread"`` (the former behaviour: a hung call is abandoned in its thread, and a call
+holding the GIL cannot be cut off).
+"""
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import multiprocessing as mp
+import os
+import signal
+import sys
+import traceback
+import warnings
 from typing import Any, Callable
+
+ISOLATIONS = ("process", "thread")
 
 
 class RewardError(RuntimeError):
     """A reward function raised or timed out; the message names the function, row and cause."""
 
 
-def _call_with_timeout(fn: Callable, timeout_s: float, *args, **kwargs):
+class RewardTimeout(TimeoutError):
+    """A reward call ran past its limit (its worker was killed, or its thread abandoned)."""
+
+
+def _serve(conn, trainer_end, trainer_pid: int, fn: Callable) -> None:
+    """The worker's loop: call ``fn`` on each ``(args, kwargs)`` received; send back
+    ``("ok", result)`` or ``("error", exception)``; stop at EOF, ``None``, or when the trainer is
+    gone (it may have been killed with SIGKILL, which runs no clean-up)."""
+    trainer_end.close()  # else this process holds its own pipe open and never sees EOF
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the trainer's stop-after-this-step handler
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
+    while True:
+        try:
+            while not conn.poll(1.0):
+                if os.getppid() != trainer_pid:  # re-parented: the trainer died
+                    return
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if msg is None:
+            return
+        args, kwargs = msg
+        try:
+            reply: tuple = ("ok", fn(*args, **kwargs))
+        except BaseException as e:  # noqa: BLE001 - reported to the trainer, which decides
+            reply = ("error", _portable(e))
+        try:
+            conn.send(reply)
+        except Exception as e:  # noqa: BLE001 - e.g. the result cannot be pickled
+            conn.send(("error", RuntimeError(f"the reward function's result could not be sent back "
+                                             f"from its worker process: {e!r}")))
+
+
+def _portable(e: BaseException) -> BaseException:
+    """``e`` with the worker's traceback as a note, or a RuntimeError naming it if it cannot be
+    pickled."""
+    import pickle
+
+    note = "traceback in the reward worker process:\n" + "".join(traceback.format_exception(e))
+    try:
+        pickle.loads(pickle.dumps(e))
+        out = e
+    except Exception:  # noqa: BLE001
+        out = RuntimeError(f"{type(e).__name__}: {e}")
+    out.add_note(note)
+    return out
+
+
+class _Worker:
+    """One forked worker process running one function; restarted after a kill or a crash."""
+
+    def __init__(self, fn: Callable):
+        self.fn, self.proc, self.conn = fn, None, None
+
+    def _start(self) -> None:
+        ctx = mp.get_context("fork")
+        parent, child = ctx.Pipe()
+        with warnings.catch_warnings():  # Python >= 3.12 warns on any fork of a threaded process;
+            warnings.simplefilter("ignore", DeprecationWarning)  # the child runs one function only
+            self.proc = ctx.Process(target=_serve, args=(child, parent, os.getpid(), self.fn), daemon=True,
+                                    name="grpokit-reward-worker")
+            self.proc.start()
+        child.close()
+        self.conn = parent
+
+    def call(self, timeout_s: float, args: tuple, kwargs: dict) -> Any:
+        if self.proc is None or not self.proc.is_alive():
+            self.close()
+            self._start()
+        try:
+            self.conn.send((args, kwargs))
+            ready = self.conn.poll(timeout_s)
+        except (BrokenPipeError, OSError) as e:
+            code = self._exitcode()
+            self.close()
+            raise RuntimeError(f"the reward worker process exited (code {code})") from e
+        if not ready:
+            self.close()
+            raise RewardTimeout(f"timed out after {timeout_s:g} s")
+        try:
+            status, payload = self.conn.recv()
+        except (EOFError, OSError):
+            code = self._exitcode()
+            self.close()
+            raise RuntimeError(f"the reward worker process exited (code {code}) during the call") from None
+        if status == "ok":
+            return payload
+        raise payload
+
+    def _exitcode(self):
+        if self.proc is None:
+            return None
+        self.proc.join(1.0)
+        return self.proc.exitcode
+
+    def close(self) -> None:
+        """Kill the worker (if any) and release its pipe."""
+        if self.proc is not None:
+            if self.proc.is_alive():
+                self.proc.kill()
+            self.proc.join()
+            self.proc.close()
+        if self.conn is not None:
+            self.conn.close()
+        self.proc = self.conn = None
+
+
+def _call_in_thread(fn: Callable, timeout_s: float, args: tuple, kwargs: dict) -> Any:
     pool = cf.ThreadPoolExecutor(max_workers=1)
     try:
         return pool.submit(fn, *args, **kwargs).result(timeout=timeout_s)
+    except cf.TimeoutError:
+        raise RewardTimeout(f"timed out after {timeout_s:g} s") from None
     finally:
         pool.shutdown(wait=False)  # a hung call is abandoned in its thread
 
 
 class GuardedReward:
-    """Wrap a reward function ``fn(prompts, completions, **columns) -> list[float | None]``.
+    """Wrap a reward function ``fn(prompts, completions, **columns) -> list`` with a time limit
+    and a fault policy.
 
     The whole batch is scored in one call limited to ``timeout_s`` seconds. If that call raises or
     times out, each row is scored alone (same limit per row) to find the culprit: with
     ``on_error="raise"`` a :class:`RewardError` names the function, the row, the start of the
     completion and the exception; with ``on_error="none"`` the failing rows score ``None``
-    (unscorable) and ``self.failures`` counts them. A hung thread cannot be killed in Python; it is
-    abandoned and its result ignored.
+    (unscorable) and ``self.failures`` counts them.
+
+    Args:
+        name: the function's name in messages (the recipe's name for it).
+        fn: the reward function (any callable; it is not pickled).
+        timeout_s: limit per call, seconds (> 0).
+        on_error: ``"raise"`` or ``"none"``.
+        isolation: ``"process"`` (default): each call runs in a forked worker process, killed at
+            the limit, so the limit holds whatever the function does (module docstring);
+            ``"thread"``: in a thread of the trainer, abandoned at the limit (a call that holds
+            the GIL cannot be cut off).
+
+    Raises:
+        ValueError: ``on_error``/``isolation`` not one of the choices, ``timeout_s <= 0``.
+
+    The worker is killed by :meth:`close`, when the guard is garbage-collected, or at exit.
     """
 
-    def __init__(self, name: str, fn: Callable, *, timeout_s: float = 10.0, on_error: str = "raise"):
+    def __init__(self, name: str, fn: Callable, *, timeout_s: float = 10.0, on_error: str = "raise",
+                 isolation: str = "process"):
         if on_error not in ("raise", "none"):
             raise ValueError(f"rewards.on_error: expected raise or none, got {on_error!r}")
+        if isolation not in ISOLATIONS:
+            raise ValueError(f"rewards.isolation: expected one of {ISOLATIONS}, got {isolation!r}")
+        if not timeout_s > 0:
+            raise ValueError(f"rewards.timeout_s: must be > 0, got {timeout_s!r}")
+        if isolation == "process" and "fork" not in mp.get_all_start_methods():
+            raise ValueError("rewards.isolation=process needs os.fork (Linux/macOS); use "
+                             "rewards.isolation=thread on this platform")
         self.name, self.fn, self.timeout_s, self.on_error = name, fn, timeout_s, on_error
+        self.isolation = isolation
         self.failures = 0
+        self._worker = _Worker(fn) if isolation == "process" else None
+
+    def _call(self, args: tuple, kwargs: dict) -> Any:
+        if self._worker is not None:
+            return self._worker.call(self.timeout_s, args, kwargs)
+        return _call_in_thread(self.fn, self.timeout_s, args, kwargs)
 
     def __call__(self, prompts: list[str], completions: list[str], **columns: Any) -> list:
         try:
-            return _call_with_timeout(self.fn, self.timeout_s, prompts, completions, **columns)
+            return self._call((prompts, completions), columns)
         except Exception:  # noqa: BLE001 - find the row below
             pass
         out = []
         for i in range(len(completions)):
             row_cols = {k: v[i : i + 1] for k, v in columns.items()}
             try:
-                value = _call_with_timeout(
-                    self.fn, self.timeout_s, prompts[i : i + 1], completions[i : i + 1], **row_cols
-                )
+                value = self._call((prompts[i : i + 1], completions[i : i + 1]), row_cols)
                 out.append(value[0] if isinstance(value, (list, tuple)) and len(value) == 1 else value)
             except Exception as e:  # noqa: BLE001
-                cause = f"timed out after {self.timeout_s:g} s" if isinstance(e, cf.TimeoutError) else repr(e)
+                cause = str(e) if isinstance(e, RewardTimeout) else repr(e)
                 if self.on_error == "raise":
                     raise RewardError(
                         f"reward function {self.name!r} failed on row {i} "
                         f"(completion starts {completions[i][:60]!r}): {cause}. Set "
                         "rewards.on_error=none to score such rows as unscorable instead."
-                    ) from (e if not isinstance(e, cf.TimeoutError) else None)
+                    ) from (None if isinstance(e, RewardTimeout) else e)
                 self.failures += 1
                 out.append(None)
         return out
+
+    def close(self) -> None:
+        """End the worker process, if any (a later call starts a new one)."""
+        if self._worker is not None:
+            self._worker.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass

@@ -2,8 +2,8 @@
 
 ``generate_rollouts`` samples ``G`` completions for each of ``B`` prompts:
 
-1. tokenize the prompts as given (they are already chat-templated, so no special tokens are
-   added), left-padded to a common length ``P``;
+1. tokenize the prompts as given (already formatted for the model) with exactly one BOS where
+   the tokenizer adds one (:func:`grpokit.models.encode_prompts`), left-padded to a common ``P``;
 2. repeat each prompt ``G`` times (``repeat_interleave``), so the ``N = B·G`` rows are grouped:
    rows ``b·G … b·G+G-1`` are prompt ``b``'s group;
 3. one batched ``model.generate`` call over all rows (or over chunks of ``chunk_size`` rows, padded
@@ -147,6 +147,54 @@ class Rollout:
     def __len__(self) -> int:
         return self.completion_ids.shape[0]
 
+    def select_groups(self, groups: Sequence[int]) -> "Rollout":
+        """The rows of the given groups (prompt indices ``b``), in that order, renumbered 0 … len-1."""
+        G = self.group_size
+        rows = torch.tensor([b * G + g for b in groups for g in range(G)], dtype=torch.long,
+                            device=self.completion_ids.device)
+        idx = rows.tolist()
+        return Rollout(
+            prompt_ids=self.prompt_ids[rows], prompt_mask=self.prompt_mask[rows],
+            completion_ids=self.completion_ids[rows], completion_mask=self.completion_mask[rows],
+            truncated=self.truncated[rows], completions=[self.completions[i] for i in idx],
+            prompt_index=torch.arange(len(groups), device=rows.device).repeat_interleave(G),
+            group_size=G, gen_s=self.gen_s,
+        )
+
+
+def concat_rollouts(parts: Sequence[Rollout], pad_id: int) -> Rollout:
+    """One :class:`Rollout` holding the groups of ``parts`` in order (same ``group_size``):
+    prompts left-padded and completions right-padded with ``pad_id`` to common widths (masks False
+    on the padding), prompt indices renumbered, ``gen_s`` summed.
+
+    Raises:
+        ValueError: ``parts`` empty, or group sizes differ.
+    """
+    if not parts:
+        raise ValueError("concat_rollouts: no rollouts given")
+    G = parts[0].group_size
+    if any(r.group_size != G for r in parts):
+        raise ValueError(f"concat_rollouts: group sizes differ: {[r.group_size for r in parts]}")
+    P = max(r.prompt_ids.shape[1] for r in parts)
+    T = max(r.completion_ids.shape[1] for r in parts)
+
+    def pad(t: torch.Tensor, width: int, value, left: bool) -> torch.Tensor:
+        extra = width - t.shape[1]
+        return torch.nn.functional.pad(t, (extra, 0) if left else (0, extra), value=value)
+
+    n_groups = sum(len(r) // G for r in parts)
+    device = parts[0].completion_ids.device
+    return Rollout(
+        prompt_ids=torch.cat([pad(r.prompt_ids, P, pad_id, True) for r in parts]),
+        prompt_mask=torch.cat([pad(r.prompt_mask, P, False, True) for r in parts]),
+        completion_ids=torch.cat([pad(r.completion_ids, T, pad_id, False) for r in parts]),
+        completion_mask=torch.cat([pad(r.completion_mask, T, False, False) for r in parts]),
+        truncated=torch.cat([r.truncated for r in parts]),
+        completions=[c for r in parts for c in r.completions],
+        prompt_index=torch.arange(n_groups, device=device).repeat_interleave(G),
+        group_size=G, gen_s=sum(r.gen_s for r in parts),
+    )
+
 
 def build_generation_config(
     params: SamplingParams,
@@ -238,7 +286,8 @@ def generate_rollouts(
             ``torch.inference_mode()``).
         tokenizer: its tokenizer, with a pad token (see ``grpokit.models.load_tokenizer``).
             Prompts are always padded on the left, whatever ``tokenizer.padding_side`` says.
-        prompts: ``B`` prompt strings, already chat-templated (``add_special_tokens=False``).
+        prompts: ``B`` prompt strings, already formatted for the model (chat-templated or plain);
+            encoded by :func:`grpokit.models.encode_prompts` (one BOS where the model expects one).
         group_size: ``G >= 1`` completions per prompt.
         params: the sampling recipe; the model's ``generation_config`` cannot override it.
         eos_token_ids: every id that ends a completion (``grpokit.models.eos_token_ids``).
@@ -285,20 +334,10 @@ def generate_rollouts(
     _warn_on_model_overrides(model)
 
     device = _model_device(model)
-    enc = tokenizer(
-        list(prompts),
-        return_tensors="pt",
-        padding=True,
-        padding_side="left",
-        add_special_tokens=False,
-    )
-    lengths = enc["attention_mask"].sum(1)
-    if (lengths == 0).any():
-        i = int((lengths == 0).nonzero()[0])
-        raise ValueError(f"prompts[{i}] tokenizes to no tokens")
+    ids_b, mask_b = left_padded_prompts(tokenizer, prompts, pad_id)  # (B, P)
     G = group_size
-    prompt_ids = enc["input_ids"].repeat_interleave(G, dim=0).to(device)  # (N, P)
-    prompt_mask = enc["attention_mask"].bool().repeat_interleave(G, dim=0).to(device)  # (N, P)
+    prompt_ids = ids_b.repeat_interleave(G, dim=0).to(device)  # (N, P)
+    prompt_mask = mask_b.repeat_interleave(G, dim=0).to(device)  # (N, P)
     prompt_index = torch.arange(len(prompts), device=device).repeat_interleave(G)  # (N,)
     N, P = prompt_ids.shape
     rows = N if chunk_size is None else chunk_size
@@ -358,6 +397,29 @@ def generate_rollouts(
         group_size=G,
         gen_s=gen_s,
     )
+
+
+def left_padded_prompts(tokenizer: Any, prompts: Sequence[str], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids, mask)``, both ``(B, P)``: the prompts encoded by :func:`grpokit.models.encode_prompts`
+    (one BOS where the model expects one), left-padded with ``pad_id``; ``mask`` (bool) is True on
+    real tokens.
+
+    Raises:
+        ValueError: a prompt encodes to no tokens (names its index).
+    """
+    from grpokit.models import encode_prompts
+
+    encoded = encode_prompts(tokenizer, list(prompts))
+    for i, x in enumerate(encoded):
+        if not x:
+            raise ValueError(f"prompts[{i}] tokenizes to no tokens")
+    p = max(len(x) for x in encoded)
+    ids = torch.full((len(encoded), p), int(pad_id), dtype=torch.long)
+    mask = torch.zeros((len(encoded), p), dtype=torch.bool)
+    for i, x in enumerate(encoded):
+        ids[i, p - len(x):] = torch.tensor(x, dtype=torch.long)
+        mask[i, p - len(x):] = True
+    return ids, mask
 
 
 def _prefix_cache(model: Any, ids: torch.Tensor, mask: torch.Tensor, *, share: bool, static: bool,

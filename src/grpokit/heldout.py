@@ -1,0 +1,80 @@
+"""The held-out set a run evaluates on: generated separately from the training rows, and never
+overlapping them.
+
+- Generated data (``reasoning_gym:TASK``) is drawn with seed ``train.seed + EVAL_SEED_OFFSET``, the
+  training rows with ``train.seed``: two different sets from the same generator settings
+  (``eval.options``, default ``data.options`` when both sections name the same dataset).
+- The same file and split for both: the held-out rows are the first ``eval.limit`` rows and
+  training starts at ``data.skip``; a range that overlaps is an error naming both keys.
+- Whatever the source, a held-out problem whose question text is also a training question is left
+  out and counted (a generator can draw the same problem twice; a file can repeat a question).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+EVAL_SEED_OFFSET = 1
+"""Generated held-out data uses ``train.seed + EVAL_SEED_OFFSET``."""
+
+
+def is_generated(dataset: str | None) -> bool:
+    """Whether ``dataset`` is generated from a seed (``reasoning_gym:TASK``)."""
+    return str(dataset).startswith("reasoning_gym:")
+
+
+def eval_seed(recipe: Any) -> int:
+    """The data seed of the held-out rows (module docstring)."""
+    return recipe.train.seed + (EVAL_SEED_OFFSET if is_generated(recipe.eval.dataset) else 0)
+
+
+def eval_options(recipe: Any) -> dict:
+    """``eval.options``, else ``data.options`` when eval and data name the same dataset, else none."""
+    e, d = recipe.eval, recipe.data
+    if e.options is not None:
+        return dict(e.options)
+    return dict(d.options) if e.dataset == d.dataset else {}
+
+
+def default_scorer(dataset: str) -> str:
+    """The reward name that decides correctness for ``dataset``: ``reasoning_gym`` for
+    ``reasoning_gym:TASK`` data, else ``math_correct``."""
+    return "reasoning_gym" if is_generated(dataset) else "math_correct"
+
+
+def check_scorer(scorer: str, dataset: str) -> None:
+    """Raise ``ValueError`` when ``scorer`` cannot score ``dataset``'s rows (the reasoning_gym scorer
+    needs the generator entry that only ``reasoning_gym:`` rows carry)."""
+    if scorer == "reasoning_gym" and not is_generated(dataset):
+        raise ValueError(f"scorer 'reasoning_gym' needs reasoning_gym: data, got dataset {dataset!r}; "
+                         f"use {default_scorer(dataset)!r}")
+
+
+def check_ranges(recipe: Any) -> None:
+    """Raise ``ValueError`` when held-out and training rows are the same rows of one file/split.
+
+    >>> from grpokit.config import Recipe
+    >>> r = Recipe(); r.data.dataset = r.eval.dataset = "mawps"; r.data.split = r.eval.split = "singleop"
+    >>> r.eval.limit, r.data.skip = 100, 100
+    >>> check_ranges(r)  # rows 0-99 held out, training from row 100
+    """
+    e, d = recipe.eval, recipe.data
+    if is_generated(e.dataset) or e.dataset != d.dataset or e.split != d.split:
+        return
+    if e.limit is None or d.skip < e.limit:
+        held = "all rows" if e.limit is None else f"rows 0-{e.limit - 1}"
+        raise ValueError(f"eval: eval.dataset={e.dataset!r} eval.split={e.split!r} is the training data and "
+                         f"its held-out {held} overlap the training rows (data.skip={d.skip}); set data.skip >= "
+                         "eval.limit so that training starts after the held-out rows")
+
+
+def drop_training_questions(train_rows: list[dict], eval_rows: list[dict]) -> tuple[list[dict], int]:
+    """``eval_rows`` without the rows whose ``prompt`` (the question) is a training question, and
+    how many were left out.
+
+    >>> drop_training_questions([{"prompt": "1+1"}], [{"prompt": "1+1"}, {"prompt": "2+2"}])
+    ([{'prompt': '2+2'}], 1)
+    """
+    seen = {r["prompt"] for r in train_rows}
+    kept = [r for r in eval_rows if r["prompt"] not in seen]
+    return kept, len(eval_rows) - len(kept)

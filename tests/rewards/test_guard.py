@@ -1,0 +1,150 @@
+"""GuardedReward: the time limit holds whatever the reward function does (issue: a math check on
+``9^{9^{9}}`` hung past its timeout, because a thread cannot cut off a call that holds the GIL)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import fake_rewards as fr
+import pytest
+
+from grpokit.rewards.guard import GuardedReward, RewardError
+from grpokit.rewards.math import math_correct
+
+
+def _timed(fn, *a, **k):
+    t0 = time.monotonic()
+    out = fn(*a, **k)
+    return out, time.monotonic() - t0
+
+
+def test_math_check_on_a_tower_of_exponents_returns_within_the_timeout():
+    guard = GuardedReward("m", math_correct, timeout_s=2, on_error="none")
+    try:
+        out, dt = _timed(guard, ["q"], [r"The answer is \boxed{9^{9^{9}}}"], answer=["5"])
+    finally:
+        guard.close()
+    # math-verify's own limit (main thread of the worker) may answer 0.0 first; a hang never returns
+    assert out in ([None], [0.0])
+    assert dt < 2 * 2 + 3  # batch call + row retry, each cut at 2 s, plus worker starts
+
+
+@pytest.mark.parametrize("on_error", ["none", "raise"])
+def test_a_call_holding_the_gil_is_cut_off(on_error):
+    guard = GuardedReward("hog", fr.gil_holding_reward, timeout_s=0.5, on_error=on_error)
+    t0 = time.monotonic()
+    try:
+        if on_error == "raise":
+            with pytest.raises(RewardError, match=r"'hog' failed on row 0 .*timed out after 0.5 s"):
+                guard(["q"], ["x"])
+        else:
+            assert guard(["q"], ["x"]) == [None]
+            assert guard.failures == 1
+    finally:
+        guard.close()
+    assert time.monotonic() - t0 < 5  # two 0.5 s limits; without the worker: minutes
+
+
+def test_thread_isolation_cannot_cut_off_the_gil_but_still_times_out_a_sleep():
+    # the former behaviour, kept as an option: a sleeping call is abandoned at the limit
+    guard = GuardedReward("hang", fr.hanging_reward, timeout_s=0.3, on_error="none", isolation="thread")
+    out, dt = _timed(guard, ["q"] * 3, ["a", "b", "c"])
+    assert out == [0.01, None, 0.01] and guard.failures == 1
+    assert dt < fr.HANG_S + 1.0
+
+
+def test_worker_is_reused_between_calls_and_replaced_after_a_kill():
+    guard = GuardedReward("pid", fr.pid_reward, timeout_s=5)
+    try:
+        first = guard(["q"], ["a"])[0]
+        assert first != os.getpid()  # not the trainer's process
+        assert guard(["q", "q"], ["a", "b"]) == [first, first]  # same worker, no restart per call
+        guard.close()
+        assert guard(["q"], ["a"])[0] not in (first, os.getpid())  # a fresh worker after a kill
+    finally:
+        guard.close()
+
+
+def test_an_exception_keeps_its_type_and_the_worker_traceback():
+    guard = GuardedReward("f", fr.raising_reward, timeout_s=5)
+    try:
+        with pytest.raises(RewardError, match=r"'f' failed on row 1 .*ZeroDivisionError") as e:
+            guard(["q"] * 3, ["r0", "r1", "r2"])
+        cause = e.value.__cause__
+        assert isinstance(cause, ZeroDivisionError)
+        assert any("raising_reward" in n for n in cause.__notes__)  # the worker's traceback
+    finally:
+        guard.close()
+
+
+def test_a_worker_that_dies_is_an_error_of_its_row_and_the_next_call_works():
+    guard = GuardedReward("exit", fr.exiting_reward, timeout_s=5, on_error="none")
+    try:
+        assert guard(["q", "q"], ["a", "b"]) == [None, None]
+        assert guard.failures == 2
+    finally:
+        guard.close()
+    guard = GuardedReward("exit", fr.exiting_reward, timeout_s=5, on_error="raise")
+    try:
+        with pytest.raises(RewardError, match=r"row 0 .*worker process exited \(code 3\)"):
+            guard(["q"], ["a"])
+    finally:
+        guard.close()
+
+
+def test_lambdas_and_closures_work_in_the_worker():
+    bonus = 0.5
+    guard = GuardedReward("closure", lambda p, c, **_: [len(x) + bonus for x in c], timeout_s=5)
+    try:
+        assert guard(["q", "q"], ["ab", "abcd"]) == [2.5, 4.5]
+    finally:
+        guard.close()
+
+
+def test_a_result_that_cannot_be_sent_back_is_an_error_naming_it():
+    guard = GuardedReward("gen", lambda p, c, **_: (x for x in [1.0]), timeout_s=5)
+    try:
+        with pytest.raises(RewardError, match="could not be sent back"):
+            guard(["q"], ["a"])
+    finally:
+        guard.close()
+
+
+@pytest.mark.parametrize("kw, msg", [({"on_error": "skip"}, "rewards.on_error"),
+                                     ({"isolation": "none"}, "rewards.isolation"),
+                                     ({"timeout_s": 0}, "rewards.timeout_s")])
+def test_bad_arguments_name_the_key(kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        GuardedReward("f", fr.length_reward, **kw)
+
+
+def test_worker_ends_when_the_trainer_is_killed(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "trainer.py"
+    script.write_text(
+        "import sys, time\n"
+        "from grpokit.rewards.guard import GuardedReward\n"
+        "import fake_rewards\n"
+        "g = GuardedReward('pid', fake_rewards.pid_reward, timeout_s=5)\n"
+        "print(int(g(['q'], ['a'])[0]), flush=True)\n"
+        "time.sleep(600)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(p) for p in sys.path if p])}
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
+    worker = int(proc.stdout.readline())
+    os.kill(worker, 0)  # alive
+    proc.send_signal(signal.SIGKILL)  # no clean-up runs in the trainer
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(worker, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"reward worker {worker} outlived its killed trainer")
+    assert proc.stdout.read() == ""  # the worker held no copy of the trainer's stdout open

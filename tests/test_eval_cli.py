@@ -1,0 +1,54 @@
+"""``grpokit eval``: intervals, samples, a paired comparison, and bad input refused before any model
+loads."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import grpokit.models
+from grpokit.cli import main
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    def boom(*a, **k):
+        raise AssertionError("a model was loaded")
+    monkeypatch.setattr(grpokit.models, "load_model", boom)
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["--samples", "0"], "--samples must be >= 1"),
+    (["--against", "./no/such/checkpoint-20"], "no/such/checkpoint-20"),
+    (["--scorer", "reasoning_gym"], "scorer 'reasoning_gym' needs reasoning_gym: data"),
+    (["--scorer", "no_such_reward"], "unknown reward 'no_such_reward'"),
+    (["--skip", "100", "--limit", "5", "--dataset", "svamp"], None),  # svamp's test split has rows past 100
+])
+def test_bad_input_is_refused_before_any_model_loads(tiny_model_dir, tmp_path, capsys, no_model_load, args, msg):
+    base = [tiny_model_dir, "--dataset", "mawps", "--split", "singleop", "--limit", "4",
+            "--output", str(tmp_path / "e.json")]
+    if msg is None:  # a valid call reaches the model load
+        with pytest.raises(AssertionError, match="a model was loaded"):
+            main(["eval", *base, "--split", "test", *args])
+        return
+    assert main(["eval", *base, *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("grpokit eval: error: ") and msg in err and err.count("\n") == 1
+
+
+def test_eval_prints_intervals_samples_and_a_paired_test(tiny_model_dir, tmp_path, capsys):
+    out = tmp_path / "e.json"
+    assert main(["eval", tiny_model_dir, "--against", tiny_model_dir, "--dataset", "mawps", "--split", "singleop",
+                 "--limit", "3", "--samples", "2", "--max-new-tokens", "4", "--output", str(out)]) == 0
+    res = json.loads(out.read_text())
+    r = res["models"][tiny_model_dir]
+    assert r["total"] == 3 and len(r["outcomes"]) == 3
+    names = set(r["metrics"]["metrics"])
+    assert {"greedy", "mean@2", "pass@1", "pass@2", "maj@2"} <= names
+    for m in r["metrics"]["metrics"].values():
+        assert 0.0 <= m["lo"] <= m["value"] <= m["hi"] <= 1.0
+    pc = res["paired"]  # the same model against itself: no discordant pair
+    assert (pc["diff"], pc["b_only"], pc["a_only"], pc["p_value"]) == (0.0, 0, 0, 1.0)
+    text = capsys.readouterr().out
+    assert "exact McNemar p = 1" in text and "pass@2" in text and "95%" in text.replace(" %", "%")
