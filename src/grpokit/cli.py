@@ -95,8 +95,8 @@ def _eval_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--skip", type=int, default=0, help="leave out the first N rows (those a run trained on)")
     p.add_argument("--data-options", default=None, help="dataset options as YAML, e.g. reasoning_gym's "
                    "'{size: 500, max_digits: 2}'")
-    p.add_argument("--data-seed", type=int, default=1, help="seed of generated data (reasoning_gym); training "
-                   "uses train.seed (0 by default), so the default 1 gives another set")
+    p.add_argument("--data-seed", type=int, default=10**9, help="seed of generated data (reasoning_gym); the "
+                   "default is the held-out seed of a run with train.seed=0 (train.seed + 10^9): never its training set")
     p.add_argument("--scorer", default=None, help="reward function deciding correctness (default: reasoning_gym "
                    "for reasoning_gym: data, else math_correct)")
     p.add_argument("--samples", type=int, default=None, metavar="K", help="also sample K completions per problem")

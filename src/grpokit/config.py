@@ -168,7 +168,7 @@ class EvalConfig:
     scorer: str | None = _f(None, "reward function deciding correctness (default: reasoning_gym for reasoning_gym: "
                             "data, else math_correct)")
     options: dict | None = _f(None, "dataset options of the held-out set (default: data.options when eval.dataset "
-                              "is data.dataset); generated data is drawn with seed train.seed + 1")
+                              "is data.dataset); generated data is drawn with seed train.seed + 10^9")
 
 
 @dataclass

@@ -4,6 +4,8 @@ overlapping them.
 - Generated data (``reasoning_gym:TASK``) is drawn with seed ``train.seed + EVAL_SEED_OFFSET``, the
   training rows with ``train.seed``: two different sets from the same generator settings
   (``eval.options``, default ``data.options`` when both sections name the same dataset).
+  reasoning_gym draws item ``i`` from ``Random(seed + i)``, so seeds 0 and 1 give the same items
+  shifted by one: the offset is 10⁹, beyond any dataset's size.
 - The same file and split for both: the held-out rows are the first ``eval.limit`` rows and
   training starts at ``data.skip``; a range that overlaps is an error naming both keys.
 - Whatever the source, a held-out problem whose question text is also a training question is left
@@ -14,8 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-EVAL_SEED_OFFSET = 1
-"""Generated held-out data uses ``train.seed + EVAL_SEED_OFFSET``."""
+EVAL_SEED_OFFSET = 10**9
+"""Generated held-out data uses ``train.seed + EVAL_SEED_OFFSET`` (module docstring)."""
 
 
 def is_generated(dataset: str | None) -> bool:

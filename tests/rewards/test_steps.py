@@ -226,6 +226,24 @@ def test_scatter_step_rewards():
         scatter_step_rewards([[0.0, 0.0]], mask)
 
 
+def test_scatter_step_rewards_unscorable_and_malformed_rows():
+    """A None row (the guard's ``rewards.on_error=none`` for a row whose process reward failed) is
+    NaN at every step; a row that is no list of scores is a ValueError naming the row."""
+    mask = torch.tensor([[False, True, False, True], [True, False, False, False], [False] * 4])
+    r, k = scatter_step_rewards([None, [1.0], None], mask)
+    assert k.tolist() == [2, 1, 0]
+    assert torch.isnan(r[0, [1, 3]]).all() and r[1, 0].item() == 1.0
+    assert r[~mask].eq(0).all()
+    r, _ = scatter_step_rewards([torch.tensor([0.5, 0.25]), (1.0,), []], mask)  # any sized rows
+    assert r[mask].tolist() == [0.5, 0.25, 1.0]
+    with pytest.raises(ValueError, match=r"row 1 is float 0.5, expected a list of 1 step scores or None"):
+        scatter_step_rewards([None, 0.5, []], mask)
+    with pytest.raises(ValueError, match=r"row 0 is str"):
+        scatter_step_rewards(["ab", [1.0], []], mask)
+    with pytest.raises(ValueError, match=r"row 0, step 1: score 'x' is not a number"):
+        scatter_step_rewards([[1.0, "x"], [1.0], []], mask)
+
+
 def test_pipeline_ids_to_step_rewards(tok):
     """ids -> step_end_masks -> step_texts -> a process reward fn -> scatter_step_rewards."""
     from grpokit.rewards.verifier import arithmetic_step_rewards

@@ -65,6 +65,13 @@ CLAIMS = [
     ("$3 \\times 4 = 13$", [False]),
     ("Step 2: 3 × 4 = 12\n", [True]),
     ("1. 3 + 4 = 7", [True]),
+    ("- 3 + 4 = 7", [True]),  # a list bullet, not minus three
+    ("Sum:\n  * 3 + 4 = 8", [False]),
+    ("-3 + 4 = 1", [True]),  # no space: a negative number
+    ("24\n- 4 = 20", [True]),  # after an operand a line-start "-" is still a minus
+    ("* 4 = 20", []),  # a bare number after a bullet may end an expression from the line before
+    ("- 2 = -2", []),
+    ("<<- 3 + 4=1>>", [True]),  # no bullets inside a calculator annotation
     # not claims: algebra, functions, verbal expressions, approximations
     ("2x + 3 = 7", []),
     ("x - 3 + 4 = 5", []),

@@ -107,11 +107,25 @@ answer_line_format.__doc__ = """1.0 if the last non-empty line reads ``Answer: <
 [1.0, 0.0]
 """
 
-number_at_end = make_format_reward(
-    r"(?<![\w.])-?\d[\d,]*(?:\.\d+)?[\s.$})*]*\Z", scope="anywhere", name="number_at_end"
-)
-number_at_end.__doc__ = """1.0 if the completion ends with a number (trailing ``.$})*`` allowed), else 0.0.
+# ``(?<![\w.])-?\d[\d,]*(?:\.\d+)?[\s.$})*]*\Z`` searched in the text, written reversed and
+# matched at the start of the reversed text: one start position, so linear time (the forward
+# search tries every digit after a comma and took 17 s on "1,1,1,...,1x" of 40k characters)
+_NUMBER_AT_END_REVERSED = re.compile(r"[\s.$})*]*(?:\d+\.)?[\d,]*\d-?(?![\w.])")
 
->>> number_at_end(["q"] * 3, ["so it is 42.", "total: $1,200", "42 apples"])
-[1.0, 1.0, 0.0]
-"""
+
+def number_at_end(prompts: list[str], completions: list[str], **_: Any) -> list[float | None]:
+    """1.0 if the completion ends with a number (trailing ``.$})*`` allowed), else 0.0.
+
+    The number: ``-?\\d[\\d,]*(?:\\.\\d+)?`` not preceded by a letter, digit, ``_`` or ``.``.
+
+    Args:
+        prompts: unused (reward protocol).
+        completions: the completions.
+
+    Returns:
+        One float per completion.
+
+    >>> number_at_end(["q"] * 3, ["so it is 42.", "total: $1,200", "42 apples"])
+    [1.0, 1.0, 0.0]
+    """
+    return [1.0 if _NUMBER_AT_END_REVERSED.match((text or "")[::-1]) else 0.0 for text in completions]

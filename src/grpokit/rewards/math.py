@@ -14,14 +14,30 @@ Steps of :func:`math_correct`, per completion:
 
 Time bound: math-verify's timeouts use ``signal.alarm``, which only works in the main thread. In
 the main thread we pass ``parsing_timeout=``/``timeout_seconds=`` :data:`MATH_VERIFY_TIMEOUT_S`;
-in any other thread we pass ``None`` (no signal, no crash) and instead refuse answers longer than
-:data:`MAX_VERIFY_CHARS` characters (they score 0.0), which keeps sympy work small.
+in any other thread we pass ``None`` (no signal, no crash). In every thread, what reaches
+math-verify is screened first, so that the slow families found by fuzzing cannot run long (a
+signal cannot interrupt one big-integer operation in C either):
+
+- not parsed: answers longer than :data:`MAX_VERIFY_CHARS` characters, with ``{ ( [`` nested
+  deeper than :data:`MAX_NESTING` (its ANTLR LaTeX parser takes time exponential in the nesting of
+  ``{``: ~2 s at depth 12, doubling per level), or chaining more than :data:`MAX_SCRIPT_CHAIN`
+  brace-less scripts (``x^x^x^...``);
+- not compared: parsed answers deeper than :data:`MAX_EXPR_DEPTH`, or that may denote a number of
+  over :data:`MAX_ANSWER_BITS` bits (``9^{9^{9}}``, ``10^{10}!``: an upper bound computed from the
+  expression tree, powers, factorials and products; :data:`MAX_TOWER_BITS` for a power with a
+  power or factorial in its exponent).
+
+A refused prediction scores 0.0; a refused reference makes the row unscorable (None). The reward
+guard's worker process bounds whatever else is slow. Numbers of more than
+:data:`MAX_NUMBER_DIGITS` digits are not plain numbers (step 3; Python refuses ``int()`` of over
+4300 digits). Any text is accepted: nothing here raises on what a model writes.
 Nothing is ever ``eval``-ed.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import re
 import threading
 from fractions import Fraction
@@ -46,33 +62,57 @@ MATH_VERIFY_TIMEOUT_S = 3
 """Seconds given to each math-verify parse / comparison (main thread only)."""
 MAX_VERIFY_CHARS = 1000
 """Longer answers are not sent to math-verify (they score as wrong)."""
+MAX_NESTING = 8
+"""Answers with ``{ ( [`` nested deeper than this are not sent to math-verify (they score as wrong)."""
+MAX_SCRIPT_CHAIN = 6
+"""Nor answers chaining more brace-less scripts than this (``x^x^x^x^x^x^x``: a LaTeX error,
+parsed in time growing ~quadratically: 40 carets took 16 s)."""
+MAX_EXPR_DEPTH = 12
+"""Parsed answers deeper than this are not compared (sympy's ``evalf`` on the left-nested tree of
+``1/2/3/.../n`` takes time exponential in n: 1 s at n = 16)."""
 REL_TOL = 1e-6
 """Relative tolerance of the cheap numeric comparison when either side is not an integer."""
+MAX_ANSWER_BITS = 8192
+"""Answers whose numbers may exceed this many bits (``2^{10^7}``, ``9^{9^{9}}``) are not compared."""
+MAX_TOWER_BITS = 512
+"""The same bound for a power whose exponent holds a power or a factorial (``2^{2^{10}}``): sympy's
+simplification of those grows steeply (measured: ``2^{2^{11}}`` vs ``2^{2048}`` took 7 s)."""
+MAX_NUMBER_DIGITS = 1000
+""":func:`parse_number` gives None for a text holding more digits than this."""
 
 _BOXED_RE = re.compile(r"\\(?:boxed|fbox)")
+_BRACKET_RE = re.compile(r"[{}()\[\]]")
+_SCRIPT_CHAIN_RE = re.compile(r"(?:[\^_]\s*[^\s{}^_]\s*){%d}[\^_]" % MAX_SCRIPT_CHAIN)
 _HASH_RE = re.compile(r"####[ \t]*([^\n]*)")
 _HASH_ANSWER_START = re.compile(r"[-+$\\(\[\d.]")
 _PHRASE_RE = re.compile(r"\banswer\**(?:\s+is\b\s*:?|\s*:)[ \t]*([^\n]*)", re.IGNORECASE)
 _NUMBER_RE = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s*/\s*\d+)?|-?\.\d+")
 
 
+def _matching_braces(text: str) -> dict[int, int]:
+    """``{open: close}`` offsets of every balanced ``{...}`` pair, in one pass (linear time)."""
+    pairs, stack = {}, []
+    for m in re.finditer(r"[{}]", text):
+        if m.group() == "{":
+            stack.append(m.start())
+        elif stack:
+            pairs[stack.pop()] = m.start()
+    return pairs
+
+
 def _boxed_contents(text: str) -> list[str]:
     """Contents of every well-formed ``\\boxed{...}`` / ``\\fbox{...}`` / ``\\boxed x``, in order."""
     out = []
+    pairs: dict[int, int] | None = None
     for m in _BOXED_RE.finditer(text):
         i = m.end()
         while i < len(text) and text[i] == " ":
             i += 1
         if i < len(text) and text[i] == "{":
-            depth, start = 0, i
-            for j in range(i, len(text)):
-                if text[j] == "{":
-                    depth += 1
-                elif text[j] == "}":
-                    depth -= 1
-                    if depth == 0:
-                        out.append(text[start + 1 : j])
-                        break
+            if pairs is None:
+                pairs = _matching_braces(text)
+            if i in pairs:
+                out.append(text[i + 1 : pairs[i]])
         elif i > m.end():  # "\boxed 5": one space-separated token
             tok = re.match(r"[^\s$]+", text[i:])
             if tok:
@@ -168,7 +208,11 @@ def parse_number(text: str) -> Fraction | None:
     Fraction(-3, 4)
     >>> parse_number("5 dollars"), parse_number("x + 1")
     (Fraction(5, 1), None)
+
+    A text holding more than :data:`MAX_NUMBER_DIGITS` digits gives None (never an exception).
     """
+    if sum(ch.isdigit() for ch in text) > MAX_NUMBER_DIGITS:
+        return None
     s = _TEXT_CMD_RE.sub(r" \1", text).replace("\u2212", "-").replace("{,}", ",")
     for noise in _NOISE:
         s = s.replace(noise, "")
@@ -198,7 +242,7 @@ def _numbers_equal(pred: Fraction, gold: Fraction) -> bool:
         return True
     if pred.denominator == 1 and gold.denominator == 1:
         return False
-    return abs(pred - gold) <= REL_TOL * max(1, abs(gold))
+    return abs(pred - gold) <= Fraction(REL_TOL) * max(1, abs(gold))  # exact: a float overflows
 
 
 def _in_main_thread() -> bool:
@@ -213,14 +257,87 @@ def _mv_parse(answer: str, main_thread: bool) -> tuple:
     return tuple(parse("\\boxed{" + answer + "}", parsing_timeout=timeout))
 
 
+_GROWTH = {"factorial", "factorial2", "subfactorial", "gamma", "binomial", "RisingFactorial",
+           "FallingFactorial", "fibonacci", "lucas"}  # functions growing like a factorial or less
+
+
+def _bits(x: Any) -> float:
+    """Upper bound of log2 of the numerator and denominator of any number evaluating the sympy
+    expression ``x`` can produce; a symbol counts 1, ``inf`` = over :data:`MAX_ANSWER_BITS`."""
+    import sympy
+
+    if isinstance(x, sympy.Rational):  # Integer included
+        return math.log2(max(abs(int(x.p)), int(x.q), 2))
+    if isinstance(x, sympy.Float):
+        try:
+            return math.log2(max(abs(float(x)), 2.0)) + 64.0
+        except (OverflowError, ValueError):
+            return math.inf
+    args = list(x) if isinstance(x, sympy.MatrixBase) else getattr(x, "args", ())
+    sizes = [_bits(a) for a in args if isinstance(a, (sympy.Basic, sympy.MatrixBase))]
+    if not sizes:
+        return 1.0
+    if isinstance(x, sympy.Pow):  # |b ** e| <= 2 ** (|e| bits(b)), |e| < 2 ** bits(e)
+        base, exp = sizes
+        e = float(abs(x.exp)) if isinstance(x.exp, sympy.Rational) and exp < 64 else 2.0**min(exp, 64)
+        value = e * max(base, 1.0)
+        tower = not isinstance(x.exp, sympy.Number) and any(
+            isinstance(n, sympy.Pow) or type(n).__name__ in _GROWTH for n in sympy.preorder_traversal(x.exp))
+        if tower and value > MAX_TOWER_BITS:
+            return math.inf
+    elif type(x).__name__ in _GROWTH:  # |f(a, b)| <= m ** (m + 1), m = |a| + |b| <= sum 2 ** bits
+        m = sum(2.0 ** min(size, 64) for size in sizes)
+        value = (m + 1) * math.log2(m + 2)
+    elif isinstance(x, sympy.Mul):
+        value = sum(sizes)
+    else:  # sums, functions, sets, relations...
+        value = max(sizes) + math.log2(len(sizes)) + 1.0
+    return value if value <= MAX_ANSWER_BITS else math.inf
+
+
+def _deeper_than(x: Any, limit: int) -> bool:
+    """Whether the expression tree of ``x`` has more than ``limit`` levels."""
+    if limit < 1:
+        return True
+    args = getattr(x, "args", None)
+    return isinstance(args, tuple) and any(_deeper_than(a, limit - 1) for a in args)
+
+
+def _too_costly(parsed: tuple) -> bool:
+    """Whether a math-verify parse is too costly to compare: deeper than :data:`MAX_EXPR_DEPTH`,
+    or denoting a number over :data:`MAX_ANSWER_BITS` bits."""
+    exprs = [x for x in parsed if not isinstance(x, str)]
+    if any(_deeper_than(x, MAX_EXPR_DEPTH) for x in exprs):
+        return True
+    try:
+        return any(_bits(x) > MAX_ANSWER_BITS for x in exprs)
+    except RecursionError:  # cannot happen below MAX_EXPR_DEPTH; kept as a fence
+        return True
+
+
+def _nesting(text: str) -> int:
+    """Deepest nesting of ``{ ( [`` brackets (unbalanced closers ignored)."""
+    depth = deepest = 0
+    for m in _BRACKET_RE.finditer(text):
+        depth = depth + 1 if m.group() in "{([" else max(depth - 1, 0)
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def _sendable(answer: str) -> bool:
+    """Whether math-verify may see ``answer`` (bounded work; module docstring)."""
+    return (len(answer) <= MAX_VERIFY_CHARS and _nesting(answer) <= MAX_NESTING
+            and _SCRIPT_CHAIN_RE.search(answer) is None)
+
+
 def _mv_equal(pred: str, gold: str) -> bool:
-    if len(pred) > MAX_VERIFY_CHARS or len(gold) > MAX_VERIFY_CHARS:
+    if not _sendable(pred) or not _sendable(gold):
         return False
     from math_verify import verify
 
     main = _in_main_thread()
     gold_parsed, pred_parsed = _mv_parse(gold, main), _mv_parse(pred, main)
-    if not gold_parsed or not pred_parsed:
+    if not gold_parsed or not pred_parsed or _too_costly(gold_parsed) or _too_costly(pred_parsed):
         return False
     timeout = MATH_VERIFY_TIMEOUT_S if main else None
     return bool(verify(list(gold_parsed), list(pred_parsed), timeout_seconds=timeout))
@@ -230,7 +347,9 @@ def is_equivalent(pred: str, gold: str) -> bool:
     """Whether answer ``pred`` equals reference ``gold`` (both already extracted).
 
     Plain numbers on both sides are compared exactly (see module docstring); anything else goes
-    to math-verify (symbolic, sets, intervals, tuples, ``\\text{(C)}`` vs ``C``...).
+    to math-verify (symbolic, sets, intervals, tuples, ``\\text{(C)}`` vs ``C``...), unless the
+    time-bound screens of the module docstring refuse it (then only identical strings are equal).
+    Never raises on any strings.
 
     >>> is_equivalent("0.5", r"\\frac{1}{2}"), is_equivalent("1,000", "1000"), is_equivalent("7", "8")
     (True, True, False)
@@ -246,9 +365,10 @@ def is_equivalent(pred: str, gold: str) -> bool:
 def _reference_is_parseable(gold: str) -> bool:
     if parse_number(gold) is not None:
         return True
-    if len(gold) > MAX_VERIFY_CHARS:
+    if not _sendable(gold):
         return False
-    return bool(_mv_parse(gold, _in_main_thread()))
+    parsed = _mv_parse(gold, _in_main_thread())
+    return bool(parsed) and not _too_costly(parsed)
 
 
 def math_correct(
@@ -265,7 +385,8 @@ def math_correct(
 
     Returns:
         One value per completion: 1.0 correct, 0.0 wrong or no answer found, None when the
-        reference is empty or cannot be parsed (that sample cannot be scored).
+        reference is empty, cannot be parsed, or is refused by the time-bound screens (module
+        docstring): that sample cannot be scored.
 
     Raises:
         ValueError: if ``answer`` and ``completions`` have different lengths.

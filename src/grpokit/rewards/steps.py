@@ -327,7 +327,7 @@ def step_end_masks(
 
 
 def scatter_step_rewards(
-    scores: Sequence[Sequence[float | None]],
+    scores: Sequence[Sequence[float | None] | None],
     step_end_mask: torch.Tensor,
     *,
     dtype: torch.dtype = torch.float32,
@@ -337,11 +337,13 @@ def scatter_step_rewards(
     ``step_rewards[i, t] = scores[i][k]`` where t is the k-th True entry of ``step_end_mask[i]``,
     0.0 elsewhere. A ``None`` score (the step cannot be scored) becomes **NaN**: the caller
     decides; ``grpokit.algo.advantages.process_advantages`` leaves NaN step rewards out of the
-    group statistics and counts them as 0 in the token sums.
+    group statistics and counts them as 0 in the token sums. A ``None`` *row* (the process reward
+    could not score that completion at all, e.g. it raised under ``rewards.on_error=none``) is
+    unscorable: NaN at every one of its steps.
 
     Args:
         scores: per row, one score per step (``float | None``), ``len(scores[i]) ==
-            step_end_mask[i].sum()``.
+            step_end_mask[i].sum()``; or ``None`` for the whole row.
         step_end_mask: ``(N, T)`` bool.
         dtype: float dtype of the result.
 
@@ -349,12 +351,15 @@ def scatter_step_rewards(
         ``(step_rewards (N, T) dtype, num_steps (N,) long)``.
 
     Raises:
-        ValueError: wrong number of rows or of scores in a row.
+        ValueError: wrong number of rows; a row (named in the message) that is not None, not a
+            list, or not one score per step; a score that is not a number.
 
     >>> m = torch.tensor([[False, True, True], [False, False, True]])
     >>> r, k = scatter_step_rewards([[1.0, None], [0.5]], m)
     >>> r.tolist(), k.tolist()
     ([[0.0, 1.0, nan], [0.0, 0.0, 0.5]], [2, 1])
+    >>> scatter_step_rewards([None, [0.5]], m)[0].tolist()
+    [[0.0, nan, nan], [0.0, 0.0, 0.5]]
     """
     mask = step_end_mask.bool()
     if mask.dim() != 2 or len(scores) != mask.shape[0]:
@@ -364,11 +369,24 @@ def scatter_step_rewards(
     num_steps = mask.sum(dim=1)
     flat = []
     for i, row in enumerate(scores):
-        if len(row) != int(num_steps[i]):
+        k = int(num_steps[i])
+        if row is None:  # the whole row is unscorable
+            flat.extend([float("nan")] * k)
+            continue
+        if isinstance(row, (str, bytes)) or not hasattr(row, "__len__"):  # lists, tuples, tensors
             raise ValueError(
-                f"scatter_step_rewards: row {i} has {len(row)} scores but {int(num_steps[i])} steps"
+                f"scatter_step_rewards: row {i} is {type(row).__name__} {row!r:.60}, expected a list "
+                f"of {k} step scores or None"
             )
-        flat.extend(float("nan") if s is None else float(s) for s in row)
+        if len(row) != k:
+            raise ValueError(f"scatter_step_rewards: row {i} has {len(row)} scores but {k} steps")
+        for j, v in enumerate(row):
+            try:
+                flat.append(float("nan") if v is None else float(v))
+            except (TypeError, ValueError):
+                raise ValueError(
+                    f"scatter_step_rewards: row {i}, step {j}: score {v!r:.60} is not a number or None"
+                ) from None
     out = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
     out[mask] = torch.tensor(flat, dtype=dtype, device=mask.device)  # row-major = step order
     return out, num_steps.long()

@@ -15,7 +15,11 @@ of step k judges the solution *up to and including* step k. ``None`` = this step
    two numbers (``0.2 x 50``), ``20% of 50``, LaTeX ``\\frac{a}{b}``, ``\\times``, ``\\cdot``,
    ``\\div``; and GSM8K calculator annotations ``<<48/2=24>>``. A segment that touches letters or
    other math (``2x + 3 = 7``, ``f(3) = 9``, ``= 7 + x``) is not a claim. A single number right after a
-   word (``half of 50 = 25``) is dropped as the tail of a verbal expression. ``≈`` is not ``=``.
+   word (``half of 50 = 25``) is dropped as the tail of a verbal expression. ``-``, ``*`` or ``+``
+   and a space at a line start is a list bullet (``- 3 + 4 = 7`` claims ``3 + 4 = 7``), except in
+   ``<<..>>``; a single number right after a bullet or a markdown ``*``/``**`` is dropped too
+   (``* 4 = 20`` may end an expression begun on an earlier line). ``≈`` is not ``=``.
+   Any text is accepted: what does not parse holds no claim (nothing raises).
 2. Check each claim exactly with rational arithmetic (``fractions.Fraction``; no ``eval``).
    **Chain semantics:** ``running = value(E0)``; for each i ≥ 1 the claim ``E(i-1) = Ei`` is
    correct if ``value(Ei) == running``, or if Ei is compound and its first number equals
@@ -24,7 +28,10 @@ of step k judges the solution *up to and including* step k. ``None`` = this step
    the exact value rounded (within ``10**-d / 2``) or truncated to d digits (``10/3 = 3.33``,
    ``2/3 = 0.66``; not ``10/3 = 3.4``). Division by zero makes the claim wrong. Claims whose evaluation is
    too large (exponent > 1000, over ``MAX_BITS`` bits, non-integer exponent, a literal over 30
-   digits) are skipped, never wrong.
+   digits) are skipped, never wrong. The sizes are checked *before* each power is computed and
+   after every other operation, so no claim can make the verifier compute a big number
+   (``2**9**9**9 = 1``, ``9^{9^{9}} = 1`` are skipped at once); there is no factorial. Segments are
+   at most 64 tokens, which bounds the parser's recursion and work per ``=``.
 3. Score step k: **0.0 if any claim in steps 1..k is wrong** (a wrong step poisons every later
    step), else 1.0; steps without claims inherit this running score.
 4. Outcome on the last step: if the row's reference ``answer`` is not None, the final answer is
@@ -93,11 +100,12 @@ _LATEX = [
 ]
 _GSM8K = re.compile(r"<<([^<>]*)>>")
 _MUL = {"*", "×", "·", "⋅", "/", "÷"}
-_OK_LEFT = {*":,;.?\"'$([*", "**"}  # punctuation allowed just left of a chain's first segment
+_OK_LEFT = {*":,;.?\"'$([*•", "**"}  # punctuation allowed just left of a chain's first segment
 _OK_RIGHT = {*".,;:?\"')]$*", "**"}  # ... and just right of its last segment
 
 
-def _lex(text: str) -> list[_Tok]:
+def _lex(text: str, markdown: bool = True) -> list[_Tok]:
+    """Tokens of ``text``; ``markdown``: read ``-``/``*``/``+`` + space at a line start as a bullet."""
     toks: list[_Tok] = []
     for m in _LEX.finditer(text):
         kind, s = m.lastgroup, m.group()
@@ -118,14 +126,18 @@ def _lex(text: str) -> list[_Tok]:
         nxt = toks[i + 1] if i + 1 < len(toks) else None
         after_operand = prev is not None and prev.kind in ("NUM", "RP")
         before_operand = nxt is not None and (nxt.kind in ("NUM", "LP") or nxt.text in "-−")
-        if t.kind == "WORD" and t.text in ("x", "X") and after_operand and before_operand:
+        line_start = "\n" in text[prev.end : t.start] if prev is not None else True
+        if markdown and t.kind == "OP" and t.text in "-*+" and line_start and not after_operand \
+                and text[t.end : t.end + 1] in (" ", "\t"):
+            t = t._replace(kind="OTHER", text="•")  # a list bullet: "- 3 + 4 = 7" is 3 + 4 = 7
+        elif t.kind == "WORD" and t.text in ("x", "X") and after_operand and before_operand:
             t = t._replace(kind="OP", text="×")
         elif t.kind == "WORD" and t.text == "of" and prev is not None and prev.text.endswith("%") \
                 and prev.kind == "NUM" and before_operand:
             t = t._replace(kind="OP", text="×")
-        elif t.kind == "OP" and t.text in ("*", "**") and not (before_operand and (
-                after_operand or prev.kind == "WORD" and len(out) > 1 and out[-2].kind == "NUM")):
-            t = t._replace(kind="OTHER")  # markdown emphasis, not multiplication
+        elif t.kind == "OP" and t.text in ("*", "**") and not (before_operand and (after_operand or (
+                prev is not None and prev.kind == "WORD" and len(out) > 1 and out[-2].kind == "NUM"))):
+            t = t._replace(kind="OTHER")  # markdown emphasis (or a list bullet), not multiplication
         out.append(t)
     return out
 
@@ -262,6 +274,8 @@ def _suffix(toks: list[_Tok], src: str):
                 return None
             if node[0] == "num":  # "half of 50 = 25": the number ends a verbal expression
                 return None
+        if b.text in ("*", "**", "•") and node[0] == "num":  # "* 4 = 20": a bullet, or the tail
+            return None  # of an expression begun on an earlier line ("12 / 3\n* 4 = 16")
         return seg
     return None
 
@@ -288,8 +302,8 @@ def _prefix(toks: list[_Tok], src: str, units: bool = True):
     return seg
 
 
-def _chains(text: str) -> list[list]:
-    toks = _lex(text)
+def _chains(text: str, markdown: bool = True) -> list[list]:
+    toks = _lex(text, markdown)
     eqs = [i for i, t in enumerate(toks) if t.kind == "EQ"]
     if not eqs:
         return []
@@ -324,9 +338,9 @@ def _matches(target: Fraction, seg: _Seg, value: Fraction, continuation: bool) -
     return False
 
 
-def _claims_in(text: str) -> list[Claim]:
+def _claims_in(text: str, markdown: bool = True) -> list[Claim]:
     claims = []
-    for chain in _chains(text):
+    for chain in _chains(text, markdown):
         running, prev = None, None
         for seg in chain:
             if not isinstance(seg, _Seg):
@@ -360,7 +374,7 @@ def find_claims(step: str) -> list[Claim]:
     """
     claims = []
     for m in _GSM8K.finditer(step):
-        claims.extend(_claims_in(m.group(1)))
+        claims.extend(_claims_in(m.group(1), markdown=False))
     text = _GSM8K.sub(lambda m: " " * len(m.group()), step)
     for pattern, repl in _LATEX:
         text = pattern.sub(repl, text)
