@@ -163,4 +163,4 @@ def test_both_options_in_a_real_run(tiny_model_dir, tmp_path):
     m = read_metrics(tmp_path / "metrics.jsonl")[0]
     assert m["overlong_filtered_frac"] == 1.0  # a random tiny model never samples EOS in 8 tokens
     assert m["dynamic/groups_kept"] == 2 and m["dynamic/rounds"] == 0  # length rewards always vary
-    assert m["grad_norm"] == 0.0  # every row filtered: nothing to learn from
+    assert m["grad_norm"] == 0.0 and m["zero_grad_updates"] == 1  # every row filtered: no optimizer step

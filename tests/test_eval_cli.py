@@ -52,3 +52,20 @@ def test_eval_prints_intervals_samples_and_a_paired_test(tiny_model_dir, tmp_pat
     assert (pc["diff"], pc["b_only"], pc["a_only"], pc["p_value"]) == (0.0, 0, 0, 1.0)
     text = capsys.readouterr().out
     assert "exact McNemar p = 1" in text and "pass@2" in text and "95%" in text.replace(" %", "%")
+
+
+def test_scores_of_none_are_counted_unscorable(tiny_model, smollm2_tokenizer, smollm2_prompts):
+    from grpokit.evaluate import evaluate
+
+    rows = [{"prompt": "q", "answer": "1"}, {"prompt": "r", "answer": "2"}]
+    res = evaluate(tiny_model, smollm2_tokenizer, smollm2_prompts, rows, eos_token_ids=[2, 0], max_new_tokens=2,
+                   scorer=lambda p, c, **_: [None] * len(c), num_samples=2)
+    assert res["unscorable"] == 2 + 2 * 2 and res["accuracy"] == 0.0  # greedy and sampled
+
+
+def test_maj_votes_read_answers_as_the_scorer_does():
+    from grpokit.heldout import answer_extractor
+
+    text = "I think 3, then <answer>cab</answer>"
+    assert answer_extractor("reasoning_gym")(text) == "cab"
+    assert answer_extractor("math_correct")(text) == "3"

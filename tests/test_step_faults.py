@@ -72,7 +72,8 @@ def test_constant_rewards_warn_no_learning_signal(tiny_model_dir, tmp_path):
     no_signal = [str(w.message) for w in said if "no learning signal" in str(w.message)]
     assert no_signal == ["step 1: no learning signal: every group's rewards were equal (frac_zero_std=1.00, "
                          "unscorable_frac=0.00), so every advantage is 0 and the policy-gradient term of "
-                         "this update is zero"]
+                         "this update is zero (the optimizer step was skipped: zero gradient)"]
+    assert [m["zero_grad_updates"] for m in lines] == [1, 1]
 
 
 def test_all_unscorable_warns_no_learning_signal(tiny_model_dir, tmp_path):

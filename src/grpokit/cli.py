@@ -92,7 +92,8 @@ def _eval_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--dataset", required=True)
     p.add_argument("--split", default="test")
     p.add_argument("--limit", type=int, default=100)
-    p.add_argument("--skip", type=int, default=0, help="leave out the first N rows (those a run trained on)")
+    p.add_argument("--skip", type=int, default=0, help="start at row N of the split (as data.skip does); the "
+                   "packaged recipes hold out rows 0-99 and train from row 100, so evaluate them with --limit 100")
     p.add_argument("--data-options", default=None, help="dataset options as YAML, e.g. reasoning_gym's "
                    "'{size: 500, max_digits: 2}'")
     p.add_argument("--data-seed", type=int, default=10**9, help="seed of generated data (reasoning_gym); the "
@@ -115,10 +116,10 @@ def _eval(argv: list[str]) -> int:
     from grpokit.config import _yaml_load, load_recipe
     from grpokit.evalstats import format_summary, paired_comparison
     from grpokit.evaluate import evaluate
-    from grpokit.heldout import check_scorer, default_scorer
+    from grpokit.heldout import answer_extractor, check_scorer, default_scorer
     from grpokit.models import eos_token_ids, load_model, load_tokenizer, model_max_positions, resolve_model_path
     from grpokit.rewards import get_reward_function
-    from grpokit.setup import load_prompts
+    from grpokit.setup import load_data_rows, load_prompts
 
     def fail(msg: str) -> int:
         print(f"grpokit eval: error: {msg}", file=sys.stderr)
@@ -145,12 +146,12 @@ def _eval(argv: list[str]) -> int:
             recipe.data.system_prompt = ns.system_prompt
         tok = load_tokenizer(ns.model)
         limit = None if ns.limit is None else ns.skip + ns.limit
-        rows, prompts, _ = load_prompts(recipe, tok, dataset=ns.dataset, split=ns.split, limit=limit,
-                                        max_new_tokens=ns.max_new_tokens, max_positions=model_max_positions(ns.model),
-                                        new_tokens_key="--max-new-tokens")
-        rows, prompts = rows[ns.skip:], prompts[ns.skip:]
+        rows = load_data_rows(recipe, dataset=ns.dataset, split=ns.split, limit=limit)[ns.skip:]
         if not rows:
             return fail(f"no rows of {ns.dataset}/{ns.split} left after --skip {ns.skip}")
+        rows, prompts, _ = load_prompts(recipe, tok, dataset=ns.dataset, split=ns.split, limit=None, rows=rows,
+                                        max_new_tokens=ns.max_new_tokens, max_positions=model_max_positions(ns.model),
+                                        new_tokens_key="--max-new-tokens")
     except (ValueError, FileNotFoundError, TypeError) as e:  # unknown data/scorer, missing model or file
         return fail(str(e))
     results = {}
@@ -158,7 +159,8 @@ def _eval(argv: list[str]) -> int:
         model = load_model(m).eval()
         results[m] = evaluate(model, tok, prompts, rows, eos_token_ids=eos_token_ids(model, tok),
                               max_new_tokens=ns.max_new_tokens, batch_size=ns.batch_size, scorer=scorer,
-                              num_samples=ns.samples or 0, temperature=ns.temperature, seed=ns.seed)
+                              num_samples=ns.samples or 0, temperature=ns.temperature, seed=ns.seed,
+                              extract_answer=answer_extractor(scorer_name))
         r = results[m]
         print(f"{m} on {ns.dataset}/{ns.split} ({r['total']} problems, scorer {scorer_name}, "
               f"{r['seconds']:.0f} s):\n{format_summary(r['metrics'])}", flush=True)

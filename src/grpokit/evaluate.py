@@ -15,11 +15,14 @@ from typing import Any, Callable
 from grpokit.rollout.hf import SamplingParams, generate_rollouts
 
 
-def _score(guard, rows: list[dict], completions: list[str], per_row: int) -> list[bool]:
-    """Correctness of ``completions`` (``per_row`` consecutive ones per row)."""
+def _score(guard, rows: list[dict], completions: list[str], per_row: int, unscorable: list[int]) -> list[bool]:
+    """Correctness of ``completions`` (``per_row`` consecutive ones per row); adds to
+    ``unscorable[0]`` the completions the scorer gave no score (None: it raised, timed out, or
+    could not read the reference)."""
     expanded = [r for r in rows for _ in range(per_row)]
     cols = {k: [r.get(k) for r in expanded] for k in rows[0] if k != "prompt"}
     scores = guard([r["prompt"] for r in expanded], completions, **cols)
+    unscorable[0] += sum(s is None for s in scores)
     return [s is not None and s >= 1.0 for s in scores]
 
 
@@ -38,6 +41,7 @@ def evaluate(
     num_samples: int = 0,
     temperature: float = 1.0,
     seed: int = 0,
+    extract_answer: Callable[[str], str | None] | None = None,
 ) -> dict[str, Any]:
     """Greedy-decode each prompt once (and sample ``num_samples`` more) and score them.
 
@@ -47,9 +51,13 @@ def evaluate(
             ``GuardedReward`` with ``scorer_timeout_s`` and ``isolation``.
         num_samples: k >= 1 adds mean@k, pass@j (j = 1, 2, 4, … k) and maj@k from k completions
             per problem sampled at ``temperature`` (seeded with ``seed``); 0 = greedy only.
+        extract_answer: reads a completion's final answer for maj@k's votes (default
+            :func:`grpokit.rewards.math.extract_answer`; use the scorer's own reader,
+            :func:`grpokit.heldout.answer_extractor`).
 
     Returns:
-        ``accuracy``, ``correct``, ``total``, ``unscorable``, ``truncated_frac`` (greedy),
+        ``accuracy``, ``correct``, ``total``, ``unscorable`` (completions, greedy and sampled, the
+        scorer gave no score: counted wrong), ``truncated_frac`` (greedy),
         ``seconds``, ``examples`` (the first five greedy completions), ``outcomes`` (per problem,
         greedy correct or not, for :func:`grpokit.evalstats.paired_comparison`) and ``metrics``
         (:func:`grpokit.evalstats.summarize`: each metric's value and 95 % interval).
@@ -59,7 +67,9 @@ def evaluate(
     """
     from grpokit import evalstats
     from grpokit.rewards.guard import GuardedReward
-    from grpokit.rewards.math import extract_answer
+
+    if extract_answer is None:
+        from grpokit.rewards.math import extract_answer
 
     if num_samples < 0 or (num_samples and temperature <= 0):
         raise ValueError(f"evaluate: num_samples must be >= 0 and temperature > 0 with samples, got "
@@ -76,12 +86,13 @@ def evaluate(
     sampled: list[list[bool]] = []
     answers: list[list[str | None]] = []
     per_call = max(1, batch_size // max(num_samples, 1))
+    unscorable = [0]
     try:
         for start in range(0, len(prompts), batch_size):
             chunk_rows, chunk = rows[start : start + batch_size], prompts[start : start + batch_size]
             ro = generate_rollouts(model, tokenizer, chunk, 1, SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens),
                                    eos_token_ids=eos_token_ids)
-            ok = _score(guard, chunk_rows, ro.completions, 1)
+            ok = _score(guard, chunk_rows, ro.completions, 1, unscorable)
             greedy += ok
             truncated += int(ro.truncated.sum())
             examples += [{"question": r["prompt"], "answer": r.get("answer"), "completion": c, "correct": o}
@@ -91,7 +102,7 @@ def evaluate(
             params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
             ro = generate_rollouts(model, tokenizer, chunk, num_samples, params, eos_token_ids=eos_token_ids,
                                    seed=seed * 100003 + start)
-            ok = _score(guard, chunk_rows, ro.completions, num_samples)
+            ok = _score(guard, chunk_rows, ro.completions, num_samples, unscorable)
             for i in range(len(chunk)):
                 sampled.append(ok[i * num_samples : (i + 1) * num_samples])
                 answers.append([extract_answer(c) for c in ro.completions[i * num_samples : (i + 1) * num_samples]])
@@ -101,7 +112,7 @@ def evaluate(
     summary = evalstats.summarize(greedy, sampled or None, answers or None) if total else None
     return {
         "accuracy": sum(greedy) / total if total else 0.0, "correct": sum(greedy), "total": total,
-        "unscorable": guard.failures, "truncated_frac": truncated / total if total else 0.0,
+        "unscorable": unscorable[0], "truncated_frac": truncated / total if total else 0.0,
         "seconds": time.perf_counter() - t0, "examples": examples, "outcomes": greedy,
         "metrics": summary,
     }

@@ -44,6 +44,19 @@ def default_scorer(dataset: str) -> str:
     return "reasoning_gym" if is_generated(dataset) else "math_correct"
 
 
+def answer_extractor(scorer: str):
+    """The function that reads the final answer the way ``scorer`` does, for maj@k's votes:
+    reasoning_gym's ``<answer>`` tags for the ``reasoning_gym`` scorer, else
+    :func:`grpokit.rewards.math.extract_answer`."""
+    if scorer == "reasoning_gym":
+        from grpokit.data.reasoning_gym import extract_rg_answer
+
+        return extract_rg_answer
+    from grpokit.rewards.math import extract_answer
+
+    return extract_answer
+
+
 def check_scorer(scorer: str, dataset: str) -> None:
     """Raise ``ValueError`` when ``scorer`` cannot score ``dataset``'s rows (the reasoning_gym scorer
     needs the generator entry that only ``reasoning_gym:`` rows carry)."""
@@ -63,11 +76,14 @@ def check_ranges(recipe: Any) -> None:
     e, d = recipe.eval, recipe.data
     if is_generated(e.dataset) or e.dataset != d.dataset or e.split != d.split:
         return
-    if e.limit is None or d.skip < e.limit:
-        held = "all rows" if e.limit is None else f"rows 0-{e.limit - 1}"
+    if e.limit is None:
         raise ValueError(f"eval: eval.dataset={e.dataset!r} eval.split={e.split!r} is the training data and "
-                         f"its held-out {held} overlap the training rows (data.skip={d.skip}); set data.skip >= "
-                         "eval.limit so that training starts after the held-out rows")
+                         "eval.limit is unset, so every row would be held out and trained on; set eval.limit=N "
+                         "and data.skip >= N")
+    if d.skip < e.limit:
+        raise ValueError(f"eval: eval.dataset={e.dataset!r} eval.split={e.split!r} is the training data and "
+                         f"its held-out rows 0-{e.limit - 1} overlap the training rows (data.skip={d.skip}); set "
+                         "data.skip >= eval.limit so that training starts after the held-out rows")
 
 
 def drop_training_questions(train_rows: list[dict], eval_rows: list[dict]) -> tuple[list[dict], int]:

@@ -55,7 +55,8 @@ def _section_rows(recipe: Recipe, section: str) -> list[dict]:
 
 def load_prompts(recipe: Recipe, tokenizer, *, dataset: str, split: str, limit: int | None,
                  rows: list[dict] | None = None, max_new_tokens: int | None = None,
-                 max_positions: int | None = None, new_tokens_key: str = "rollout.max_new_tokens"):
+                 max_positions: int | None = None, new_tokens_key: str = "rollout.max_new_tokens",
+                 section: str = "data"):
     """Rows of ``dataset``/``split`` (or the given ``rows``) and their chat prompts; prompts longer
     than ``data.max_prompt_tokens``, or whose tokens plus ``max_new_tokens`` exceed the model's
     ``max_positions``, are dropped and counted.
@@ -73,7 +74,7 @@ def load_prompts(recipe: Recipe, tokenizer, *, dataset: str, split: str, limit: 
                                  template=d.prompt_template) for r in rows]
     keep, skipped = filter_by_prompt_length(prompts, tokenizer, d.max_prompt_tokens)
     if not keep:
-        raise ValueError(f"data: all {len(rows)} prompts of {dataset}/{split} are longer than "
+        raise ValueError(f"{section}: all {len(rows)} prompts of {dataset}/{split} are longer than "
                          f"data.max_prompt_tokens={d.max_prompt_tokens}")
     if max_positions is not None and max_new_tokens is not None:
         room = max_positions - max_new_tokens  # longest prompt that leaves room for a whole completion
@@ -83,7 +84,7 @@ def load_prompts(recipe: Recipe, tokenizer, *, dataset: str, split: str, limit: 
                              f"has {max_positions} positions (prompt tokens + new tokens must fit)")
         fits, over = filter_by_prompt_length([prompts[i] for i in keep], tokenizer, room)
         if not fits:
-            raise ValueError(f"data: all {len(keep)} prompts of {dataset}/{split} are longer than {room} "
+            raise ValueError(f"{section}: all {len(keep)} prompts of {dataset}/{split} are longer than {room} "
                              f"tokens, the most that fits with {context}")
         if over:
             print(f"[grpokit] note: {over} prompts of {dataset}/{split} skipped: longer than {room} tokens, "
@@ -140,8 +141,7 @@ class Setup:
         self.rows, self.prompts, self.skipped_prompts = load_prompts(
             recipe, self.tokenizer, dataset=d.dataset, split=d.split, limit=d.limit, rows=rows,
             max_new_tokens=recipe.rollout.max_new_tokens, max_positions=self.max_positions)
-        if e.dataset:  # the held-out prompts must fit too: fail now, not after training
-            self._eval_prompts()
+        self.eval_prompts = self._eval_prompts() if e.dataset else None  # must fit too: fail now
         if len(self.rows) < recipe.train.prompts_per_step:
             print(f"[grpokit] note: {len(self.rows)} prompts < train.prompts_per_step; prompts repeat "
                   "within a step", file=sys.stderr)
@@ -211,17 +211,18 @@ class Setup:
     def run_eval(self, when: str) -> dict[str, Any]:
         from grpokit.evaluate import evaluate
         from grpokit.evalstats import format_summary
-        from grpokit.heldout import default_scorer
+        from grpokit.heldout import answer_extractor, default_scorer
         from grpokit.rewards import get_reward_function
 
         e = self.recipe.eval
-        rows, prompts = self._eval_prompts()
+        rows, prompts = self.eval_prompts
         scorer = e.scorer or default_scorer(e.dataset)
         res = evaluate(self.model, self.tokenizer, prompts, rows, eos_token_ids=self.eos_ids,
                        max_new_tokens=self._eval_new_tokens(), scorer=get_reward_function(scorer),
                        batch_size=e.batch_size, scorer_timeout_s=self.recipe.rewards.timeout_s,
                        isolation=self.recipe.rewards.isolation, num_samples=e.num_samples,
-                       temperature=self.recipe.rollout.temperature, seed=self.recipe.train.seed)
+                       temperature=self.recipe.rollout.temperature, seed=self.recipe.train.seed,
+                       extract_answer=answer_extractor(scorer))
         res.update(dataset=e.dataset, split=e.split, when=when, scorer=scorer, held_out=self.eval_note)
         (self.out / f"eval_{when}.json").write_text(json.dumps(res, indent=1))
         print(f"[grpokit] eval {when}: {e.dataset}/{e.split} accuracy {res['accuracy']:.3f} "
@@ -243,8 +244,9 @@ class Setup:
                           f"{key}={self._eval_new_tokens()} without an EOS: their answers count as wrong",
                           RunWarning, stacklevel=3)
         if res.get("unscorable"):
-            warnings.warn(f"eval {when}: the scorer raised or timed out on {res['unscorable']} of "
-                          f"{res['total']} completions (counted as wrong)", RunWarning, stacklevel=3)
+            warnings.warn(f"eval {when}: the scorer gave no score (raised, timed out, or could not read the "
+                          f"reference) for {res['unscorable']} completions (counted as wrong)", RunWarning,
+                          stacklevel=3)
 
     def _eval_new_tokens(self) -> int:
         return self.recipe.eval.max_new_tokens or self.recipe.rollout.max_new_tokens
@@ -254,7 +256,7 @@ class Setup:
         key = "eval.max_new_tokens" if e.max_new_tokens else "rollout.max_new_tokens (eval.max_new_tokens unset)"
         rows, prompts, _ = load_prompts(self.recipe, self.tokenizer, dataset=e.dataset, split=e.split,
                                         limit=e.limit, rows=self.eval_rows, max_new_tokens=self._eval_new_tokens(),
-                                        max_positions=self.max_positions, new_tokens_key=key)
+                                        max_positions=self.max_positions, new_tokens_key=key, section="eval")
         return rows, prompts
 
     def checkpoint(self, logger) -> Path:

@@ -193,7 +193,7 @@ def optimize(s: Setup, batch: Batch, advantages: torch.Tensor, keep_rows: torch.
     n = len(batch) if keep_rows is None else max(int(keep_rows.sum()), 1)
     n_tok, n_all = int(loss_mask.sum()), int(batch.completion_mask.sum())
     sums: dict[str, float] = {}
-    grad_norms, lrs, skipped = [], [], 0
+    grad_norms, lrs, skipped, zero_grad = [], [], 0, 0
     for it in range(t.num_iterations):
         s.optimizer.zero_grad(set_to_none=True)
         loss_total = 0.0
@@ -223,7 +223,13 @@ def optimize(s: Setup, batch: Batch, advantages: torch.Tensor, keep_rows: torch.
         gn = float(torch.nn.utils.clip_grad_norm_(s.model.parameters(), clip))
         grad_norms.append(gn)
         lrs.append(float(s.optimizer.param_groups[0]["lr"]))  # the rate this update uses (before the schedule moves)
-        if math.isfinite(gn) and math.isfinite(loss_total):
+        if gn == 0.0:  # nothing to learn from (no signal, or every row filtered): an optimizer step
+            zero_grad += 1  # would move the weights by momentum and weight decay alone
+            s.state.consecutive_skips = 0
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=".*lr_scheduler.step.*optimizer.step")
+                s.scheduler.step()
+        elif math.isfinite(gn) and math.isfinite(loss_total):
             s.optimizer.step()
             s.state.consecutive_skips = 0
             s.scheduler.step()
@@ -237,7 +243,7 @@ def optimize(s: Setup, batch: Batch, advantages: torch.Tensor, keep_rows: torch.
     mu = t.num_iterations
     out = {k: sum(sums[f"{k}@{i}"] for i in range(mu)) / mu for k in ("loss", "kl", "clip_frac_low", "clip_frac_high", "ratio_mean")}
     out.update(entropy=sums.get("entropy"), grad_norm=sum(grad_norms) / len(grad_norms),
-               lr=sum(lrs) / len(lrs), skipped_updates=skipped, ref_s=ref_s)
+               lr=sum(lrs) / len(lrs), skipped_updates=skipped, zero_grad_updates=zero_grad, ref_s=ref_s)
     return out
 
 
@@ -277,7 +283,9 @@ def warn_if_step_did_nothing(s: Setup, metrics: dict[str, Any], advantages: torc
                f"every group's rewards were equal (frac_zero_std={metrics['frac_zero_std']:.2f}, "
                f"unscorable_frac={metrics['unscorable_frac']:.2f})")
         found["no_signal"] = (f"no learning signal: {why}, so every advantage is 0 and the policy-"
-                              "gradient term of this update is zero")
+                              "gradient term of this update is zero" + (
+                                  " (the optimizer step was skipped: zero gradient)" if metrics.get("zero_grad_updates")
+                                  else ""))
     if metrics.get("reward_failures"):
         found["reward_failures"] = (f"{metrics['reward_failures']} reward rows raised or timed out and "
                                     "were scored unscorable (rewards.on_error=none)")
@@ -367,8 +375,9 @@ def refill_groups_with_signal(s: Setup, step: int, rows: list[dict], rollout, sc
     B); if it has none, on round 0's batch as it is (the "no learning signal" warning says so).
 
     Advantages are recomputed over the kept groups (batch scaling sees the batch trained on); the
-    reward metrics stay those of round 0 (the policy's own rate on fresh prompts), and
-    ``dynamic/rounds``, ``dynamic/groups_sampled``, ``dynamic/groups_kept`` are added.
+    reward metrics stay those of round 0 (the policy's own rate on fresh prompts), except
+    ``reward_failures`` and the rollout's ``gen_s``, summed over every round; ``dynamic/rounds``,
+    ``dynamic/groups_sampled``, ``dynamic/groups_kept`` are added.
     Returns ``(rows, rollout, scored, extra_reward_s)``.
     """
     from grpokit.rollout.hf import concat_rollouts
@@ -376,7 +385,9 @@ def refill_groups_with_signal(s: Setup, step: int, rows: list[dict], rollout, sc
     a, g, b = s.recipe.algo, s.recipe.rollout.group_size, s.recipe.train.prompts_per_step
     kept_rows, parts, rewards, extra_s, rounds, sampled = [], [], [], 0.0, 0, len(rows)
     cur_rows, cur, cur_scored = rows, rollout, scored
+    gen_s, failures = 0.0, 0  # over every round, dropped ones included
     while True:
+        gen_s, failures = gen_s + cur.gen_s, failures + cur_scored["metrics"]["reward_failures"]
         signal_groups = (~algo.constant_groups(cur_scored["rewards"], g)).nonzero().flatten().tolist()
         take = signal_groups[: b - len(kept_rows)]
         if take:
@@ -388,13 +399,15 @@ def refill_groups_with_signal(s: Setup, step: int, rows: list[dict], rollout, sc
         rounds += 1
         cur_rows, cur, cur_scored, dt = sample_and_score(s, step, b - len(kept_rows), round_=rounds)
         extra_s, sampled = extra_s + dt, sampled + len(cur_rows)
-    metrics = dict(scored["metrics"], **{"dynamic/rounds": rounds, "dynamic/groups_sampled": sampled,
-                                         "dynamic/groups_kept": len(kept_rows)})
+    metrics = dict(scored["metrics"], reward_failures=failures,
+                   **{"dynamic/rounds": rounds, "dynamic/groups_sampled": sampled, "dynamic/groups_kept": len(kept_rows)})
     if not kept_rows:
+        rollout.gen_s = gen_s
         return rows, rollout, dict(scored, metrics=metrics), extra_s
     r = torch.cat(rewards)
     adv = algo.group_advantages(r, g, scale=a.advantage_scale, eps=a.advantage_eps).float()
     out = concat_rollouts(parts, s.tokenizer.pad_token_id)
+    out.gen_s = gen_s
     return kept_rows, out, {"rewards": r, "advantages": adv, "metrics": metrics}, extra_s
 
 

@@ -13,6 +13,15 @@ from grpokit.rewards.guard import GuardedReward, RewardError
 from grpokit.rewards.math import math_correct
 
 
+def _running(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie (an exited process nobody has reaped yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def _timed(fn, *a, **k):
     t0 = time.monotonic()
     out = fn(*a, **k)
@@ -119,30 +128,35 @@ def test_bad_arguments_name_the_key(kw, msg):
         GuardedReward("f", fr.length_reward, **kw)
 
 
-def test_worker_ends_when_the_trainer_is_killed(tmp_path):
+@pytest.mark.parametrize("busy", [False, True])
+def test_worker_ends_when_the_trainer_is_killed(tmp_path, busy):
+    """Idle (waiting for a call) or busy (in a call that holds the GIL for minutes): a trainer
+    killed with SIGKILL (the OOM killer's signal) takes its worker with it."""
     import signal
     import subprocess
     import sys
 
     script = tmp_path / "trainer.py"
+    call = ("print(g._worker.proc.pid, flush=True); g(['q'], ['a'])" if busy else
+            "print(int(g(['q'], ['a'])[0]), flush=True)")
+    fn = "gil_holding_reward" if busy else "pid_reward"
     script.write_text(
         "import sys, time\n"
         "from grpokit.rewards.guard import GuardedReward\n"
         "import fake_rewards\n"
-        "g = GuardedReward('pid', fake_rewards.pid_reward, timeout_s=5)\n"
-        "print(int(g(['q'], ['a'])[0]), flush=True)\n"
+        f"g = GuardedReward('r', fake_rewards.{fn}, timeout_s=600)\n"
+        f"{call}\n"
         "time.sleep(600)\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(p) for p in sys.path if p])}
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
     worker = int(proc.stdout.readline())
     os.kill(worker, 0)  # alive
+    time.sleep(0.5)  # busy: the call has reached the worker
     proc.send_signal(signal.SIGKILL)  # no clean-up runs in the trainer
     proc.wait()
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        try:
-            os.kill(worker, 0)
-        except ProcessLookupError:
+        if not _running(worker):
             break
         time.sleep(0.1)
     else:

@@ -19,7 +19,7 @@ import logging
 from functools import lru_cache
 from typing import Any, Callable
 
-__all__ = ["load_reasoning_gym", "reasoning_gym_score", "RG_DEFAULT_SIZE"]
+__all__ = ["load_reasoning_gym", "reasoning_gym_score", "extract_rg_answer", "RG_DEFAULT_SIZE"]
 
 RG_DEFAULT_SIZE = 1000
 """Dataset size when ``options`` gives no ``size``."""
@@ -99,7 +99,9 @@ def _tagged_answer(text: str, open_tag: str = "<answer>", close_tag: str = "</an
     return None if found is None else found.strip()
 
 
-def _extract(completion: str) -> str | None:
+def extract_rg_answer(completion: str) -> str | None:
+    """The answer :func:`reasoning_gym_score` scores: the last ``<answer>...</answer>`` block, else
+    :func:`grpokit.rewards.math.extract_answer`'s (``\\boxed{}``, ``#### x``, last number)."""
     from grpokit.rewards.math import extract_answer
 
     tagged = _tagged_answer(completion)
@@ -145,7 +147,7 @@ def reasoning_gym_score(
         if not entry or not name:
             out.append(None)
             continue
-        pred = _extract(completion or "")
+        pred = extract_rg_answer(completion or "")
         if pred is None:
             out.append(0.0)
             continue

@@ -45,6 +45,9 @@ def _serve(conn, trainer_end, trainer_pid: int, fn: Callable) -> None:
     ``("ok", result)`` or ``("error", exception)``; stop at EOF, ``None``, or when the trainer is
     gone (it may have been killed with SIGKILL, which runs no clean-up)."""
     trainer_end.close()  # else this process holds its own pipe open and never sees EOF
+    _die_with_parent()
+    if os.getppid() != trainer_pid:  # the trainer died before the line above took effect
+        return
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the trainer's stop-after-this-step handler
     if "torch" in sys.modules:
@@ -71,6 +74,20 @@ def _serve(conn, trainer_end, trainer_pid: int, fn: Callable) -> None:
                                              f"from its worker process: {e!r}")))
 
 
+def _die_with_parent() -> None:
+    """Linux: have the kernel SIGKILL this process when its parent dies, even in the middle of a
+    call that never returns (``prctl(PR_SET_PDEATHSIG)``). Elsewhere the idle loop's parent check
+    is all there is."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def _portable(e: BaseException) -> BaseException:
     """``e`` with the worker's traceback as a note, or a RuntimeError naming it if it cannot be
     pickled."""
@@ -82,7 +99,10 @@ def _portable(e: BaseException) -> BaseException:
         out = e
     except Exception:  # noqa: BLE001
         out = RuntimeError(f"{type(e).__name__}: {e}")
-    out.add_note(note)
+    if hasattr(out, "add_note"):  # Python >= 3.11
+        out.add_note(note)
+    else:
+        out.__notes__ = [*getattr(out, "__notes__", []), note]
     return out
 
 
@@ -92,7 +112,7 @@ class _Worker:
     def __init__(self, fn: Callable):
         self.fn, self.proc, self.conn = fn, None, None
 
-    def _start(self) -> None:
+    def start(self) -> None:
         ctx = mp.get_context("fork")
         parent, child = ctx.Pipe()
         with warnings.catch_warnings():  # Python >= 3.12 warns on any fork of a threaded process;
@@ -106,7 +126,7 @@ class _Worker:
     def call(self, timeout_s: float, args: tuple, kwargs: dict) -> Any:
         if self.proc is None or not self.proc.is_alive():
             self.close()
-            self._start()
+            self.start()
         try:
             self.conn.send((args, kwargs))
             ready = self.conn.poll(timeout_s)
@@ -196,6 +216,12 @@ class GuardedReward:
         self.isolation = isolation
         self.failures = 0
         self._worker = _Worker(fn) if isolation == "process" else None
+        if self._worker is not None:
+            # forked now, while the trainer is small: a fork shares the parent's pages copy-on-write,
+            # and a worker forked after the models load would keep a copy of every page the
+            # trainer then rewrites (the weights, at each update). A replacement after a kill or
+            # a crash is forked from the trainer as it is then.
+            self._worker.start()
 
     def _call(self, args: tuple, kwargs: dict) -> Any:
         if self._worker is not None:
