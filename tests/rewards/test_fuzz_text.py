@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from grpokit.data.reasoning_gym import _extract as rg_extract_answer
+from grpokit.data.reasoning_gym import extract_rg_answer as rg_extract_answer
 from grpokit.data.reasoning_gym import _tagged_answer
 from grpokit.data.reasoning_gym import reasoning_gym_score
 from grpokit.rewards.format import answer_line_format, format_reward, make_format_reward, number_at_end
