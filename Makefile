@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo long process test bench clean
+.PHONY: setup demo long long-arith process test bench clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
@@ -23,6 +23,9 @@ demo: $(STAMP)
 
 long: $(STAMP)
 	$(BIN)/grpokit train recipes/long.yaml
+
+long-arith: $(STAMP)
+	$(BIN)/grpokit train recipes/arith.yaml
 
 process: $(STAMP)
 	$(BIN)/grpokit train recipes/process.yaml
