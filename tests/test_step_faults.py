@@ -142,7 +142,7 @@ def test_eval_prompts_that_cannot_fit_are_refused_before_training(tiny_model_dir
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
-@pytest.mark.filterwarnings("always::grpokit.trainer.RunWarning")
+@pytest.mark.filterwarnings("always::grpokit.metrics.RunWarning")
 def test_cli_says_the_warning_in_one_line(tiny_model_dir, tmp_path, capsys):
     from helpers import tiny_recipe_dict, write_recipe
 

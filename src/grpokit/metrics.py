@@ -20,6 +20,15 @@ METRIC_KEYS = (
 )
 
 
+class RunWarning(UserWarning):
+    """A step (or an evaluation) that trained on, or measured, little or nothing
+    (:func:`grpokit.trainer.warn_if_step_did_nothing`)."""
+
+
+#: warn when at least this fraction of the completions was cut at the new-token limit
+TRUNCATED_WARN_FRAC = 0.5
+
+
 def _step_of(line: str) -> int | None:
     """The ``step`` of a JSON line, or None for a blank or torn (half-written) line."""
     try:

@@ -233,10 +233,10 @@ class Setup:
 
     def _warn_eval(self, res: dict[str, Any], when: str) -> None:
         """An evaluation that measured little (most answers cut, rows the scorer could not score)
-        says so, as a training step does (``grpokit.trainer.RunWarning``)."""
+        says so, as a training step does (``grpokit.metrics.RunWarning``)."""
         import warnings
 
-        from grpokit.trainer import TRUNCATED_WARN_FRAC, RunWarning
+        from grpokit.metrics import TRUNCATED_WARN_FRAC, RunWarning
 
         if res["truncated_frac"] >= TRUNCATED_WARN_FRAC:
             key = "eval.max_new_tokens" if self.recipe.eval.max_new_tokens else "rollout.max_new_tokens"

@@ -33,7 +33,7 @@ from grpokit import algo
 from grpokit.checkpoint import find_resume_checkpoint, load_training_state, save_checkpoint, set_rng_state
 from grpokit.config import Recipe
 from grpokit.memory import release_memory
-from grpokit.metrics import RunLogger, plot_curves
+from grpokit.metrics import TRUNCATED_WARN_FRAC, RunLogger, RunWarning, plot_curves
 from grpokit.policy import Batch, batch_logprobs, completion_logprobs, micro_batches
 from grpokit.rewards.guard import GuardedReward
 from grpokit.setup import Setup, prepare
@@ -247,14 +247,8 @@ def optimize(s: Setup, batch: Batch, advantages: torch.Tensor, keep_rows: torch.
     return out
 
 
-class RunWarning(UserWarning):
-    """A step that trained on little or nothing (see :func:`warn_if_step_did_nothing`)."""
-
-
 #: a kind of warning repeats at most once per this many steps (each step's metrics say it anyway)
 WARN_EVERY_STEPS = 10
-#: warn when at least this fraction of a step's completions was cut at rollout.max_new_tokens
-TRUNCATED_WARN_FRAC = 0.5
 
 
 def warn_if_step_did_nothing(s: Setup, metrics: dict[str, Any], advantages: torch.Tensor) -> list[str]:
