@@ -232,3 +232,24 @@ def test_eval_scorer_that_does_not_match_the_data_is_a_recipe_error(tmp_path):
 
     with pytest.raises(RecipeError, match="eval.scorer: scorer 'reasoning_gym' needs reasoning_gym: data"):
         tiny_recipe("m", tmp_path, eval={"dataset": "mawps", "split": "singleop", "scorer": "reasoning_gym"})
+
+
+def test_the_after_eval_reuses_the_last_steps_periodic_eval(tiny_model_dir, tmp_path, monkeypatch):
+    import grpokit.evaluate
+
+    calls = []
+    real = grpokit.evaluate.evaluate
+
+    def spy(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(grpokit.evaluate, "evaluate", spy)
+    _run(tiny_model_dir, tmp_path, data={"skip": 4, "limit": 8}, train={"max_steps": 2},
+         eval={"dataset": "mawps", "split": "singleop", "limit": 2, "max_new_tokens": 2, "every_steps": 2,
+               "before": False})
+    assert len(calls) == 1  # step 2's evaluation is the "after" one: not run twice
+    import json
+
+    after, step2 = (json.loads((tmp_path / f"eval_{w}.json").read_text()) for w in ("after", "step2"))
+    assert after["when"] == "after" and after["outcomes"] == step2["outcomes"]

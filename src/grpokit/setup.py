@@ -224,11 +224,16 @@ class Setup:
                        temperature=self.recipe.rollout.temperature, seed=self.recipe.train.seed,
                        extract_answer=answer_extractor(scorer))
         res.update(dataset=e.dataset, split=e.split, when=when, scorer=scorer, held_out=self.eval_note)
-        (self.out / f"eval_{when}.json").write_text(json.dumps(res, indent=1))
+        self.save_eval(res, when)
         print(f"[grpokit] eval {when}: {e.dataset}/{e.split} accuracy {res['accuracy']:.3f} "
               f"({res['correct']}/{res['total']}, greedy; {self.eval_note}; scorer {scorer})\n"
               f"{format_summary(res['metrics'])}", flush=True)
         self._warn_eval(res, when)
+        return res
+
+    def save_eval(self, res: dict[str, Any], when: str) -> dict[str, Any]:
+        """Write ``eval_<when>.json``; returns ``res``."""
+        (self.out / f"eval_{when}.json").write_text(json.dumps(res, indent=1))
         return res
 
     def _warn_eval(self, res: dict[str, Any], when: str) -> None:

@@ -340,7 +340,9 @@ def train(recipe: Recipe, *, progress: bool = True) -> dict[str, Any]:
     summary["last_metrics"] = last
     if not stop.requested:
         if recipe.eval.dataset and recipe.eval.after:
-            summary["eval_after"] = s.run_eval("after")
+            done = getattr(s, "last_eval", None)  # the last step's periodic evaluation is this one
+            summary["eval_after"] = (s.save_eval(dict(done[1], when="after"), "after")
+                                     if done is not None and done[0] == s.state.step else s.run_eval("after"))
         if logger.metrics_path.exists():
             plot_curves(logger.metrics_path, out / "curves.png")
     logger.close()
@@ -436,6 +438,7 @@ def run_step(s: Setup, logger: RunLogger) -> dict[str, Any]:
     e = recipe.eval
     if e.dataset and e.every_steps and step % e.every_steps == 0:
         res = s.run_eval(f"step{step}")
+        s.last_eval = (step, res)
         for name, m in (res["metrics"] or {}).get("metrics", {}).items():
             metrics.update({f"eval/{name}": m["value"], f"eval/{name}_lo": m["lo"], f"eval/{name}_hi": m["hi"]})
     logger.log(metrics)
