@@ -138,15 +138,15 @@ def _eval(argv: list[str]) -> int:
         for m in models:
             resolve_model_path(m)
         recipe = load_recipe(DEFAULT_RECIPE)
-        recipe.train.seed = ns.data_seed
-        recipe.data.options = dict(_yaml_load(ns.data_options) or {}) if ns.data_options else {}
+        options = dict(_yaml_load(ns.data_options) or {}) if ns.data_options else {}
         if ns.prompt_template is not None:
             recipe.data.prompt_template = ns.prompt_template
         if ns.system_prompt is not None:
             recipe.data.system_prompt = ns.system_prompt
         tok = load_tokenizer(ns.model)
         limit = None if ns.limit is None else ns.skip + ns.limit
-        rows = load_data_rows(recipe, dataset=ns.dataset, split=ns.split, limit=limit)[ns.skip:]
+        rows = load_data_rows(recipe, dataset=ns.dataset, split=ns.split, limit=limit, seed=ns.data_seed,
+                              options=options)[ns.skip:]
         if not rows:
             return fail(f"no rows of {ns.dataset}/{ns.split} left after --skip {ns.skip}")
         rows, prompts, _ = load_prompts(recipe, tok, dataset=ns.dataset, split=ns.split, limit=None, rows=rows,

@@ -192,12 +192,12 @@ class Setup:
     def _held_out_rows(self, train_rows: list[dict]) -> list[dict]:
         """The eval section's rows, checked apart from the training rows (:mod:`grpokit.heldout`)."""
         from grpokit import heldout
-
         from grpokit.rewards import get_reward_function
 
         heldout.check_ranges(self.recipe)
+        self.eval_scorer = self.recipe.eval.scorer or heldout.default_scorer(self.recipe.eval.dataset)
         try:
-            get_reward_function(self.recipe.eval.scorer or heldout.default_scorer(self.recipe.eval.dataset))
+            get_reward_function(self.eval_scorer)  # a bad name fails before any model loads
         except ValueError as err:
             raise ValueError(f"eval.scorer: {err}") from None
         rows, dropped = heldout.drop_training_questions(train_rows, _section_rows(self.recipe, "eval"))
@@ -211,12 +211,12 @@ class Setup:
     def run_eval(self, when: str) -> dict[str, Any]:
         from grpokit.evaluate import evaluate
         from grpokit.evalstats import format_summary
-        from grpokit.heldout import answer_extractor, default_scorer
+        from grpokit.heldout import answer_extractor
         from grpokit.rewards import get_reward_function
 
         e = self.recipe.eval
         rows, prompts = self.eval_prompts
-        scorer = e.scorer or default_scorer(e.dataset)
+        scorer = self.eval_scorer
         res = evaluate(self.model, self.tokenizer, prompts, rows, eos_token_ids=self.eos_ids,
                        max_new_tokens=self._eval_new_tokens(), scorer=get_reward_function(scorer),
                        batch_size=e.batch_size, scorer_timeout_s=self.recipe.rewards.timeout_s,

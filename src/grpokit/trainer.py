@@ -226,19 +226,15 @@ def optimize(s: Setup, batch: Batch, advantages: torch.Tensor, keep_rows: torch.
         if gn == 0.0:  # nothing to learn from (no signal, or every row filtered): an optimizer step
             zero_grad += 1  # would move the weights by momentum and weight decay alone
             s.state.consecutive_skips = 0
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message=".*lr_scheduler.step.*optimizer.step")
-                s.scheduler.step()
         elif math.isfinite(gn) and math.isfinite(loss_total):
             s.optimizer.step()
             s.state.consecutive_skips = 0
-            s.scheduler.step()
         else:
             skipped += 1
             s.state.consecutive_skips += 1
-            with warnings.catch_warnings():  # the schedule follows steps taken or skipped
-                warnings.filterwarnings("ignore", message=".*lr_scheduler.step.*optimizer.step")
-                s.scheduler.step()
+        with warnings.catch_warnings():  # the schedule follows updates applied or not
+            warnings.filterwarnings("ignore", message=".*lr_scheduler.step.*optimizer.step")
+            s.scheduler.step()
     s.optimizer.zero_grad(set_to_none=True)
     mu = t.num_iterations
     out = {k: sum(sums[f"{k}@{i}"] for i in range(mu)) / mu for k in ("loss", "kl", "clip_frac_low", "clip_frac_high", "ratio_mean")}
