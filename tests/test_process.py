@@ -50,7 +50,7 @@ def rollout(smollm2_tokenizer):
 
 
 def _setup(tok, on_error):
-    recipe = SimpleNamespace(algo=SimpleNamespace(step_rule="lines", advantage_eps=1e-4),
+    recipe = SimpleNamespace(algo=SimpleNamespace(step_rule="lines", advantage_eps=1e-4, process_advantage="sum"),
                              rollout=SimpleNamespace(group_size=G))
     reward = GuardedReward("process:fake", raising_process_reward, timeout_s=30, on_error=on_error)
     return SimpleNamespace(recipe=recipe, tokenizer=tok, process_reward=reward)

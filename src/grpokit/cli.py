@@ -98,6 +98,9 @@ def _eval_args(argv: list[str]) -> argparse.Namespace:
                    "'{size: 500, max_digits: 2}'")
     p.add_argument("--data-seed", type=int, default=10**9, help="seed of generated data (reasoning_gym); the "
                    "default is the held-out seed of a run with train.seed=0 (train.seed + 10^9): never its training set")
+    p.add_argument("--shuffle-seed", type=int, default=None, help="shuffle the rows with this seed before --skip "
+                   "and --limit, as a recipe's data.shuffle_seed does (the held-out rows of a run with "
+                   "data.shuffle_seed=S are --shuffle-seed S --limit <eval.limit>)")
     p.add_argument("--scorer", default=None, help="reward function deciding correctness (default: reasoning_gym "
                    "for reasoning_gym: data, else math_correct)")
     p.add_argument("--samples", type=int, default=None, metavar="K", help="also sample K completions per problem")
@@ -119,7 +122,7 @@ def _eval(argv: list[str]) -> int:
     from grpokit.heldout import answer_extractor, check_scorer, default_scorer
     from grpokit.models import eos_token_ids, load_model, load_tokenizer, model_max_positions, resolve_model_path
     from grpokit.rewards import get_reward_function
-    from grpokit.setup import load_data_rows, load_prompts
+    from grpokit.setup import load_data_rows, load_prompts, shuffled_rows
 
     def fail(msg: str) -> int:
         print(f"grpokit eval: error: {msg}", file=sys.stderr)
@@ -145,8 +148,9 @@ def _eval(argv: list[str]) -> int:
             recipe.data.system_prompt = ns.system_prompt
         tok = load_tokenizer(ns.model)
         limit = None if ns.limit is None else ns.skip + ns.limit
-        rows = load_data_rows(recipe, dataset=ns.dataset, split=ns.split, limit=limit, seed=ns.data_seed,
-                              options=options)[ns.skip:]
+        rows = load_data_rows(recipe, dataset=ns.dataset, split=ns.split,
+                              limit=limit if ns.shuffle_seed is None else None, seed=ns.data_seed, options=options)
+        rows = shuffled_rows(rows, ns.shuffle_seed)[ns.skip:limit]
         if not rows:
             return fail(f"no rows of {ns.dataset}/{ns.split} left after --skip {ns.skip}")
         rows, prompts, _ = load_prompts(recipe, tok, dataset=ns.dataset, split=ns.split, limit=None, rows=rows,

@@ -67,6 +67,9 @@ class DataConfig:
     split: str = _f("singleop", "split of the dataset (train/test, or a MAWPS subset)")
     limit: int | None = _f(None, "use only the first N rows")
     skip: int = _f(0, "leave out the first N rows (e.g. to hold them out for eval.limit=N on the same split)")
+    shuffle_seed: int | None = _f(None, "shuffle the rows with this seed before data.skip/data.limit (and before "
+                                  "eval.limit when eval reads the same dataset and split), so that a held-out "
+                                  "prefix draws from every part of a file sorted by kind (None = file order)")
     options: dict = _f({}, "extra options for the dataset (reasoning_gym generator options, size)")
     prompt_field: str | None = _f(None, "column holding the question (local/HF datasets)")
     answer_field: str | None = _f(None, "column holding the reference answer (local/HF datasets)")
@@ -118,6 +121,9 @@ class AlgoConfig:
     advantage_eps: float = _f(1e-4, "eps added to the std")
     step_rule: str = _f("lines", "process supervision: how a completion splits into steps "
                         "(lines, paragraphs, regex:PATTERN, tag:STRING)")
+    process_advantage: str = _f("sum", "process supervision: a token's advantage from the normalized step rewards "
+                                "of its step and the later ones: sum (the paper), mean (their mean: no length "
+                                "bonus) or diff (last step's minus the previous step's)", ("sum", "mean", "diff"))
     process_reward: str = _f("arithmetic", "process supervision: step scorer (arithmetic, or "
                              "module:function)")
     overlong_filter: bool = _f(False, "DAPO overlong filtering: completions cut at rollout.max_new_tokens (no EOS) "

@@ -7,7 +7,9 @@ overlapping them.
   reasoning_gym draws item ``i`` from ``Random(seed + i)``, so seeds 0 and 1 give the same items
   shifted by one: the offset is 10⁹, beyond any dataset's size.
 - The same file and split for both: the held-out rows are the first ``eval.limit`` rows and
-  training starts at ``data.skip``; a range that overlaps is an error naming both keys.
+  training starts at ``data.skip``; a range that overlaps is an error naming both keys. With
+  ``data.shuffle_seed`` both sections take the rows in the same shuffled order first, so a file
+  sorted by kind (MAWPS: singleeq, singleop, addsub, multiarith) is held out evenly.
 - Whatever the source, a held-out problem whose question text is also a training question is left
   out and counted (a generator can draw the same problem twice; a file can repeat a question).
 """
@@ -28,6 +30,21 @@ def is_generated(dataset: str | None) -> bool:
 def eval_seed(recipe: Any) -> int:
     """The data seed of the held-out rows (module docstring)."""
     return recipe.train.seed + (EVAL_SEED_OFFSET if is_generated(recipe.eval.dataset) else 0)
+
+
+def same_rows(recipe: Any) -> bool:
+    """Whether the eval section reads the training data's file and split (held out by position)."""
+    e, d = recipe.eval, recipe.data
+    return not is_generated(e.dataset) and e.dataset == d.dataset and e.split == d.split
+
+
+def shuffle_seed(recipe: Any, section: str) -> int | None:
+    """The seed that orders ``section``'s rows: ``data.shuffle_seed`` for the training rows, and for
+    held-out rows read from the same file and split (one order, so that rows ``0..eval.limit-1``
+    and the rows from ``data.skip`` on stay apart); ``None`` (file order) otherwise."""
+    if section == "data" or same_rows(recipe):
+        return recipe.data.shuffle_seed
+    return None
 
 
 def eval_options(recipe: Any) -> dict:
@@ -74,7 +91,7 @@ def check_ranges(recipe: Any) -> None:
     >>> check_ranges(r)  # rows 0-99 held out, training from row 100
     """
     e, d = recipe.eval, recipe.data
-    if is_generated(e.dataset) or e.dataset != d.dataset or e.split != d.split:
+    if not same_rows(recipe):
         return
     if e.limit is None:
         raise ValueError(f"eval: eval.dataset={e.dataset!r} eval.split={e.split!r} is the training data and "

@@ -1,4 +1,4 @@
-"""Run outputs: metrics.jsonl, TensorBoard events, samples.jsonl and curves.png."""
+"""Run outputs: metrics.jsonl, TensorBoard events and samples.jsonl (curves.png: :mod:`grpokit.curves`)."""
 
 from __future__ import annotations
 
@@ -114,29 +114,3 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}: line {lineno} is not valid JSON: {e}") from None
     return out
-
-
-def plot_curves(metrics_path: str | Path, out_png: str | Path) -> None:
-    """Reward, KL, completion length and clip fractions against step, as one PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = read_metrics(metrics_path)
-    steps = [r["step"] for r in rows]
-    panels = [
-        ("reward", ["reward_mean"]), ("KL (k3)", ["kl"]), ("completion length", ["completion_len_mean"]),
-        ("clip fraction", ["clip_frac_low", "clip_frac_high"]),
-    ]
-    fig, axes = plt.subplots(1, 4, figsize=(16, 3.4))
-    for ax, (title, keys) in zip(axes, panels):
-        for k in keys:
-            ax.plot(steps, [r.get(k) if r.get(k) is not None else float("nan") for r in rows], label=k)
-        ax.set_title(title)
-        ax.set_xlabel("step")
-        if len(keys) > 1:
-            ax.legend()
-    fig.tight_layout()
-    fig.savefig(out_png, dpi=90)
-    plt.close(fig)

@@ -64,7 +64,7 @@ def process_step_advantages(s, rows: list[dict], rollout, prompts: list[str], co
     scores = s.process_reward(prompts, rollout.completions, steps=steps, **columns)
     step_rewards, num_steps = scatter_step_rewards(scores, ends, dtype=torch.float64)
     adv = algo.process_advantages(step_rewards, ends, rollout.completion_mask, recipe.rollout.group_size,
-                                  eps=recipe.algo.advantage_eps)
+                                  eps=recipe.algo.advantage_eps, mode=recipe.algo.process_advantage)
     scored_mask = ends.bool() & torch.isfinite(step_rewards)  # (N, T)
     scored = step_rewards[scored_mask]  # (S,) float64
     total = int(num_steps.sum())

@@ -6,6 +6,7 @@ Bad input fails here, before the (slow) model load: data, rewards and recipe val
 from __future__ import annotations
 
 import json
+import random
 import sys
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,19 @@ def load_data_rows(recipe: Recipe, *, dataset: str, split: str, limit: int | Non
                      prompt_field=d.prompt_field, answer_field=d.answer_field)
 
 
+def shuffled_rows(rows: list[dict], seed: int | None) -> list[dict]:
+    """``rows`` in the order of ``random.Random(seed).shuffle`` (a copy), or as they are for ``seed=None``.
+
+    >>> [r["i"] for r in shuffled_rows([{"i": i} for i in range(5)], 0)]
+    [2, 1, 0, 4, 3]
+    """
+    if seed is None:
+        return rows
+    out = list(rows)
+    random.Random(seed).shuffle(out)
+    return out
+
+
 def _section_rows(recipe: Recipe, section: str) -> list[dict]:
     """``load_data_rows`` for the ``data`` or ``eval`` section; errors say which keys they concern."""
     from grpokit import heldout
@@ -39,11 +53,14 @@ def _section_rows(recipe: Recipe, section: str) -> list[dict]:
     sec = getattr(recipe, section)
     skip = recipe.data.skip if section == "data" else 0
     held = section == "eval"
+    shuffle_seed = heldout.shuffle_seed(recipe, section)
     try:
         limit = None if sec.limit is None else skip + sec.limit
-        rows = load_data_rows(recipe, dataset=sec.dataset, split=sec.split, limit=limit,
+        rows = load_data_rows(recipe, dataset=sec.dataset, split=sec.split,
+                              limit=limit if shuffle_seed is None else None,
                               seed=heldout.eval_seed(recipe) if held else None,
-                              options=heldout.eval_options(recipe) if held else None)[skip:]
+                              options=heldout.eval_options(recipe) if held else None)
+        rows = shuffled_rows(rows, shuffle_seed)[skip:limit]
         if not rows:
             raise ValueError(f"no rows left after data.skip={skip}")
         return rows

@@ -17,6 +17,7 @@ samples exactly what the uninterrupted run sampled.
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import signal
@@ -32,8 +33,9 @@ import torch
 from grpokit import algo
 from grpokit.checkpoint import find_resume_checkpoint, load_training_state, save_checkpoint, set_rng_state
 from grpokit.config import Recipe
+from grpokit.curves import plot_curves
 from grpokit.memory import release_memory
-from grpokit.metrics import TRUNCATED_WARN_FRAC, RunLogger, RunWarning, plot_curves
+from grpokit.metrics import TRUNCATED_WARN_FRAC, RunLogger, RunWarning
 from grpokit.policy import Batch, batch_logprobs, completion_logprobs, micro_batches
 from grpokit.rewards.guard import GuardedReward
 from grpokit.setup import Setup, prepare
@@ -340,7 +342,10 @@ def train(recipe: Recipe, *, progress: bool = True) -> dict[str, Any]:
             summary["eval_after"] = (s.save_eval(dict(done[1], when="after"), "after")
                                      if done is not None and done[0] == s.state.step else s.run_eval("after"))
         if logger.metrics_path.exists():
-            plot_curves(logger.metrics_path, out / "curves.png")
+            before = out / "eval_before.json"  # also there when this process resumed the run
+            plot_curves(logger.metrics_path, out / "curves.png", beta=recipe.algo.beta,
+                        num_iterations=recipe.train.num_iterations,
+                        before=json.loads(before.read_text()) if before.exists() else None)
     logger.close()
     s.write_summary(summary)
     return summary

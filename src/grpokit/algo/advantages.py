@@ -177,6 +177,27 @@ def group_advantages(
     return _saturate(adv.reshape(-1), out_dtype)
 
 
+PROCESS_MODES = ("sum", "mean", "diff")
+"""The ``mode`` values of :func:`process_advantages` (``algo.process_advantage``)."""
+
+
+def _reverse_cumsum(x: torch.Tensor) -> torch.Tensor:
+    """``out[:, t] = Σ_{t' ≥ t} x[:, t']``."""
+    return x.flip(1).cumsum(1).flip(1)
+
+
+def _previous_scored(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """At each position, the value at the nearest ``valid`` position strictly before it in the same
+    row (0 where there is none)."""
+    t = values.shape[1]
+    idx = torch.where(valid, torch.arange(t, device=values.device).expand_as(valid), torch.full_like(valid, -1,
+                                                                                                    dtype=torch.long))
+    last = idx.cummax(dim=1).values  # last valid position at or before t
+    prev = torch.cat([torch.full_like(last[:, :1], -1), last[:, :-1]], dim=1)  # ... strictly before t
+    got = values.gather(1, prev.clamp(min=0))
+    return torch.where(prev >= 0, got, torch.zeros_like(got))
+
+
 def process_advantages(
     step_rewards: torch.Tensor,
     step_end_mask: torch.Tensor,
@@ -184,6 +205,7 @@ def process_advantages(
     group_size: int,
     *,
     eps: float = 1e-4,
+    mode: str = "sum",
 ) -> torch.Tensor:
     """Process-supervision advantages per token (DeepSeekMath §4.1.3).
 
@@ -196,18 +218,32 @@ def process_advantages(
     with fewer than two scored steps, or all its step rewards equal up to rounding (the rule of
     :func:`constant_groups` on the pooled step rewards, input dtype's eps), gets 0 everywhere.
 
+    ``mode`` (``algo.process_advantage``) chooses how the normalized step rewards ``r̃_k`` of a
+    completion become token advantages; for a token of step ``j`` of a completion with ``K`` scored
+    steps:
+
+    - ``sum`` (the paper's formula, the default): ``A = Σ_{k=j..K} r̃_k``. A completion with more
+      steps adds more terms, so a long run of above-average steps can out-earn a short right answer
+      (``docs/process_vs_outcome.md``).
+    - ``mean``: ``A = (Σ_{k=j..K} r̃_k) / (K − j + 1)``, the mean of the same terms: no more weight
+      for more steps.
+    - ``diff``: the sum over step rewards taken as differences ``r̃_k − r̃_{k−1}`` (``r̃_0 = 0``),
+      which telescopes to ``A = r̃_K − r̃_{j−1}``: a token is credited with the change from the step
+      before its own to the completion's last step.
+
     Args:
         step_rewards: ``(N, T)`` float; read only where ``step_end_mask`` is True.
         step_end_mask: ``(N, T)`` bool, True at the last token of each step.
         completion_mask: ``(N, T)`` bool, True = token counts.
         group_size: G; ``N = B·G`` with each group contiguous.
         eps: added to the pooled std.
+        mode: ``sum``, ``mean`` or ``diff`` (above).
 
     Returns:
         ``(N, T)`` advantages, dtype of ``step_rewards`` (float32 for integer input).
 
     Raises:
-        ValueError: mismatched shapes, not 2-D, N not divisible by ``group_size``.
+        ValueError: mismatched shapes, not 2-D, N not divisible by ``group_size``, unknown ``mode``.
 
     Example:
         >>> r = torch.tensor([[1.0, 0.0], [0.0, 0.0]])
@@ -216,6 +252,8 @@ def process_advantages(
         [[0.7070068120956421, 0.0], [-0.7070068120956421, 0.0]]
     """
     fn = "process_advantages"
+    if mode not in PROCESS_MODES:
+        raise ValueError(f"{fn}: mode must be one of {PROCESS_MODES}, got {mode!r}")
     check_dim(fn, "step_rewards", step_rewards, 2)
     check_same_shape(
         fn, step_rewards=step_rewards, step_end_mask=step_end_mask, completion_mask=completion_mask
@@ -231,8 +269,11 @@ def process_advantages(
     norm = (pooled_r - mean[:, None]) / (std[:, None] + eps / scale_of)
     norm = torch.where(valid.reshape(b, -1) & varies[:, None], norm, torch.zeros_like(norm))
     norm = norm.reshape(n, t)
-    # reverse cumulative sum over t: A_t = sum_{t' >= t} norm_{t'}
-    adv = norm.flip(1).cumsum(1).flip(1)
+    if mode == "diff":  # r̃_k − r̃_{k−1} at each scored step end (r̃_0 = 0)
+        norm = torch.where(valid, norm - _previous_scored(norm, valid), norm)
+    adv = _reverse_cumsum(norm)  # A_t = sum_{t' >= t} norm_{t'}
+    if mode == "mean":
+        adv = adv / _reverse_cumsum(valid.to(adv.dtype)).clamp(min=1.0)
     adv = torch.where(completion_mask.bool(), adv, torch.zeros_like(adv))
     return _saturate(adv, step_rewards.dtype if step_rewards.is_floating_point() else torch.float32)
 

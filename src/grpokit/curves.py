@@ -1,0 +1,171 @@
+"""``curves.png``: what a run did, one panel per question a user asks of it.
+
+- **Reward functions**: each ``rewards/<name>`` per step (thin) and smoothed (thick).
+- **Held-out accuracy**: each evaluation (the one before training at step 0, the periodic ones)
+  with its 95 % interval; the tick under each point gives the training minutes at that step.
+- **Fractions**: completions cut at the token limit, and groups with zero reward variance (no
+  learning signal).
+- **Entropy** (nats per token) and **completion length** (tokens).
+- **KL to the reference** only when β > 0, **clip fractions** only when μ > 1: at β = 0 no KL is
+  computed, and at μ = 1 the ratio is 1 at every token, so those panels could not move.
+
+:func:`curve_panels` decides what is drawn (no plotting library; tests read it);
+:func:`plot_curves` draws it with matplotlib.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from grpokit.metrics import read_metrics
+
+SMOOTHING = 0.8
+"""Weight of the past in :func:`smooth` (TensorBoard's default is 0.6; runs here are short and noisy)."""
+
+
+def smooth(values: list[float | None], weight: float = SMOOTHING) -> list[float]:
+    """Exponential moving average with bias correction, as TensorBoard draws it.
+
+    ``m_t = w·m_{t-1} + (1-w)·x_t`` from ``m_0 = 0``, shown as ``m_t / (1 - w^n_t)`` where ``n_t``
+    counts the finite values so far. ``None``/NaN values are skipped (their point is NaN and the
+    average carries on).
+
+    >>> [round(v, 4) for v in smooth([1.0, 0.0, None], 0.5)]
+    [1.0, 0.3333, nan]
+
+    Raises:
+        ValueError: ``weight`` outside [0, 1).
+    """
+    if not 0.0 <= weight < 1.0:
+        raise ValueError(f"smooth: weight must be in [0, 1), got {weight}")
+    out, m, n = [], 0.0, 0
+    for x in values:
+        if x is None or not math.isfinite(x):
+            out.append(float("nan"))
+            continue
+        n += 1
+        m = weight * m + (1.0 - weight) * x
+        out.append(m / (1.0 - weight**n))
+    return out
+
+
+def _series(rows: list[dict], key: str) -> tuple[list[int], list[float | None]]:
+    return [r["step"] for r in rows], [r.get(key) for r in rows]
+
+
+def _eval_points(rows: list[dict], before: dict | None) -> dict[str, dict[str, list]]:
+    """``{metric: {"x", "y", "lo", "hi", "minutes"}}`` from the ``eval/<metric>`` keys, with the
+    before-training evaluation (``eval_before.json``: its ``metrics.metrics`` table) at step 0."""
+    pts: dict[str, dict[str, list]] = {}
+
+    def add(metric: str, step: int, minutes: float, v: float, lo: float, hi: float) -> None:
+        p = pts.setdefault(metric, {"x": [], "y": [], "lo": [], "hi": [], "minutes": []})
+        for k, val in zip(("x", "y", "lo", "hi", "minutes"), (step, v, lo, hi, minutes)):
+            p[k].append(val)
+
+    for name, m in (((before or {}).get("metrics") or {}).get("metrics") or {}).items():
+        add(name, 0, 0.0, m["value"], m["lo"], m["hi"])
+    for r in rows:
+        for k in r:
+            if k.startswith("eval/") and not k.endswith(("_lo", "_hi")):
+                name = k[len("eval/"):]
+                add(name, r["step"], r.get("train_minutes", float("nan")), r[k], r[f"{k}_lo"], r[f"{k}_hi"])
+    return pts
+
+
+def curve_panels(rows: list[dict[str, Any]], *, beta: float, num_iterations: int,
+                 before: dict | None = None) -> list[dict[str, Any]]:
+    """The panels of ``curves.png`` (module docstring), as data.
+
+    Args:
+        rows: ``metrics.jsonl`` lines (dicts with ``step``).
+        beta: the run's KL coefficient β (``algo.beta``); 0 drops the KL panel.
+        num_iterations: μ (``train.num_iterations``); 1 drops the clip-fraction panel.
+        before: the before-training evaluation (the dict in ``eval_before.json``, as
+            :meth:`grpokit.setup.Setup.run_eval` returns it), or None.
+
+    Returns:
+        A list of ``{"title", "ylabel", "lines"}``; each line is ``{"label", "x", "y", "kind"}``
+        with ``kind`` one of ``raw``, ``smooth``, ``interval`` (then also ``lo``, ``hi``,
+        ``minutes``).
+    """
+    panels = []
+    lines = []
+    for key in sorted({k for r in rows for k in r if k.startswith("rewards/")}):
+        x, y = _series(rows, key)
+        name = key[len("rewards/"):]
+        lines += [{"label": name, "x": x, "y": y, "kind": "raw"},
+                  {"label": f"{name} (smoothed)", "x": x, "y": smooth(y), "kind": "smooth"}]
+    if lines:
+        panels.append({"title": "reward functions", "ylabel": "mean reward", "lines": lines})
+    evals = _eval_points(rows, before)
+    if evals:
+        panels.append({"title": "held-out accuracy (95 % interval)", "ylabel": "accuracy", "lines": [
+            {"label": name, "kind": "interval", **p} for name, p in evals.items()]})
+    panels.append({"title": "fractions", "ylabel": "fraction", "lines": [
+        {"label": "truncated (hit max_new_tokens)", "x": _series(rows, "truncated_frac")[0],
+         "y": _series(rows, "truncated_frac")[1], "kind": "raw"},
+        {"label": "groups with zero reward variance", "x": _series(rows, "frac_zero_std")[0],
+         "y": _series(rows, "frac_zero_std")[1], "kind": "raw"}]})
+    for key, title, ylabel in (("entropy", "entropy", "nats / token"),
+                               ("completion_len_mean", "completion length", "tokens")):
+        x, y = _series(rows, key)
+        panels.append({"title": title, "ylabel": ylabel, "lines": [
+            {"label": key, "x": x, "y": y, "kind": "raw"},
+            {"label": f"{key} (smoothed)", "x": x, "y": smooth(y), "kind": "smooth"}]})
+    if beta > 0:
+        x, y = _series(rows, "kl")
+        panels.append({"title": "KL to the reference (k3)", "ylabel": "nats / token",
+                       "lines": [{"label": "kl", "x": x, "y": y, "kind": "raw"}]})
+    if num_iterations > 1:
+        panels.append({"title": "clip fraction", "ylabel": "fraction of tokens", "lines": [
+            {"label": k, "x": _series(rows, k)[0], "y": _series(rows, k)[1], "kind": "raw"}
+            for k in ("clip_frac_low", "clip_frac_high")]})
+    return panels
+
+
+def _nan(y: list) -> list[float]:
+    return [float("nan") if v is None else v for v in y]
+
+
+def plot_curves(metrics_path: str | Path, out_png: str | Path, *, beta: float = 0.0, num_iterations: int = 1,
+                before: dict | None = None) -> None:
+    """Draw :func:`curve_panels` of ``metrics_path`` into ``out_png`` (two rows of panels).
+
+    Raises:
+        FileNotFoundError / ValueError: as :func:`grpokit.metrics.read_metrics`.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = curve_panels(read_metrics(metrics_path), beta=beta, num_iterations=num_iterations, before=before)
+    ncol = math.ceil(len(panels) / 2)
+    fig, axes = plt.subplots(2, ncol, figsize=(4.6 * ncol, 7.0), squeeze=False)
+    for ax, panel in zip(axes.flat, panels):
+        for i, ln in enumerate(panel["lines"]):
+            color = f"C{i // 2}" if panel["lines"][-1]["kind"] == "smooth" else f"C{i}"
+            if ln["kind"] == "interval":
+                y = ln["y"]
+                err = [[v - lo for v, lo in zip(y, ln["lo"])], [hi - v for v, hi in zip(y, ln["hi"])]]
+                ax.errorbar(ln["x"], y, yerr=err, marker="o", capsize=3, label=ln["label"], color=color)
+                if i == 0:
+                    ax.set_xticks(ln["x"], [f"{s}\n{m:.0f} min" for s, m in zip(ln["x"], ln["minutes"])])
+            elif ln["kind"] == "smooth":
+                ax.plot(ln["x"], _nan(ln["y"]), color=color, linewidth=2.0, label=ln["label"])
+            else:
+                ax.plot(ln["x"], _nan(ln["y"]), color=color, linewidth=0.8, alpha=0.45 if
+                        panel["lines"][-1]["kind"] == "smooth" else 1.0, label=ln["label"])
+        ax.set_title(panel["title"])
+        ax.set_xlabel("step")
+        ax.set_ylabel(panel["ylabel"])
+        if len(panel["lines"]) > 1:
+            ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=90)
+    plt.close(fig)

@@ -1,0 +1,95 @@
+"""curves.png: which panels a run's setting can move, the smoothing, the held-out points."""
+
+import math
+
+import pytest
+
+from grpokit.curves import curve_panels, plot_curves, smooth
+
+
+def _rows(n=4, evals=()):
+    rows = []
+    for s in range(1, n + 1):
+        r = {"step": s, "rewards/math_correct": 0.1 * s, "rewards/format": 1.0, "reward_mean": 0.1 * s + 1,
+             "truncated_frac": 0.5, "frac_zero_std": 0.25, "entropy": 1.0 / s, "completion_len_mean": 10.0 + s,
+             "kl": 0.01 * s, "clip_frac_low": 0.0, "clip_frac_high": 0.0, "train_minutes": 0.5 * s}
+        if s in evals:
+            r.update({"eval/greedy": 0.2 + 0.1 * s, "eval/greedy_lo": 0.1 + 0.1 * s, "eval/greedy_hi": 0.3 + 0.1 * s})
+        rows.append(r)
+    return rows
+
+
+def test_smooth_hand_values():
+    # m1 = 0.5*0 + 0.5*1 = 0.5 -> /(1-0.5) = 1; m2 = 0.25 + 0 -> /(1-0.25) = 1/3; None skipped:
+    # m3 = 0.125 + 0.5*4 = 2.125 -> /(1-0.125) = 2.428571...
+    out = smooth([1.0, 0.0, None, 4.0], 0.5)
+    assert out[0] == pytest.approx(1.0) and out[1] == pytest.approx(1 / 3)
+    assert math.isnan(out[2]) and out[3] == pytest.approx(2.125 / 0.875)
+    assert smooth([3.0, 3.0, 3.0]) == pytest.approx([3.0, 3.0, 3.0])  # bias-corrected: a constant stays put
+    with pytest.raises(ValueError, match="weight"):
+        smooth([1.0], 1.0)
+
+
+def test_panels_that_cannot_move_are_left_out():
+    titles = [p["title"] for p in curve_panels(_rows(), beta=0.0, num_iterations=1)]
+    assert titles == ["reward functions", "fractions", "entropy", "completion length"]
+    titles = [p["title"] for p in curve_panels(_rows(), beta=0.04, num_iterations=2)]
+    assert "KL to the reference (k3)" in titles and "clip fraction" in titles
+
+
+def test_each_reward_function_raw_and_smoothed():
+    (rew,) = [p for p in curve_panels(_rows(), beta=0, num_iterations=1) if p["title"] == "reward functions"]
+    labels = [ln["label"] for ln in rew["lines"]]
+    assert labels == ["format", "format (smoothed)", "math_correct", "math_correct (smoothed)"]
+    raw, sm = rew["lines"][2], rew["lines"][3]
+    assert raw["y"] == pytest.approx([0.1, 0.2, 0.3, 0.4])
+    assert sm["y"] == pytest.approx(smooth([0.1, 0.2, 0.3, 0.4]))
+
+
+def test_held_out_points_with_before_at_step_zero():
+    # as eval_before.json holds it (Setup.run_eval: evaluate()'s result, metrics from evalstats.summarize)
+    before = {"accuracy": 0.05, "metrics": {"n_problems": 100, "k": 0,
+                                            "metrics": {"greedy": {"value": 0.05, "lo": 0.03, "hi": 0.07}}}}
+    panels = curve_panels(_rows(4, evals=(2, 4)), beta=0, num_iterations=1, before=before)
+    (acc,) = [p for p in panels if p["title"].startswith("held-out accuracy")]
+    (ln,) = acc["lines"]
+    assert ln["kind"] == "interval" and ln["label"] == "greedy"
+    assert ln["x"] == [0, 2, 4] and ln["y"] == pytest.approx([0.05, 0.4, 0.6])
+    assert ln["lo"] == pytest.approx([0.03, 0.3, 0.5]) and ln["hi"] == pytest.approx([0.07, 0.5, 0.7])
+    assert ln["minutes"] == pytest.approx([0.0, 1.0, 2.0])
+
+
+def test_plot_writes_a_png(tmp_path):
+    import json
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in _rows(6, evals=(3, 6))))
+    plot_curves(path, tmp_path / "c.png", beta=0.04, num_iterations=2,
+                before={"metrics": {"n_problems": 10, "k": 0,
+                                    "metrics": {"greedy": {"value": 0.1, "lo": 0.05, "hi": 0.2}}}})
+    assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_run_with_evaluations_draws_them(tiny_model_dir, tmp_path, monkeypatch):
+    """End to end: the before-training evaluation (eval_before.json as the run writes it) and the
+    periodic one reach the held-out panel of the run's curves.png."""
+    import grpokit.trainer
+    from grpokit.metrics import read_metrics
+    from grpokit.trainer import train
+    from helpers import tiny_recipe
+
+    seen = {}
+    real = grpokit.trainer.plot_curves
+
+    def spy(metrics_path, out_png, **kw):
+        seen["panels"] = curve_panels(read_metrics(metrics_path), beta=kw["beta"],
+                                      num_iterations=kw["num_iterations"], before=kw["before"])
+        return real(metrics_path, out_png, **kw)
+
+    monkeypatch.setattr(grpokit.trainer, "plot_curves", spy)
+    train(tiny_recipe(tiny_model_dir, tmp_path, data={"skip": 4, "limit": 8}, train={"max_steps": 2},
+                      eval={"dataset": "mawps", "split": "singleop", "limit": 2, "max_new_tokens": 2,
+                            "every_steps": 2}), progress=False)
+    assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
+    (acc,) = [p for p in seen["panels"] if p["title"].startswith("held-out accuracy")]
+    assert acc["lines"][0]["x"] == [0, 2]
