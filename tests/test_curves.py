@@ -46,6 +46,15 @@ def test_each_reward_function_raw_and_smoothed():
     assert sm["y"] == pytest.approx(smooth([0.1, 0.2, 0.3, 0.4]))
 
 
+def test_process_runs_also_draw_the_step_reward():
+    rows = _rows()
+    for r in rows:
+        r["step_reward_mean"] = 0.5
+    (rew,) = [p for p in curve_panels(rows, beta=0, num_iterations=1) if p["title"] == "reward functions"]
+    assert [ln["label"] for ln in rew["lines"]][-2:] == ["step reward (process)", "step reward (process, smoothed)"]
+    assert rew["lines"][-1]["y"] == pytest.approx([0.5] * 4)
+
+
 def test_held_out_points_with_before_at_step_zero():
     # as eval_before.json holds it (Setup.run_eval: evaluate()'s result, metrics from evalstats.summarize)
     before = {"accuracy": 0.05, "metrics": {"n_problems": 100, "k": 0,

@@ -1,6 +1,7 @@
 """``curves.png``: what a run did, one panel per question a user asks of it.
 
-- **Reward functions**: each ``rewards/<name>`` per step (thin) and smoothed (thick).
+- **Reward functions**: each ``rewards/<name>`` per step (thin) and smoothed (thick); under process
+  supervision also the mean step score (``step_reward_mean``).
 - **Held-out accuracy**: each evaluation (the one before training at step 0, the periodic ones)
   with its 95 % interval; the tick under each point gives the training minutes at that step.
 - **Fractions**: completions cut at the token limit, and groups with zero reward variance (no
@@ -98,6 +99,10 @@ def curve_panels(rows: list[dict[str, Any]], *, beta: float, num_iterations: int
         name = key[len("rewards/"):]
         lines += [{"label": name, "x": x, "y": y, "kind": "raw"},
                   {"label": f"{name} (smoothed)", "x": x, "y": smooth(y), "kind": "smooth"}]
+    if any(r.get("step_reward_mean") is not None for r in rows):  # process supervision: the step scores
+        x, y = _series(rows, "step_reward_mean")
+        lines += [{"label": "step reward (process)", "x": x, "y": y, "kind": "raw"},
+                  {"label": "step reward (process, smoothed)", "x": x, "y": smooth(y), "kind": "smooth"}]
     if lines:
         panels.append({"title": "reward functions", "ylabel": "mean reward", "lines": lines})
     evals = _eval_points(rows, before)
