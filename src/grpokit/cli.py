@@ -122,7 +122,7 @@ def _eval(argv: list[str]) -> int:
     from grpokit.heldout import answer_extractor, check_scorer, default_scorer
     from grpokit.models import eos_token_ids, load_model, load_tokenizer, model_max_positions, resolve_model_path
     from grpokit.rewards import get_reward_function
-    from grpokit.setup import load_data_rows, load_prompts, shuffled_rows
+    from grpokit.setup import load_data_rows, load_prompts
 
     def fail(msg: str) -> int:
         print(f"grpokit eval: error: {msg}", file=sys.stderr)
@@ -148,9 +148,8 @@ def _eval(argv: list[str]) -> int:
             recipe.data.system_prompt = ns.system_prompt
         tok = load_tokenizer(ns.model)
         limit = None if ns.limit is None else ns.skip + ns.limit
-        rows = load_data_rows(recipe, dataset=ns.dataset, split=ns.split,
-                              limit=limit if ns.shuffle_seed is None else None, seed=ns.data_seed, options=options)
-        rows = shuffled_rows(rows, ns.shuffle_seed)[ns.skip:limit]
+        rows = load_data_rows(recipe, dataset=ns.dataset, split=ns.split, limit=limit, seed=ns.data_seed,
+                              options=options, shuffle_seed=ns.shuffle_seed)[ns.skip:]
         if not rows:
             return fail(f"no rows of {ns.dataset}/{ns.split} left after --skip {ns.skip}")
         rows, prompts, _ = load_prompts(recipe, tok, dataset=ns.dataset, split=ns.split, limit=None, rows=rows,

@@ -56,6 +56,19 @@ def _series(rows: list[dict], key: str) -> tuple[list[int], list[float | None]]:
     return [r["step"] for r in rows], [r.get(key) for r in rows]
 
 
+def _raw(rows: list[dict], key: str, label: str) -> dict[str, Any]:
+    x, y = _series(rows, key)
+    return {"label": label, "x": x, "y": y, "kind": "raw"}
+
+
+def _raw_and_smoothed(rows: list[dict], key: str, label: str, smoothed_label: str | None = None) -> list[dict]:
+    """Two lines of ``key``: per step (``raw``) and :func:`smooth`-ed (``smooth``; labelled
+    ``smoothed_label``, default ``"<label> (smoothed)"``)."""
+    raw = _raw(rows, key, label)
+    return [raw, {"label": smoothed_label or f"{label} (smoothed)", "x": raw["x"], "y": smooth(raw["y"]),
+                  "kind": "smooth"}]
+
+
 def _eval_points(rows: list[dict], before: dict | None) -> dict[str, dict[str, list]]:
     """``{metric: {"x", "y", "lo", "hi", "minutes"}}`` from the ``eval/<metric>`` keys, with the
     before-training evaluation (``eval_before.json``: its ``metrics.metrics`` table) at step 0."""
@@ -95,14 +108,10 @@ def curve_panels(rows: list[dict[str, Any]], *, beta: float, num_iterations: int
     panels = []
     lines = []
     for key in sorted({k for r in rows for k in r if k.startswith("rewards/")}):
-        x, y = _series(rows, key)
-        name = key[len("rewards/"):]
-        lines += [{"label": name, "x": x, "y": y, "kind": "raw"},
-                  {"label": f"{name} (smoothed)", "x": x, "y": smooth(y), "kind": "smooth"}]
+        lines += _raw_and_smoothed(rows, key, key[len("rewards/"):])
     if any(r.get("step_reward_mean") is not None for r in rows):  # process supervision: the step scores
-        x, y = _series(rows, "step_reward_mean")
-        lines += [{"label": "step reward (process)", "x": x, "y": y, "kind": "raw"},
-                  {"label": "step reward (process, smoothed)", "x": x, "y": smooth(y), "kind": "smooth"}]
+        lines += _raw_and_smoothed(rows, "step_reward_mean", "step reward (process)",
+                                   "step reward (process, smoothed)")
     if lines:
         panels.append({"title": "reward functions", "ylabel": "mean reward", "lines": lines})
     evals = _eval_points(rows, before)
@@ -110,24 +119,17 @@ def curve_panels(rows: list[dict[str, Any]], *, beta: float, num_iterations: int
         panels.append({"title": "held-out accuracy (95 % interval)", "ylabel": "accuracy", "lines": [
             {"label": name, "kind": "interval", **p} for name, p in evals.items()]})
     panels.append({"title": "fractions", "ylabel": "fraction", "lines": [
-        {"label": "truncated (hit max_new_tokens)", "x": _series(rows, "truncated_frac")[0],
-         "y": _series(rows, "truncated_frac")[1], "kind": "raw"},
-        {"label": "groups with zero reward variance", "x": _series(rows, "frac_zero_std")[0],
-         "y": _series(rows, "frac_zero_std")[1], "kind": "raw"}]})
+        _raw(rows, "truncated_frac", "truncated (hit max_new_tokens)"),
+        _raw(rows, "frac_zero_std", "groups with zero reward variance")]})
     for key, title, ylabel in (("entropy", "entropy", "nats / token"),
                                ("completion_len_mean", "completion length", "tokens")):
-        x, y = _series(rows, key)
-        panels.append({"title": title, "ylabel": ylabel, "lines": [
-            {"label": key, "x": x, "y": y, "kind": "raw"},
-            {"label": f"{key} (smoothed)", "x": x, "y": smooth(y), "kind": "smooth"}]})
+        panels.append({"title": title, "ylabel": ylabel, "lines": _raw_and_smoothed(rows, key, key)})
     if beta > 0:
-        x, y = _series(rows, "kl")
         panels.append({"title": "KL to the reference (k3)", "ylabel": "nats / token",
-                       "lines": [{"label": "kl", "x": x, "y": y, "kind": "raw"}]})
+                       "lines": [_raw(rows, "kl", "kl")]})
     if num_iterations > 1:
-        panels.append({"title": "clip fraction", "ylabel": "fraction of tokens", "lines": [
-            {"label": k, "x": _series(rows, k)[0], "y": _series(rows, k)[1], "kind": "raw"}
-            for k in ("clip_frac_low", "clip_frac_high")]})
+        panels.append({"title": "clip fraction", "ylabel": "fraction of tokens",
+                       "lines": [_raw(rows, k, k) for k in ("clip_frac_low", "clip_frac_high")]})
     return panels
 
 

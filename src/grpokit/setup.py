@@ -21,16 +21,19 @@ def _dtype(name: str) -> torch.dtype:
 
 
 def load_data_rows(recipe: Recipe, *, dataset: str, split: str, limit: int | None, seed: int | None = None,
-                   options: dict | None = None) -> list[dict]:
+                   options: dict | None = None, shuffle_seed: int | None = None) -> list[dict]:
     """Rows of ``dataset``/``split`` (validated: known dataset and split, prompt/answer columns,
     non-empty prompts); needs no tokenizer, so bad data fails before anything slow loads.
-    ``seed``/``options`` default to ``train.seed``/``data.options``."""
+    ``seed``/``options`` default to ``train.seed``/``data.options``. With ``shuffle_seed`` every
+    row is read and put in :func:`shuffled_rows` order before the first ``limit`` are kept."""
     from grpokit.data import load_rows
 
     d = recipe.data
-    return load_rows(dataset, split, limit=limit, seed=recipe.train.seed if seed is None else seed,
+    rows = load_rows(dataset, split, limit=limit if shuffle_seed is None else None,
+                     seed=recipe.train.seed if seed is None else seed,
                      options=dict(d.options if options is None else options),
                      prompt_field=d.prompt_field, answer_field=d.answer_field)
+    return shuffled_rows(rows, shuffle_seed)[:limit]
 
 
 def shuffled_rows(rows: list[dict], seed: int | None) -> list[dict]:
@@ -53,14 +56,12 @@ def _section_rows(recipe: Recipe, section: str) -> list[dict]:
     sec = getattr(recipe, section)
     skip = recipe.data.skip if section == "data" else 0
     held = section == "eval"
-    shuffle_seed = heldout.shuffle_seed(recipe, section)
     try:
         limit = None if sec.limit is None else skip + sec.limit
-        rows = load_data_rows(recipe, dataset=sec.dataset, split=sec.split,
-                              limit=limit if shuffle_seed is None else None,
+        rows = load_data_rows(recipe, dataset=sec.dataset, split=sec.split, limit=limit,
                               seed=heldout.eval_seed(recipe) if held else None,
-                              options=heldout.eval_options(recipe) if held else None)
-        rows = shuffled_rows(rows, shuffle_seed)[skip:limit]
+                              options=heldout.eval_options(recipe) if held else None,
+                              shuffle_seed=heldout.shuffle_seed(recipe, section))[skip:]
         if not rows:
             raise ValueError(f"no rows left after data.skip={skip}")
         return rows
