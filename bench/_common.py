@@ -104,9 +104,9 @@ def model_path() -> str:
 
 def ordered_rows(tokenizer, w: Workload) -> list[dict]:
     """The rows grpokit's trainer takes, in its order (``next_prompt_indices`` over the rows that
-    ``grpokit.setup.load_prompts`` keeps), each with its chat prompt under ``"prompt_text"``."""
+    ``grpokit.rows.load_prompts`` keeps), each with its chat prompt under ``"prompt_text"``."""
     from grpokit.data import build_chat_prompt, filter_by_prompt_length, load_rows
-    from grpokit.trainer import TrainState, next_prompt_indices
+    from grpokit.state import TrainState, next_prompt_indices
 
     rows = load_rows(DATASET, SPLIT, seed=w.seed)
     prompts = [build_chat_prompt(tokenizer, r["prompt"]) for r in rows]

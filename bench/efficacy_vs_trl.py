@@ -9,11 +9,11 @@ alternates between seeds): grpokit with ``grpokit train`` (this venv), checkpoin
 ``eval.every_steps``; TRL 1.16.0 with ``run_trl_efficacy.py`` (``.venv-bench``; its docstring lists
 what is matched: rows and order, G, B, sampling, reward, loss aggregation, optimizer, schedule).
 
-Both are scored by the same code on the same problems: grpokit's own ``Setup.run_eval`` (greedy,
-``eval.max_new_tokens``, the recipe's scorer) on the held-out rows ``Setup._held_out_rows`` gives for
-that seed. grpokit's periodic evaluations are read from its ``metrics.jsonl`` (``eval/greedy`` and
+Both are scored by the same code on the same problems: grpokit's own held-out evaluation
+(``grpokit.evaluator.HeldOutEval``: greedy, ``eval.max_new_tokens``, the recipe's scorer) on the
+held-out rows it gives for that seed. grpokit's periodic evaluations are read from its ``metrics.jsonl`` (``eval/greedy`` and
 its Wilson interval, ``train_minutes``: training wall-clock without evaluations or checkpointing);
-each TRL checkpoint is loaded into a grpokit ``Setup`` (``load_weights``) and evaluated after the
+each TRL checkpoint is loaded into grpokit's built run (``load_model_weights``) and evaluated after the
 run (``run_trl_efficacy.py --evaluate``, in this venv), at the training minutes TRL's callback
 recorded when it was saved (saving time left out). The base model is evaluated by both pipelines
 (a check: the two must agree problem by problem); the report also checks that both trained on the

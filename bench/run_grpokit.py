@@ -25,15 +25,16 @@ from _common import (  # noqa: E402
 import torch  # noqa: E402
 
 
-def build_recipe(w: Workload, out_dir: str, recompute_mlp: bool | None = None):
+def build_recipe(w: Workload, out_dir: str, recompute_mlp: bool | None = None, backend: str = "auto"):
     """The workload as a grpokit recipe. ``recompute_mlp`` None: off at fp32 (comparison (a) runs
     without recomputation, as it runs without gradient checkpointing: the fused MLP keeps gate(x)
-    and up(x) for its backward), on at bf16 (its memory is what setting (b) is measured on)."""
+    and up(x) for its backward), on at bf16 (its memory is what setting (b) is measured on).
+    ``backend``: ``model.backend`` (auto = the cpu backend on this CPU-only benchmark)."""
     from grpokit.config import recipe_from_dict
 
     bf16 = w.precision == "bf16"  # bf16 parameters: AdamW with stochastic rounding, bf16 states
     model = {"name_or_path": MODEL_ALIAS, "dtype": "bfloat16" if bf16 else "float32",
-             "autocast_bf16": w.precision == "bf16_autocast",
+             "autocast_bf16": w.precision == "bf16_autocast", "backend": backend,
              "recompute_mlp": w.precision != "fp32" if recompute_mlp is None else recompute_mlp}
     return recipe_from_dict({
         "model": model,
@@ -66,7 +67,10 @@ def _processed_tokens(batch, share: bool) -> tuple[int, int]:
 def main() -> None:
     ap = workload_parser(__doc__.splitlines()[0])
     ap.add_argument("--plain", action="store_true",
-                    help="switch off prompt sharing, the static generation cache and packed weights (the unoptimized paths)")
+                    help="switch off the cpu backend's prompt sharing, static generation cache and packed weights "
+                         "(its fused ops stay; --backend plain drops the whole backend)")
+    ap.add_argument("--backend", choices=("auto", "cpu", "plain"), default="auto",
+                    help="model.backend (auto: cpu here; plain: the stock transformers forward and generate)")
     ap.add_argument("--bf16-sampler", action="store_true",
                     help="sample from a bf16 copy of the policy (generate_rollouts(sampler_dtype=torch.bfloat16))")
     ap.add_argument("--recompute-mlp", choices=("auto", "on", "off"), default="auto",
@@ -75,15 +79,15 @@ def main() -> None:
                     help="after the steps: loss/grad of this setting vs the plain fp32 path on the last batch")
     a = ap.parse_args()
     w = workload_from_args(a)
-    setting = a.precision + ("+plain" if a.plain else "") + ("+bf16sampler" if a.bf16_sampler else "")
+    setting = (a.precision + ("+plain" if a.plain else "") + ("+bf16sampler" if a.bf16_sampler else "")
+               + ("" if a.backend == "auto" else f"+backend={a.backend}"))
     res = Result(peer="grpokit", setting=setting, workload=vars(w) | {"N": w.N}, load_avg_before=load_avg(),
                  versions=versions())
 
-    import grpokit.policy as policy
     import grpokit.rollout.hf as hf
     import grpokit.trainer as trainer
+    from grpokit.build import build_run
     from grpokit.metrics import RunLogger
-    from grpokit.setup import prepare
 
     share = not a.plain
     clock = Clock()
@@ -111,36 +115,37 @@ def main() -> None:
     captured = {}
     orig_optimize = trainer.optimize
 
-    def optimize(s, batch, advantages):
-        captured["batch"], captured["advantages"] = batch, advantages
-        return orig_optimize(s, batch, advantages)
+    def optimize(run, exp, *args, **kw):
+        captured["batch"], captured["advantages"] = exp, exp.advantages
+        return orig_optimize(run, exp, *args, **kw)
 
     trainer.optimize = optimize
 
     with tempfile.TemporaryDirectory(prefix="grpokit-bench-") as tmp:
-        recipe = build_recipe(w, tmp, {"auto": None, "on": True, "off": False}[a.recompute_mlp])
-        s = prepare(recipe)
+        recipe = build_recipe(w, tmp, {"auto": None, "on": True, "off": False}[a.recompute_mlp], a.backend)
+        run = build_run(recipe)
         res.notes["recompute_mlp"] = recipe.model.recompute_mlp
-        res.n_params = sum(p.numel() for p in s.model.parameters())
-        expected = [r["prompt_text"] for r in ordered_rows(s.tokenizer, w)]
+        res.n_params = sum(p.numel() for p in run.model.parameters())
+        expected = [r["prompt_text"] for r in ordered_rows(run.tokenizer, w)]
         seen: list[str] = []
-        orig_generate, orig_rewards = s.generate, s.compute_rewards
+        orig_generate, orig_score = run.engine.generate, run.rewards.score
 
-        def generate(prompts, **kw):
+        def generate(prompts, *args, **kw):
             seen.extend(prompts)
             with clock.timed("gen"):
-                return orig_generate(prompts, **kw)
+                return orig_generate(prompts, *args, **kw)
 
-        def compute_rewards(*args, **kw):
+        def score(*args, **kw):
             with clock.timed("reward"):
-                return orig_rewards(*args, **kw)
+                return orig_score(*args, **kw)
 
-        s.generate, s.compute_rewards = generate, compute_rewards
+        run.engine.generate, run.rewards.score = generate, score
         logger = RunLogger(tmp, tensorboard=False)
+        memo = {"warned_at": {}}
         for _ in range(w.steps):
             counts.update(train_tokens=0, train_tokens_padded=0, sequence_tokens=0)
             t0 = time.perf_counter()
-            m = trainer.run_step(s, logger)
+            m = trainer.run_step(run, recipe, logger, memo)
             step_s = time.perf_counter() - t0
             ph = clock.pop()
             cm = captured["batch"].completion_mask
@@ -159,27 +164,25 @@ def main() -> None:
         res.notes["same_prompts_as_workload"] = seen == expected[: len(seen)]
         res.peak_rss_gb = peak_rss_gb()  # before the parity check (which builds a second graph)
         if a.parity:
-            res.notes["parity"] = parity(s, captured["batch"], captured["advantages"], w, share=share)
+            res.notes["parity"] = parity(run, recipe, captured["batch"], captured["advantages"], w, share=share)
             print(f"[grpokit {setting}] parity vs plain fp32: {res.notes['parity']}", flush=True)
     res.load_avg_after = load_avg()
     res.write(a.out)
 
 
-def _loss_and_grad(s, batch, advantages, *, share: bool, autocast: bool):
+def _loss_and_grad(s, r, batch, advantages, *, share: bool, autocast: bool):
     """The trainer's μ = 1 loss on ``batch`` (micro-batches, batch-wide normalization) and the
-    flattened gradient, computed with the given path."""
+    flattened gradient, computed with the given path (``s``: model and ref_model; ``r``: the recipe)."""
     from grpokit import algo
-    from grpokit.policy import batch_logprobs, completion_logprobs, micro_batches
+    from grpokit.policy import batch_logprobs, completion_logprobs
 
-    r = s.recipe
     temp, mbs = r.rollout.temperature, r.train.micro_batch_size
     ref = batch_logprobs(s.ref_model, batch, temperature=temp, micro_batch_size=mbs, autocast_bf16=autocast,
                          share_prompt=share)
     n, n_tok = len(batch), int(batch.completion_mask.sum())
     s.model.zero_grad(set_to_none=True)
     total, logps = 0.0, []
-    for sl in micro_batches(n, mbs):
-        sub = batch.rows(sl)
+    for sl, sub in batch.micro_batches(mbs):
         tt = sub.completion_ids.shape[1]
         logp, _ = completion_logprobs(s.model, sub, temperature=temp, autocast_bf16=autocast, share_prompt=share)
         loss, _ = algo.policy_loss(
@@ -197,29 +200,29 @@ def _loss_and_grad(s, batch, advantages, *, share: bool, autocast: bool):
     return total, torch.cat(logps), grad
 
 
-def parity(s, batch, advantages, w: Workload, *, share: bool) -> dict:
+def parity(s, recipe, batch, advantages, w: Workload, *, share: bool) -> dict:
     """This setting's loss, log-probs and gradient vs the plain fp32 path, same weights and batch."""
     note = "the step's advantages"
     if not bool(advantages.abs().gt(0).any()):  # every group had equal rewards: the loss is flat
         advantages = torch.randn(advantages.shape, generator=torch.Generator().manual_seed(0))
         note = "seeded N(0,1) advantages (the step's were all 0)"
-    fast = _loss_and_grad(s, batch, advantages, share=share, autocast=w.precision == "bf16_autocast")
-    # the plain path: fp32 copies of the same weights, without model.fused_ops, no prompt sharing
+    fast = _loss_and_grad(s, recipe, batch, advantages, share=share, autocast=w.precision == "bf16_autocast")
+    # the plain path: fp32 copies of the same weights under the plain backend (stock forward)
     import copy
     import types
 
-    from grpokit.fused import remove_fused_ops
+    from grpokit.backends import install_backend
 
     def plain_copy(m):
         if m is None:
             return None
         m = copy.deepcopy(m).float()
-        remove_fused_ops(m)
+        install_backend(m, "plain", announce=False)
         return m
 
-    s = types.SimpleNamespace(model=plain_copy(s.model), recipe=s.recipe, ref_model=plain_copy(s.ref_model))
-    note += "; plain = fp32 copies of the weights without model.fused_ops"
-    plain = _loss_and_grad(s, batch, advantages, share=False, autocast=False)
+    s = types.SimpleNamespace(model=plain_copy(s.model), ref_model=plain_copy(s.ref_model))
+    note += "; plain = fp32 copies of the weights under model.backend=plain"
+    plain = _loss_and_grad(s, recipe, batch, advantages, share=False, autocast=False)
     g_fast, g_plain = fast[2].double(), plain[2].double()
     gd = (g_fast - g_plain).norm() / g_plain.norm().clamp(min=1e-300)
     cos = (g_fast @ g_plain) / (g_fast.norm() * g_plain.norm()).clamp(min=1e-300)

@@ -13,15 +13,15 @@ training, the time spent saving checkpoints left out), per step TRL's logged met
 
 What is matched to grpokit, and why:
 
-- Work: the recipe's model folder, the training rows grpokit keeps (``grpokit.setup._section_rows``
+- Work: the recipe's model folder, the training rows grpokit keeps (``grpokit.rows.section_rows``
   + ``load_prompts``: same chat template, same length filter) taken in grpokit's order
-  (``grpokit.trainer.next_prompt_indices``, ``shuffle_dataset=False``); G = ``rollout.group_size``,
+  (``grpokit.state.next_prompt_indices``, ``shuffle_dataset=False``); G = ``rollout.group_size``,
   B = ``train.prompts_per_step``; ``generation_batch_size = B·G`` with micro-batches of
   ``train.micro_batch_size``, so TRL generates once per optimizer step and μ = 1 (no π_old pass).
 - Sampling: ``rollout.temperature``, top-p 1, top-k 0, no min-p, no repetition penalty (grpokit
   refuses truncated sampling), ``max_completion_length = rollout.max_new_tokens``.
 - Reward: one TRL reward function that calls grpokit's ``compute_rewards`` with the recipe's
-  functions and weights (``grpokit.setup.resolve_rewards``) on the same columns grpokit passes (the
+  functions and weights (``grpokit.rewards.pipeline.RewardPipeline``) on the same columns grpokit passes (the
   raw question as ``prompt``, ``answer``, ``rg_entry``, ...). One function rather than one per
   name: grpokit's rule that a None component makes the total None (unscorable: advantage 0) is kept;
   TRL's ``nansum`` over several functions would count it as 0.
@@ -101,14 +101,14 @@ def check_supported(recipe) -> None:
 
 
 def ordered_rows(recipe, tokenizer, max_positions: int | None) -> tuple[list[dict], list[str], list[int]]:
-    """grpokit's training rows and chat prompts (as ``Setup`` builds them), and the row index of
+    """grpokit's training rows and chat prompts (as ``build_run`` builds them), and the row index of
     every prompt of every step, in the order grpokit's trainer takes them."""
-    from grpokit.setup import _section_rows, load_prompts
-    from grpokit.trainer import TrainState, next_prompt_indices
+    from grpokit.rows import load_prompts, section_rows
+    from grpokit.state import TrainState, next_prompt_indices
 
     d, t = recipe.data, recipe.train
     rows, prompts, _ = load_prompts(recipe, tokenizer, dataset=d.dataset, split=d.split, limit=d.limit,
-                                    rows=_section_rows(recipe, "data"), max_new_tokens=recipe.rollout.max_new_tokens,
+                                    rows=section_rows(recipe, "data"), max_new_tokens=recipe.rollout.max_new_tokens,
                                     max_positions=max_positions)
     state, order = TrainState(), []
     for _ in range(t.max_steps):
@@ -120,34 +120,39 @@ def grpokit_schedule(recipe):
     """The learning-rate factor function of grpokit's ``make_optimizer`` (its LambdaLR's lambda)."""
     import torch
 
-    from grpokit.trainer import make_optimizer
+    from grpokit.optim import make_optimizer
 
-    _, sched = make_optimizer(torch.nn.Linear(1, 1), recipe)
+    _, sched = make_optimizer(torch.nn.Linear(1, 1), recipe.train)
     return sched.lr_lambdas[0]
 
 
 def evaluate_checkpoints(recipe_path: str, overrides: list[str], result_path: Path) -> None:
     """``--evaluate`` (run with grpokit's own venv): score the base model and every checkpoint listed
-    in ``result_path`` with grpokit's ``Setup.run_eval``: the held-out rows ``Setup._held_out_rows``
-    gives for this recipe and seed, greedy, ``eval.max_new_tokens``, the recipe's scorer, the model
-    prepared as grpokit prepares its own (``Setup``: fused ops, eval mode, EOS ids), the weights
-    read by ``Setup.load_weights``. Writes ``eval_before.json`` and ``eval_step<N>.json`` next to
+    in ``result_path`` with grpokit's held-out evaluation (``build_run(recipe).evaluator``): the held-out
+    rows it gives for this recipe and seed, greedy, ``eval.max_new_tokens``, the recipe's scorer, the
+    model prepared as grpokit prepares its own (``build_run``: speed backend, eval mode, EOS ids), the
+    weights read by ``grpokit.checkpoint.load_model_weights``. Writes ``eval_before.json`` and ``eval_step<N>.json`` next to
     the checkpoints (``train.output_dir``)."""
     import warnings
 
     from grpokit.config import load_recipe
     from grpokit.metrics import RunWarning
-    from grpokit.setup import Setup
+    from grpokit.build import build_run
+    from grpokit.checkpoint import load_model_weights
 
     result = json.loads(result_path.read_text())
     show = warnings.showwarning  # a RunWarning is one line, as `grpokit train` prints it
     warnings.showwarning = lambda msg, cat, *a, **k: (
         print(f"[grpokit] warning: {msg}", file=sys.stderr) if issubclass(cat, RunWarning) else show(msg, cat, *a, **k))
-    s = Setup(load_recipe(recipe_path, overrides))
-    s.run_eval("before")
+    run = build_run(load_recipe(recipe_path, overrides))
+
+    def evaluate(when: str) -> None:
+        run.evaluator.run(run.model, run.tokenizer, run.eos_ids, run.out, when)
+
+    evaluate("before")
     for c in sorted(result["checkpoints"], key=lambda c: c["step"]):
-        s.load_weights(Path(c["path"]))
-        s.run_eval(f"step{c['step']}")
+        load_model_weights(run.model, Path(c["path"]))
+        evaluate(f"step{c['step']}")
 
 
 def main() -> None:
@@ -169,7 +174,7 @@ def main() -> None:
     from grpokit.config import load_recipe
     from grpokit.models import encode_prompts, load_tokenizer, model_max_positions, resolve_model_path
     from grpokit.rewards import compute_rewards
-    from grpokit.setup import resolve_rewards
+    from grpokit.rewards.pipeline import RewardPipeline
 
     recipe = load_recipe(a.recipe, a.overrides)
     check_supported(recipe)
@@ -189,7 +194,8 @@ def main() -> None:
     if not same_ids:
         print("[trl efficacy] warning: TRL's prompt token ids differ from grpokit's (BOS handling)", flush=True)
 
-    funcs, weights = resolve_rewards(recipe)
+    pipeline = RewardPipeline.from_config(recipe.rewards)
+    funcs, weights = pipeline.funcs, pipeline.weights
 
     def grpokit_reward(prompts, completions, row_id, **_):
         rs = [rows[i] for i in row_id]

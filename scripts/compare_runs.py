@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from grpokit.importing import require
 from grpokit.metrics import read_metrics
 
 
@@ -25,8 +26,7 @@ def _mean(rows, key, lo, hi):
 
 def main(argv: list[str]) -> None:
     out_png, runs = Path(argv[0]), [a.split("=", 1) for a in argv[1:]]
-    import matplotlib
-
+    matplotlib = require("matplotlib", extra="plots", why="scripts/compare_runs.py")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -84,10 +84,10 @@ def test_non_utf8_recipe_exits_2_with_one_line(tmp_path, capsys):
     lambda: open("/nonexistent/grpokit-data.jsonl"),  # FileNotFoundError: kept as such
 ])
 def test_any_data_error_is_rewrapped_without_failing(tmp_path, capsys, monkeypatch, error):
-    """``_section_rows`` adds the recipe keys to whatever a loader (HF, reasoning_gym, ...) raises."""
-    import grpokit.setup
+    """``section_rows`` adds the recipe keys to whatever a loader (HF, reasoning_gym, ...) raises."""
+    import grpokit.rows
 
-    monkeypatch.setattr(grpokit.setup, "load_data_rows", lambda *a, **k: error())
+    monkeypatch.setattr(grpokit.rows, "load_data_rows", lambda *a, **k: error())
     recipe = write_recipe(tmp_path / "r.yaml", tiny_recipe_dict(tmp_path / "no-model", tmp_path / "out"))
     assert main(["train", str(recipe), "--no-progress"]) == 1
     err = capsys.readouterr().err

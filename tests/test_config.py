@@ -226,3 +226,10 @@ def test_load_recipe_unreadable_and_bad_yaml_are_one_line_recipe_errors(tmp_path
         load_recipe(bad)
     assert str(e.value).startswith(f"recipe {bad}: not valid YAML: line 3, column 1: ")
     assert "\n" not in str(e.value)
+
+
+def test_a_renamed_key_says_what_replaced_it():
+    from grpokit.config import RecipeError, recipe_from_dict
+
+    with pytest.raises(RecipeError, match=r"unknown recipe key model.fused_ops; it is now model.backend: auto"):
+        recipe_from_dict({"model": {"fused_ops": True}})

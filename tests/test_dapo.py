@@ -12,19 +12,28 @@ from helpers import tiny_recipe
 
 import grpokit.trainer as trainer
 from grpokit import algo
-from grpokit.policy import Batch
-from grpokit.rewards.base import compute_rewards
-from grpokit.rollout.hf import Rollout, concat_rollouts
-from grpokit.trainer import TrainState, optimize, refill_groups_with_signal
+from grpokit.algorithms import GRPO
+from grpokit.build import TrainData
+from grpokit.experience import Experience
+from grpokit.rewards.pipeline import RewardPipeline
+from grpokit.state import TrainState
+from grpokit.trainer import optimize, refill_groups_with_signal
 
 G = 2
 
 
 def _setup(model, recipe):
+    """The parts ``optimize`` reads (``grpokit.build.Run``'s names)."""
     # plain SGD: the update is the gradient itself (Adam's first step would hide a scale error)
     opt = torch.optim.SGD(model.parameters(), lr=recipe.train.learning_rate)
-    return SimpleNamespace(recipe=recipe, model=model, ref_model=None, optimizer=opt,
-                           scheduler=torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0), state=TrainState())
+    return SimpleNamespace(model=model, ref_model=None, optimizer=opt, algorithm=GRPO(recipe.algo, 5),
+                           scheduler=torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0), state=TrainState(),
+                           engine=SimpleNamespace(sync_weights=lambda: None))
+
+
+def _optimize(run, recipe, tensors, advantages, keep_rows=None):
+    exp = Experience.grouped(*tensors, group_size=1, advantages=advantages)
+    return optimize(run, exp, recipe.train, temperature=recipe.rollout.temperature, keep_rows=keep_rows)
 
 
 # -- overlong filtering ----------------------------------------------------------------------------
@@ -40,15 +49,14 @@ def test_overlong_filter_trains_as_if_the_cut_rows_were_absent(tiny_model_v64, t
     completion_ids = torch.randint(3, 64, (n, t), generator=gen)
     lengths = torch.tensor([5, 2, 5, 3, 5, 4])  # rows 0, 2, 4 ran to the limit: truncated
     completion_mask = torch.arange(t)[None, :] < lengths[:, None]
-    batch = Batch(prompt_ids, torch.ones(n, p, dtype=torch.bool), completion_ids, completion_mask)
+    tensors = (prompt_ids, torch.ones(n, p, dtype=torch.bool), completion_ids, completion_mask)
     advantages = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, 0.3])
     keep = torch.tensor([False, True, False, True, False, True])
 
     filtered = _setup(copy.deepcopy(tiny_model_v64), recipe)
-    optimize(filtered, batch, advantages, keep_rows=keep)
+    _optimize(filtered, recipe, tensors, advantages, keep_rows=keep)
     only_kept = _setup(copy.deepcopy(tiny_model_v64), recipe)
-    optimize(only_kept, Batch(*(x[keep] for x in (prompt_ids, batch.prompt_mask, completion_ids,
-                                                  completion_mask))), advantages[keep])
+    _optimize(only_kept, recipe, [x[keep] for x in tensors], advantages[keep])
     untouched = dict(tiny_model_v64.named_parameters())
     moved = False
     for (name, a), (_, b) in zip(filtered.model.named_parameters(), only_kept.model.named_parameters()):
@@ -61,16 +69,14 @@ def test_overlong_filter_trains_as_if_the_cut_rows_were_absent(tiny_model_v64, t
 
 
 def _fake_generate(seeds):
-    def generate(prompts, *, seed):
+    def generate(prompts, group_size, sampling, seed):
         seeds.append(seed)
-        n, t = len(prompts) * G, 2 + len(seeds)  # each round has another completion width
+        n, t = len(prompts) * group_size, 2 + len(seeds)  # each round has another completion width
         p = 1 + len(prompts)
-        return Rollout(
-            prompt_ids=torch.full((n, p), 7), prompt_mask=torch.ones(n, p, dtype=torch.bool),
-            completion_ids=torch.full((n, t), 9), completion_mask=torch.ones(n, t, dtype=torch.bool),
-            truncated=torch.zeros(n, dtype=torch.bool),
-            completions=[f"{q}|{g}" for q in prompts for g in range(G)],
-            prompt_index=torch.arange(len(prompts)).repeat_interleave(G), group_size=G, gen_s=0.0)
+        return Experience.grouped(
+            torch.full((n, p), 7), torch.ones(n, p, dtype=torch.bool), torch.full((n, t), 9),
+            torch.ones(n, t, dtype=torch.bool), group_size, truncated=torch.zeros(n, dtype=torch.bool),
+            completions=[f"{q}|{g}" for q in prompts for g in range(group_size)])
     return generate
 
 
@@ -83,11 +89,12 @@ def _fake_setup(names, tmp_path, **algo_kw):
     recipe = tiny_recipe("unused", tmp_path, rollout={"group_size": G}, train={"prompts_per_step": 2},
                          algo={"dynamic_sampling": True, **algo_kw})
     seeds = []
-    s = SimpleNamespace(recipe=recipe, rows=[{"prompt": q, "answer": "0"} for q in names], prompts=list(names),
-                        state=TrainState(), row_columns=["answer"], reward_funcs={"r": _by_name},
-                        tokenizer=SimpleNamespace(pad_token_id=0), generate=_fake_generate(seeds))
-    s.compute_rewards = lambda p, c, cols: compute_rewards(s.reward_funcs, {}, p, c, cols)
-    return s, seeds
+    rows = [{"prompt": q, "answer": "0"} for q in names]
+    run = SimpleNamespace(data=TrainData(rows, list(names), ["answer"], 0), state=TrainState(),
+                          rewards=RewardPipeline({"r": _by_name}, {}), algorithm=GRPO(recipe.algo, 8),
+                          tokenizer=SimpleNamespace(pad_token_id=0), sampling=None,
+                          engine=SimpleNamespace(generate=_fake_generate(seeds)))
+    return (run, recipe), seeds
 
 
 @pytest.fixture
@@ -101,49 +108,49 @@ def in_order(monkeypatch):
 
 
 def _refill(s, step=1):
-    rows, ro, scored, _ = trainer.sample_and_score(s, step, 2, round_=0)
-    return refill_groups_with_signal(s, step, rows, ro, scored)
+    run, recipe = s
+    rows, exp, metrics, _ = trainer.sample_and_score(run, recipe, step, 2, round_=0)
+    return refill_groups_with_signal(run, recipe, step, rows, exp, metrics)
 
 
 def test_constant_groups_are_refilled_until_b_groups_carry_signal(tmp_path, in_order):
     s, seeds = _fake_setup(["c0", "v1", "c2", "c3", "v4", "v5"], tmp_path)
-    rows, ro, scored, _ = _refill(s)
+    rows, ro, m, _ = _refill(s)
     assert [r["prompt"] for r in rows] == ["v1", "v4"]  # c0 dropped; c2, c3 drawn and dropped
     assert ro.completions == ["v1|0", "v1|1", "v4|0", "v4|1"]
-    base = s.recipe.train.seed * 100003 + 1
+    base = s[1].train.seed * 100003 + 1
     assert seeds == [base, base + 1000003, base + 2 * 1000003, base + 3 * 1000003]
-    m = scored["metrics"]
     assert (m["dynamic/rounds"], m["dynamic/groups_sampled"], m["dynamic/groups_kept"]) == (3, 5, 2)
     assert m["frac_zero_std"] == 0.5  # the metrics of round 0: c0 constant, v1 varies
-    assert scored["rewards"].tolist() == [0.0, 1.0, 0.0, 1.0]
-    torch.testing.assert_close(scored["advantages"], algo.group_advantages(scored["rewards"], G).float())
+    assert ro.rewards.tolist() == [0.0, 1.0, 0.0, 1.0] and ro.group_index.tolist() == [0, 0, 1, 1]
+    torch.testing.assert_close(ro.advantages, algo.group_advantages(ro.rewards, G).float())
     # padding: round 0 had 3-wide prompts and 3 new tokens, round 3 2-wide prompts and 6
     assert ro.prompt_mask.tolist()[2] == [False, True, True] and ro.completion_mask[0].tolist() == [True] * 3 + [False] * 3
 
 
 def test_the_round_cap_leaves_fewer_groups(tmp_path, in_order):
     s, seeds = _fake_setup(["c0", "v1", "c2", "c3", "v4"], tmp_path, max_sampling_rounds=2)
-    rows, ro, scored, _ = _refill(s)
+    rows, ro, m, _ = _refill(s)
     assert [r["prompt"] for r in rows] == ["v1"] and len(ro) == G and len(seeds) == 3
-    assert scored["metrics"]["dynamic/groups_kept"] == 1
+    assert m["dynamic/groups_kept"] == 1
 
 
 def test_no_group_with_signal_keeps_round_0(tmp_path, in_order):
     s, _ = _fake_setup(["c0", "c1", "c2", "c3", "c4", "c5"], tmp_path, max_sampling_rounds=1)
-    rows, ro, scored, _ = _refill(s)
-    assert [r["prompt"] for r in rows] == ["c0", "c1"] and not bool(scored["advantages"].ne(0).any())
-    assert scored["metrics"]["dynamic/groups_kept"] == 0
+    rows, ro, m, _ = _refill(s)
+    assert [r["prompt"] for r in rows] == ["c0", "c1"] and not bool(ro.advantages.ne(0).any())
+    assert m["dynamic/groups_kept"] == 0
 
 
-def test_concat_rollouts_pads_and_renumbers():
-    a = _fake_generate([])(["x"], seed=0)
-    b = _fake_generate([0])(["y", "z"], seed=0)
-    out = concat_rollouts([a, b], pad_id=0)
-    assert out.prompt_index.tolist() == [0, 0, 1, 1, 2, 2]
+def test_concat_pads_and_renumbers():
+    a = _fake_generate([])(["x"], G, None, 0)
+    b = _fake_generate([0])(["y", "z"], G, None, 0)
+    out = Experience.concat([a, b], pad_id=0)
+    assert out.group_index.tolist() == [0, 0, 1, 1, 2, 2]
     assert out.prompt_ids.shape == (6, 3) and out.prompt_ids[0].tolist() == [0, 7, 7]
     assert out.completion_ids.shape == (6, 4) and out.completion_ids[0].tolist() == [9, 9, 9, 0]
-    with pytest.raises(ValueError, match="no rollouts"):
-        concat_rollouts([], 0)
+    with pytest.raises(ValueError, match="no experience"):
+        Experience.concat([], 0)
 
 
 def test_recipe_rules(tmp_path):

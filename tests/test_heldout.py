@@ -10,7 +10,7 @@ import pytest
 
 from grpokit.config import Recipe
 from grpokit.heldout import check_ranges, shuffle_seed
-from grpokit.setup import _section_rows, shuffled_rows
+from grpokit.rows import section_rows, shuffled_rows
 
 
 @pytest.fixture
@@ -43,19 +43,19 @@ def test_held_out_and_training_rows_split_one_shuffled_order(sorted_file):
     r = _recipe(sorted_file, seed=3)
     order = list(range(40))
     random.Random(3).shuffle(order)
-    held = [int(x["answer"]) for x in _section_rows(r, "eval")]
-    train = [int(x["answer"]) for x in _section_rows(r, "data")]
+    held = [int(x["answer"]) for x in section_rows(r, "eval")]
+    train = [int(x["answer"]) for x in section_rows(r, "data")]
     assert held == order[:12] and train == order[12:]
     assert not set(held) & set(train) and sorted(held + train) == list(range(40))
-    kinds = {x["kind"] for x in _section_rows(r, "eval")}
+    kinds = {x["kind"] for x in section_rows(r, "eval")}
     assert len(kinds) >= 3  # file order would hold out kind "a" only
     r.data.limit = 5  # data.limit counts after data.skip, in the shuffled order
-    assert [int(x["answer"]) for x in _section_rows(r, "data")] == order[12:17]
+    assert [int(x["answer"]) for x in section_rows(r, "data")] == order[12:17]
 
 
 def test_file_order_without_a_seed_and_overlap_still_refused(sorted_file):
     r = _recipe(sorted_file, seed=None)
-    assert [int(x["answer"]) for x in _section_rows(r, "eval")] == list(range(12))
+    assert [int(x["answer"]) for x in section_rows(r, "eval")] == list(range(12))
     r = _recipe(sorted_file, seed=3, skip=11)
     with pytest.raises(ValueError, match="data.skip"):
         check_ranges(r)
@@ -67,4 +67,4 @@ def test_another_held_out_dataset_keeps_its_file_order(sorted_file, tmp_path):
     other.write_text("".join(json.dumps({"question": f"o{i}", "answer": str(i)}) + "\n" for i in range(20)))
     r.eval.dataset = str(other)
     assert shuffle_seed(r, "eval") is None and shuffle_seed(r, "data") == 3
-    assert [int(x["answer"]) for x in _section_rows(r, "eval")] == list(range(12))
+    assert [int(x["answer"]) for x in section_rows(r, "eval")] == list(range(12))

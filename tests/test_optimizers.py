@@ -11,7 +11,8 @@ from helpers import tiny_recipe
 
 from grpokit.checkpoint import load_training_state
 from grpokit.config import RecipeError, recipe_from_dict
-from grpokit.trainer import make_optimizer, train
+from grpokit.optim import make_optimizer
+from grpokit.trainer import train
 
 
 def _one_step(optimizer: str, lr: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -24,7 +25,7 @@ def _one_step(optimizer: str, lr: float) -> tuple[torch.Tensor, torch.Tensor]:
     before = model.weight.detach().clone()
     recipe = recipe_from_dict({"model": {"dtype": "bfloat16"},
                                "train": {"optimizer": optimizer, "learning_rate": lr, "adam_betas": [0.9, 0.99]}})
-    opt, _ = make_optimizer(model, recipe)
+    opt, _ = make_optimizer(model, recipe.train)
     model.weight.grad = torch.ones_like(model.weight)
     opt.step()
     return before, model.weight.detach().clone()
@@ -49,7 +50,7 @@ def test_adamw_bf16_sr_states_are_bf16():
     torch.manual_seed(0)
     model = torch.nn.Linear(64, 32).to(torch.bfloat16)
     recipe = recipe_from_dict({"model": {"dtype": "bfloat16"}, "train": {"optimizer": "adamw_bf16_sr"}})
-    opt, _ = make_optimizer(model, recipe)
+    opt, _ = make_optimizer(model, recipe.train)
     model(torch.randn(4, 64, dtype=torch.bfloat16)).sum().backward()
     opt.step()
     state = opt.state[model.weight]

@@ -24,7 +24,7 @@ from helpers import tiny_recipe, tiny_recipe_dict, write_recipe
 from safetensors.torch import load_file
 
 import grpokit.models
-import grpokit.setup
+import grpokit.build
 import grpokit.trainer
 from grpokit import algo
 from grpokit.cli import main
@@ -191,16 +191,17 @@ def test_hanging_reward_is_cut_off_by_the_timeout(tiny_model_dir, tmp_path):
 @pytest.mark.parametrize("fn, frac", [("nan_reward", 0.5), ("inf_reward", 0.125)])
 def test_unscorable_rewards_get_zero_advantage(tiny_model_dir, tmp_path, monkeypatch, fn, frac):
     seen = []
-    real = grpokit.trainer.score_rollout
+    real = grpokit.trainer.sample_and_score
 
     def spy(*a, **k):
         seen.append(real(*a, **k))
         return seen[-1]
 
-    monkeypatch.setattr(grpokit.trainer, "score_rollout", spy)
+    monkeypatch.setattr(grpokit.trainer, "sample_and_score", spy)
     _run(tiny_model_dir, tmp_path, rewards={"functions": [f"fake_rewards:{fn}"]},
          rollout={"group_size": 4}, train={"max_steps": 1})
-    rewards, adv = seen[0]["rewards"], seen[0]["advantages"]
+    exp = seen[0][1]
+    rewards, adv = exp.rewards, exp.advantages
     bad = ~torch.isfinite(rewards)
     assert bad.float().mean().item() == frac
     assert torch.isfinite(adv).all()
@@ -221,14 +222,14 @@ def _weights(model) -> dict[str, torch.Tensor]:
 
 def _capture_setup(monkeypatch) -> dict:
     seen = {}
-    real = grpokit.setup.prepare
+    real = grpokit.build.build_run
 
     def spy(r):
         seen["s"] = real(r)
         seen["w0"] = _weights(seen["s"].model)
         return seen["s"]
 
-    monkeypatch.setattr(grpokit.trainer, "prepare", spy)
+    monkeypatch.setattr(grpokit.trainer, "build_run", spy)
     return seen
 
 

@@ -10,8 +10,9 @@ import torch
 from helpers import tiny_recipe_dict
 
 import grpokit.rollout.sampling as sampling
+from grpokit.backends import install_backend
 from grpokit.config import RecipeError, recipe_from_dict
-from grpokit.policy import Batch, completion_logprobs
+from grpokit.policy import completion_logprobs
 from grpokit.rollout import SamplingParams, generate_rollouts
 
 
@@ -33,15 +34,15 @@ def _sampler_logprobs(model, tokenizer, prompts, params, monkeypatch):
 
 
 def _trainer_logprobs(model, r, temperature):
-    batch = Batch(r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask)
     with torch.no_grad():
-        logp, _ = completion_logprobs(model, batch, temperature=temperature)
+        logp, _ = completion_logprobs(model, r, temperature=temperature)
     return logp
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.7, 1.3])
+@pytest.mark.parametrize("temperature,backend", [(1.0, "plain"), (0.7, "plain"), (1.3, "plain"), (0.7, "cpu")])
 def test_trainer_logprobs_equal_the_samplers_for_temperature(tiny_model, smollm2_tokenizer, smollm2_prompts,
-                                                             monkeypatch, temperature):
+                                                             monkeypatch, temperature, backend):
+    install_backend(tiny_model, backend, announce=False)  # cpu: decode attention, fused head, shared prompt
     params = SamplingParams(temperature=temperature, max_new_tokens=6)
     r, sampler_logp = _sampler_logprobs(tiny_model, smollm2_tokenizer, smollm2_prompts, params, monkeypatch)
     logp = _trainer_logprobs(tiny_model, r, temperature)

@@ -116,7 +116,7 @@ def test_prompts_that_cannot_fit_the_context_are_refused_before_training(short_c
 
 def test_prompts_over_the_context_are_skipped_and_counted(tiny_model_dir, tmp_path, monkeypatch, capsys,
                                                           smollm2_tokenizer):
-    import grpokit.setup
+    import grpokit.build
     from grpokit.data import build_chat_prompt, load_rows
 
     rows = load_rows("mawps", "singleop", limit=8, seed=0)
@@ -127,8 +127,8 @@ def test_prompts_over_the_context_are_skipped_and_counted(tiny_model_dir, tmp_pa
     import grpokit.models
 
     monkeypatch.setattr(grpokit.models, "model_max_positions", lambda *a, **k: room + 8)
-    s = grpokit.setup.Setup(tiny_recipe(tiny_model_dir, tmp_path))
-    assert s.skipped_prompts == over and len(s.rows) == 8 - over
+    run = grpokit.build.build_run(tiny_recipe(tiny_model_dir, tmp_path))
+    assert run.data.skipped == over and len(run.data.rows) == 8 - over
     assert f"{over} prompts of mawps/singleop skipped: longer than {room} tokens" in capsys.readouterr().err
 
 
@@ -204,19 +204,21 @@ def test_held_out_rows_overlapping_training_rows_are_refused(tiny_model_dir, tmp
 
 
 def test_generated_held_out_set_is_seed_separated_and_deduplicated(tiny_model_dir, tmp_path, monkeypatch):
-    import grpokit.setup
+    import grpokit.build
+    import grpokit.evaluator
 
     seen = {}
-    real = grpokit.setup.Setup._held_out_rows
+    real = grpokit.evaluator.HeldOutEval.__init__
 
-    def spy(self, train_rows):
-        seen["train"], seen["eval"] = train_rows, real(self, train_rows)
+    def spy(self, recipe, train_rows):
+        real(self, recipe, train_rows)
+        seen["train"], seen["eval"] = train_rows, self.rows
         raise SystemExit  # stop before the model loads
 
-    monkeypatch.setattr(grpokit.setup.Setup, "_held_out_rows", spy)
+    monkeypatch.setattr(grpokit.evaluator.HeldOutEval, "__init__", spy)
     opts = {"size": 300, "min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2, "operators": ["+", "-"]}
     with pytest.raises(SystemExit):
-        grpokit.setup.Setup(tiny_recipe(tiny_model_dir, tmp_path, data={"dataset": "reasoning_gym:basic_arithmetic",
+        grpokit.build.build_run(tiny_recipe(tiny_model_dir, tmp_path, data={"dataset": "reasoning_gym:basic_arithmetic",
                                                                          "options": opts, "limit": None},
                                         eval={"dataset": "reasoning_gym:basic_arithmetic", "limit": 300}))
     train_q = {r["prompt"] for r in seen["train"]}

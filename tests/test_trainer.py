@@ -15,7 +15,7 @@ import torch
 from helpers import tiny_recipe
 from transformers import AutoModelForCausalLM
 
-import grpokit.setup
+import grpokit.build
 import grpokit.trainer
 from grpokit import algo
 from grpokit.metrics import METRIC_KEYS, read_metrics
@@ -25,17 +25,10 @@ REWARD = "fake_rewards:length_reward"
 
 
 def run(recipe, monkeypatch):
-    """``train(recipe)``, returning ``(summary, setup)``: the Setup holds the trained model."""
-    seen = {}
-    real = grpokit.setup.prepare
-
-    def spy(r):
-        seen["s"] = real(r)
-        return seen["s"]
-
-    monkeypatch.setattr(grpokit.trainer, "prepare", spy)
-    summary = train(recipe, progress=False)
-    return summary, seen["s"]
+    """``train(recipe)`` on parts built here, returning ``(summary, parts)``: the parts hold the
+    trained model."""
+    parts = grpokit.build.build_run(recipe)
+    return train(recipe, progress=False, run=parts), parts
 
 
 def _initial_state(model_dir):

@@ -171,3 +171,28 @@ def find_resume_checkpoint(output_dir: str | Path, resume: str) -> Path | None:
         raise ValueError(f"train.resume: {resume!r} is not a complete checkpoint folder "
                          "(no trainer_state.json); use auto, none or a checkpoint-<step> folder")
     return p
+
+
+def load_model_weights(model: torch.nn.Module, ckpt: str | Path) -> None:
+    """Load the ``*.safetensors`` weights of checkpoint folder ``ckpt`` into ``model`` (in place,
+    onto the parameters' devices). A missing ``lm_head.weight`` is accepted (tied embeddings).
+
+    Raises:
+        ValueError: a weight file cannot be read, or keys are missing/unexpected (names the file
+            or the first keys, and how to go on).
+    """
+    from safetensors.torch import load_file
+
+    ckpt = Path(ckpt)
+    state = {}
+    for f in sorted(ckpt.glob("*.safetensors")):
+        try:
+            state.update(load_file(f))
+        except Exception as e:  # noqa: BLE001 - safetensors raises its own error types
+            raise ValueError(f"checkpoint {ckpt}: {f.name} cannot be read ({type(e).__name__}: {e}); "
+                             "resume from another checkpoint (train.resume=<folder>) or start over "
+                             "(train.resume=none)") from e
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    real_missing = [k for k in missing if not k.endswith("lm_head.weight")]  # tied embeddings
+    if real_missing or unexpected:
+        raise ValueError(f"checkpoint {ckpt}: missing {real_missing[:5]}, unexpected {unexpected[:5]}")

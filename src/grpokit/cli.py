@@ -46,12 +46,13 @@ def _train(argv: list[str]) -> int:
         return 2
     import warnings
 
+    from grpokit.importing import MissingExtraWarning
     from grpokit.trainer import RunWarning, train
 
     show = warnings.showwarning
 
     def say(message, category, *a, **k):  # a RunWarning is one plain line, not a source location
-        if issubclass(category, RunWarning):
+        if issubclass(category, (RunWarning, MissingExtraWarning)):
             print(f"[grpokit] warning: {message}", file=sys.stderr, flush=True)
         else:
             show(message, category, *a, **k)
@@ -122,7 +123,7 @@ def _eval(argv: list[str]) -> int:
     from grpokit.heldout import answer_extractor, check_scorer, default_scorer
     from grpokit.models import eos_token_ids, load_model, load_tokenizer, model_max_positions, resolve_model_path
     from grpokit.rewards import get_reward_function
-    from grpokit.setup import load_data_rows, load_prompts
+    from grpokit.rows import load_data_rows, load_prompts
 
     def fail(msg: str) -> int:
         print(f"grpokit eval: error: {msg}", file=sys.stderr)
@@ -155,11 +156,14 @@ def _eval(argv: list[str]) -> int:
         rows, prompts, _ = load_prompts(recipe, tok, dataset=ns.dataset, split=ns.split, limit=None, rows=rows,
                                         max_new_tokens=ns.max_new_tokens, max_positions=model_max_positions(ns.model),
                                         new_tokens_key="--max-new-tokens")
-    except (ValueError, FileNotFoundError, TypeError) as e:  # unknown data/scorer, missing model or file
-        return fail(str(e))
+    except (ValueError, FileNotFoundError, TypeError, ImportError) as e:  # unknown data/scorer, missing
+        return fail(str(e))  # model, file or optional package (the message names its extra)
     results = {}
+    from grpokit.backends import install_backend
+
     for m in models:
         model = load_model(m).eval()
+        install_backend(model, "auto", announce=False)  # the fast generation path where it is exact
         results[m] = evaluate(model, tok, prompts, rows, eos_token_ids=eos_token_ids(model, tok),
                               max_new_tokens=ns.max_new_tokens, batch_size=ns.batch_size, scorer=scorer,
                               num_samples=ns.samples or 0, temperature=ns.temperature, seed=ns.seed,

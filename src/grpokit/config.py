@@ -52,11 +52,16 @@ class ModelConfig:
     dtype: str = _f("float32", "parameter dtype of the policy", ("float32", "bfloat16"))
     autocast_bf16: bool = _f(False, "run forward passes under CPU/GPU bf16 autocast (params stay fp32)")
     trust_remote_code: bool = _f(False, "allow model code from the hub (off: safer)")
+    device: str = _f("cpu", "where the policy, the reference model and every tensor of the loop live: cpu, cuda, "
+                     "cuda:N, or auto (cuda when available, else cpu)")
     gradient_checkpointing: bool = _f(False, "recompute activations in backward to save memory (the model stays in "
                                       "eval(); turns off prompt sharing in training: about 30% slower)")
-    fused_ops: bool = _f(True, "memory-lean RMSNorm, MLP, attention and LM-head log-probs for Llama/Mistral/Qwen2/"
-                         "Qwen3 models (grpokit.fused): same values, about a third of the activation memory")
-    recompute_mlp: bool = _f(True, "with fused_ops: the MLP backward recomputes gate(x) and up(x) (off: keeps them, "
+    backend: str = _f("auto", "how forward and generation run (grpokit.backends): cpu = grpokit's CPU speed work "
+                      "(shared-prompt forward, fused RMSNorm/MLP/LM-head log-probs, packed generation weights; same "
+                      "values, about a third of the activation memory); plain = the stock transformers forward; "
+                      "auto = cpu where it is exact (model on CPU, one process, no LoRA), else plain",
+                      ("auto", "cpu", "plain"))
+    recompute_mlp: bool = _f(True, "backend cpu: the MLP backward recomputes gate(x) and up(x) (off: keeps them, "
                              "two (tokens, intermediate) tensors per layer, two matmuls fewer per MLP backward)")
 
 
@@ -88,6 +93,8 @@ class RolloutConfig:
     top_k: int = _f(0, "top-k sampling; only 0 (off) is accepted (see rollout.top_p)")
     min_p: float = _f(0.0, "min-p sampling; only 0 (off) is accepted (see rollout.top_p)")
     chunk_size: int | None = _f(None, "generate at most this many rows per generate() call")
+    engine: str = _f("hf", "rollout engine (grpokit.rollout.engine): hf = Hugging Face generate on the "
+                     "trained model", ("hf",))
     sampler: str = _f("inverse_cdf", "how a token is drawn: inverse_cdf (one uniform per row, fast on CPU) or "
                       "multinomial (generate's torch.multinomial); same distribution", ("inverse_cdf", "multinomial"))
 
@@ -108,6 +115,7 @@ class RewardsConfig:
 
 @dataclass
 class AlgoConfig:
+    estimator: str = _f("grpo", "advantage estimator and policy loss (grpokit.algorithms)", ("grpo",))
     supervision: str = _f("outcome", "one reward per completion, or one per reasoning step",
                           ("outcome", "process"))
     beta: float = _f(0.04, "KL coefficient β (0 = no reference model is loaded)")
@@ -191,6 +199,10 @@ class Recipe:
         return dataclasses.asdict(self)
 
 
+#: keys of earlier versions -> what replaced them (said in the unknown-key error)
+RENAMED_KEYS = {"model.fused_ops": "model.backend: auto (the default: cpu on a CPU model, what fused_ops=true did), cpu or plain (the stock transformers forward)"}
+
+
 class RecipeError(ValueError):
     """A recipe key or value that is not allowed; the message names the key."""
 
@@ -244,8 +256,10 @@ def recipe_from_dict(raw: dict) -> Recipe:
         sub = {}
         for key, val in values.items():
             if key not in allowed:
+                hint = RENAMED_KEYS.get(f"{sec}.{key}")
                 raise RecipeError(
-                    f"unknown recipe key {sec}.{key}; allowed in {sec}: {', '.join(allowed)}"
+                    f"unknown recipe key {sec}.{key}; " + (f"it is now {hint}" if hint else
+                                                           f"allowed in {sec}: {', '.join(allowed)}")
                 )
             sub[key] = _check_type(f"{sec}.{key}", val, hints[key])
         kwargs[sec] = cls(**sub)
@@ -283,6 +297,8 @@ def validate(recipe: Recipe) -> None:
             raise RecipeError(f"{key}: must be > 0, got {v}")
     if r.group_size < 2:
         raise RecipeError(f"rollout.group_size: must be >= 2 (advantages compare a group), got {r.group_size}")
+    if not re.fullmatch(r"cpu|auto|cuda(:\d+)?", recipe.model.device):
+        raise RecipeError(f"model.device: {recipe.model.device!r} is not cpu, cuda, cuda:N or auto")
     non_negative = {
         "algo.beta": a.beta, "algo.clip_eps_low": a.clip_eps_low, "algo.clip_eps_high": a.clip_eps_high,
         "algo.advantage_eps": a.advantage_eps, "rollout.temperature": r.temperature,

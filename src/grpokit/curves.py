@@ -11,7 +11,8 @@
   computed, and at μ = 1 the ratio is 1 at every token, so those panels could not move.
 
 :func:`curve_panels` decides what is drawn (no plotting library; tests read it);
-:func:`plot_curves` draws it with matplotlib.
+:func:`plot_curves` draws it with matplotlib (the optional extra ``grpokit[plots]``; without it a run
+warns once and leaves curves.png out).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from grpokit.importing import require, warn_missing
 from grpokit.metrics import read_metrics
 
 SMOOTHING = 0.8
@@ -138,14 +140,24 @@ def _nan(y: list) -> list[float]:
 
 
 def plot_curves(metrics_path: str | Path, out_png: str | Path, *, beta: float = 0.0, num_iterations: int = 1,
-                before: dict | None = None) -> None:
+                before: dict | None = None) -> bool:
     """Draw :func:`curve_panels` of ``metrics_path`` into ``out_png`` (two rows of panels).
+
+    matplotlib is the optional extra ``grpokit[plots]``: without it nothing is drawn and a
+    :class:`~grpokit.importing.MissingExtraWarning` naming the extra is given (once), so that a run
+    ends with its metrics.jsonl and without curves.png instead of failing at the end.
+
+    Returns:
+        Whether ``out_png`` was written.
 
     Raises:
         FileNotFoundError / ValueError: as :func:`grpokit.metrics.read_metrics`.
     """
-    import matplotlib
-
+    try:
+        matplotlib = require("matplotlib", extra="plots", why="curves.png")
+    except ImportError as e:
+        warn_missing(e, f"{out_png} is not drawn (metrics.jsonl holds the numbers)")
+        return False
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -176,3 +188,4 @@ def plot_curves(metrics_path: str | Path, out_png: str | Path, *, beta: float = 
     fig.tight_layout()
     fig.savefig(out_png, dpi=90)
     plt.close(fig)
+    return True

@@ -12,7 +12,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from grpokit.rollout.hf import SamplingParams, generate_rollouts
+from grpokit.rollout.engine import SamplingParams
+from grpokit.rollout.hf import generate_rollouts
 
 
 def _score(guard, rows: list[dict], completions: list[str], per_row: int, unscorable: list[int]) -> list[bool]:

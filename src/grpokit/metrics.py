@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from grpokit.importing import require, warn_missing
 from grpokit.textio import NotUtf8Error, read_utf8
 
 #: the keys every metrics.jsonl line carries (the public contract; tests check them).
@@ -38,7 +39,11 @@ def _step_of(line: str) -> int | None:
 
 
 class RunLogger:
-    """Appends one JSON line per step to ``metrics.jsonl`` and mirrors scalars to TensorBoard."""
+    """Appends one JSON line per step to ``metrics.jsonl`` and mirrors scalars to TensorBoard.
+
+    TensorBoard is the optional extra ``grpokit[tensorboard]``: without it (``tensorboard=True``)
+    a :class:`~grpokit.importing.MissingExtraWarning` naming the extra is given once and only the
+    jsonl files are written."""
 
     def __init__(self, output_dir: str | Path, *, tensorboard: bool = True):
         self.dir = Path(output_dir)
@@ -48,11 +53,12 @@ class RunLogger:
         self._tb = None
         if tensorboard:
             try:
+                require("tensorboard", extra="tensorboard", why="the TensorBoard mirror of the metrics")
                 from torch.utils.tensorboard import SummaryWriter
-
+            except ImportError as e:  # tensorboard not installed: jsonl only
+                warn_missing(e, f"writing {self.metrics_path.name} only")
+            else:
                 self._tb = SummaryWriter(str(self.dir / "tensorboard"))
-            except ImportError:  # tensorboard not installed: jsonl only
-                self._tb = None
 
     def truncate_after(self, step: int) -> None:
         """Drop lines of steps > ``step`` (a resumed run rewrites them), and a line torn by a kill

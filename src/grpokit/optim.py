@@ -19,8 +19,12 @@ Memory: 2 bytes/parameter for each moment, plus float32 temporaries of one chunk
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
+
+from grpokit.importing import require
 
 _CHUNK = 1 << 18
 _LOW16 = -65536  # int32 mask 0xFFFF0000: the bits a bf16 keeps of a float32
@@ -119,3 +123,50 @@ def _noise(n: int, device: torch.device, rng: np.random.Generator) -> torch.Tens
         return torch.randint(0, 1 << 16, (n,), dtype=torch.int32, device=device)
     raw = torch.from_numpy(rng.bit_generator.random_raw(-(-n // 4)))  # uint64
     return raw.view(torch.uint16)[:n].to(torch.int32)
+
+
+def make_optimizer(model: torch.nn.Module, t) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """The optimizer ``t.optimizer`` over ``model``'s trainable parameters, and its schedule.
+
+    ``t`` is the recipe's ``train`` section (``grpokit.config.TrainConfig``): ``learning_rate``,
+    ``adam_betas``, ``weight_decay``, ``warmup_steps``, ``lr_scheduler``, ``max_steps`` and
+    ``num_iterations`` (the schedule counts optimizer steps: ``max_steps·num_iterations``).
+
+    - ``adamw``: ``torch.optim.AdamW(fused=True)`` (one kernel per step: 1.1 s -> 0.15 s for 135M
+      fp32 parameters on CPU). With bf16 parameters its round-to-nearest write-back drops updates
+      smaller than half a bf16 ulp (~0.4 % of the weight): at lr 1e-6 most of them.
+    - ``adamw_bf16_sr``: :class:`AdamWStochasticRounding` (module docstring): the update is
+      computed in float32 and written to bf16 weights (and second moments) rounded up or down at
+      random, unbiased in expectation, with bf16 states: 8 bytes/parameter in all.
+    - ``adamw_8bit``: torchao's AdamW8bit (block-wise 8-bit m and v; stochastic rounding when the
+      parameters are bf16; ``torch.compile``-d per parameter shape on the first step: seconds).
+      torchao is the optional extra ``grpokit[torchao]``: without it this raises ``ImportError``
+      naming the extra.
+
+    Schedule (a ``LambdaLR`` factor of step ``i``): ``(i+1)/(warmup_steps+1)`` during warm-up, then
+    constant 1, linear to 0, or cosine to 0 over the remaining optimizer steps.
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    kw = dict(lr=t.learning_rate, betas=tuple(t.adam_betas), weight_decay=t.weight_decay)
+    if t.optimizer == "adamw":
+        opt = torch.optim.AdamW(params, **kw, fused=True)
+    elif t.optimizer == "adamw_bf16_sr":
+        opt = AdamWStochasticRounding(params, **kw)
+    else:
+        # the optional [torchao] extra; its import-time warnings are quieted in grpokit/__init__.py
+        torchao_optim = require("torchao.optim", extra="torchao", why="train.optimizer=adamw_8bit")
+        bf16 = all(p.dtype == torch.bfloat16 for p in params)
+        opt = torchao_optim.AdamW8bit(params, **kw, bf16_stochastic_round=bf16)
+    total = max(t.max_steps * t.num_iterations, 1)
+
+    def factor(i: int) -> float:
+        if i < t.warmup_steps:
+            return (i + 1) / (t.warmup_steps + 1)
+        frac = (i - t.warmup_steps) / max(total - t.warmup_steps, 1)
+        if t.lr_scheduler == "linear":
+            return max(0.0, 1.0 - frac)
+        if t.lr_scheduler == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * min(frac, 1.0)))
+        return 1.0
+
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)

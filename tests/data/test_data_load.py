@@ -65,10 +65,10 @@ def test_svamp_prompt_joins_body_with_period():
 
 
 def test_format_number():
-    assert packaged._format_number(145.0) == "145"
-    assert packaged._format_number(3244047.0999999996) == "3244047.1"
-    assert packaged._format_number(1e-7) == "0.0000001"
-    assert packaged._format_number(-2) == "-2"
+    assert packaged.format_number(145.0) == "145"
+    assert packaged.format_number(3244047.0999999996) == "3244047.1"
+    assert packaged.format_number(1e-7) == "0.0000001"
+    assert packaged.format_number(-2) == "-2"
 
 
 def test_limit_zero_and_available():
@@ -182,9 +182,9 @@ def test_hf_without_datasets_is_clear(monkeypatch):
     import sys
 
     monkeypatch.setitem(sys.modules, "datasets", None)  # import datasets -> ImportError
-    with pytest.raises(ImportError, match="pip install datasets"):
+    with pytest.raises(ImportError, match=r"needs datasets.*pip install 'grpokit\[datasets\]'"):
         load_rows("hf:openai/gsm8k", "test")
-    with pytest.raises(ImportError, match="pip install datasets"):
+    with pytest.raises(ImportError, match=r"needs datasets.*pip install 'grpokit\[datasets\]'"):
         load_rows("openai/gsm8k", "test")
 
 

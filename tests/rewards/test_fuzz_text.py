@@ -27,10 +27,10 @@ from hypothesis import strategies as st
 from grpokit.data.reasoning_gym import extract_rg_answer as rg_extract_answer
 from grpokit.data.reasoning_gym import _tagged_answer
 from grpokit.data.reasoning_gym import reasoning_gym_score
+from grpokit.process.steps import split_steps, step_texts, step_token_ends
+from grpokit.process.verifier import Claim, arithmetic_step_rewards, find_claims
 from grpokit.rewards.format import answer_line_format, format_reward, make_format_reward, number_at_end
 from grpokit.rewards.math import extract_answer, is_equivalent, math_correct, parse_number, reference_answer
-from grpokit.rewards.steps import split_steps, step_texts, step_token_ends
-from grpokit.rewards.verifier import Claim, arithmetic_step_rewards, find_claims
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SLOW_FUZZ = settings(FUZZ, max_examples=60)  # the tests that tokenize or run a model
@@ -332,7 +332,7 @@ def test_reasoning_gym_score_total(rg_rows, text):
 def prm(tok):
     from conftest import _make_tiny_model
 
-    from grpokit.rewards.prm import TokenProbPRM
+    from grpokit.process.prm import TokenProbPRM
 
     return TokenProbPRM(_make_tiny_model(), tok, "ки", "+", "-", max_length=96)
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from grpokit.algo import mask_completions
-from grpokit.rollout import Rollout, SamplingParams, build_generation_config, generate_rollouts
+from grpokit.experience import Experience
+from grpokit.rollout import SamplingParams, build_generation_config, generate_rollouts
 
 # A random tiny model's next-token distribution is near uniform over 49152 ids, so the real EOS
 # ids almost never come up. Declaring every 5th id an EOS makes about 20% of tokens end a
@@ -17,7 +18,7 @@ MANY_EOS = list(range(0, 49152, 5))
 RAW_PROMPTS = ["The cat sat on", "Hello world, this is"]
 
 
-def _check_rollout(r: Rollout, tokenizer, prompts, G: int, max_new_tokens: int, eos):
+def _check_rollout(r: Experience, tokenizer, prompts, G: int, max_new_tokens: int, eos):
     B = len(prompts)
     N = B * G
     assert len(r) == N and r.group_size == G
@@ -26,7 +27,7 @@ def _check_rollout(r: Rollout, tokenizer, prompts, G: int, max_new_tokens: int, 
     assert 1 <= T <= max_new_tokens
     assert r.completion_mask.shape == (N, T) and r.completion_mask.dtype == torch.bool
     assert r.prompt_mask.dtype == torch.bool and r.truncated.dtype == torch.bool
-    assert r.prompt_index.tolist() == [b for b in range(B) for _ in range(G)]
+    assert r.group_index.tolist() == [b for b in range(B) for _ in range(G)]
     # Prompt rows: left-padded copies of each prompt's own tokens, grouped.
     for i in range(N):
         own = tokenizer(prompts[i // G], add_special_tokens=False)["input_ids"]

@@ -17,7 +17,7 @@ def token_logprobs(
 
     ``logp[n, t] = logits[n, t, id] / τ − logsumexp_v(logits[n, t, v] / τ)``. The temperature is the
     sampler's, so that the trainer's π matches the distribution the completions were drawn from
-    (DESIGN.md, "temperature"). No full ``(N, T, V)`` float32 log-softmax is built: the log-sum-exp
+    (docs/design.md, "Temperature"). No full ``(N, T, V)`` float32 log-softmax is built: the log-sum-exp
     runs over chunks of rows, upcast to float32 one chunk at a time.
 
     Args:

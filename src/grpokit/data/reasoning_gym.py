@@ -4,7 +4,8 @@
 **options)`` and returns rows ``{"prompt": entry["question"], "answer": str(entry["answer"]),
 "rg_task": task, "rg_entry": entry}``. The entry (with its ``metadata``) travels with the row so
 that :func:`reasoning_gym_score` (registry name ``reasoning_gym``) can score with the task's own
-``score_answer(answer, entry)``. Everything runs offline; ``reasoning_gym`` is imported lazily.
+``score_answer(answer, entry)``. Everything runs offline; ``reasoning_gym`` (the optional extra
+``grpokit[reasoning-gym]``) is imported lazily, when rows are generated or scored.
 
 Answer extraction for scoring: the last ``<answer>...</answer>`` block, stripped (the rule of
 reasoning_gym's own ``extract_answer`` helper, matching its system prompts, computed here in linear
@@ -19,6 +20,8 @@ import logging
 from functools import lru_cache
 from typing import Any, Callable
 
+from grpokit.importing import require
+
 __all__ = ["load_reasoning_gym", "reasoning_gym_score", "extract_rg_answer", "RG_DEFAULT_SIZE"]
 
 RG_DEFAULT_SIZE = 1000
@@ -27,12 +30,9 @@ RG_DEFAULT_SIZE = 1000
 log = logging.getLogger(__name__)
 
 
-def _import_rg() -> Any:
-    try:
-        import reasoning_gym
-    except ImportError as e:
-        raise ImportError("reasoning_gym datasets need `pip install reasoning-gym`") from e
-    return reasoning_gym
+def _import_rg(why: str = "reasoning_gym: data") -> Any:
+    """``reasoning_gym``, the optional extra ``grpokit[reasoning-gym]`` (ImportError naming it)."""
+    return require("reasoning_gym", extra="reasoning-gym", why=why)
 
 
 def load_reasoning_gym(
@@ -52,8 +52,9 @@ def load_reasoning_gym(
 
     Raises:
         ValueError: unknown task (lists the registered ones) or bad options.
+        ImportError: reasoning_gym is not installed (the message names ``grpokit[reasoning-gym]``).
     """
-    rg = _import_rg()
+    rg = _import_rg(f"dataset 'reasoning_gym:{task}'")
     from reasoning_gym.factory import DATASETS
 
     if task not in DATASETS:
@@ -83,7 +84,7 @@ def load_reasoning_gym(
 
 @lru_cache(maxsize=None)
 def _scorer(task: str) -> Callable[[str | None, dict[str, Any]], float]:
-    return _import_rg().get_score_answer_fn(task)
+    return _import_rg("reward 'reasoning_gym'").get_score_answer_fn(task)
 
 
 def _tagged_answer(text: str, open_tag: str = "<answer>", close_tag: str = "</answer>") -> str | None:

@@ -16,10 +16,11 @@ Decisions (pinned by tests/rewards/test_registry.py):
 
 from __future__ import annotations
 
-import importlib
 import math
 import numbers
 from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
+
+from grpokit.importing import import_object, require
 
 __all__ = [
     "RewardFunction",
@@ -48,6 +49,10 @@ BUILTIN_REWARDS: dict[str, str | Callable[..., list[float | None]]] = {
 }
 """Built-in names -> ``"module:function"`` (imported on first use) or a callable."""
 
+_BUILTIN_EXTRAS: dict[str, tuple[str, str]] = {"reasoning_gym": ("reasoning_gym", "reasoning-gym")}
+"""Built-in names whose function needs an optional package: name -> ``(module, extra)``; checked when
+the name is resolved, so a missing package stops the run before any model loads."""
+
 
 def register_reward(name: str, fn: str | Callable[..., list[float | None]]) -> None:
     """Register ``name`` for :func:`get_reward_function` (a callable or a ``"module:function"``).
@@ -60,27 +65,6 @@ def register_reward(name: str, fn: str | Callable[..., list[float | None]]) -> N
     if name in BUILTIN_REWARDS:
         raise ValueError(f"reward name {name!r} is already registered")
     BUILTIN_REWARDS[name] = fn
-
-
-def _import_spec(spec: str) -> Callable[..., Any]:
-    module_name, _, attr_path = spec.partition(":")
-    if not module_name or not attr_path:
-        raise ValueError(f"reward {spec!r}: expected 'module:function'")
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ValueError(f"reward {spec!r}: cannot import module {module_name!r}: {e}") from e
-    for part in attr_path.split("."):
-        if not hasattr(obj, part):
-            public = sorted(n for n in dir(obj) if not n.startswith("_"))
-            raise ValueError(
-                f"reward {spec!r}: {module_name!r} has no attribute {attr_path!r}"
-                f" (public names: {', '.join(public[:30])})"
-            )
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise ValueError(f"reward {spec!r}: {attr_path!r} is a {type(obj).__name__}, not callable")
-    return obj
 
 
 def get_reward_function(name: str) -> Callable[..., list[float | None]]:
@@ -97,12 +81,17 @@ def get_reward_function(name: str) -> Callable[..., list[float | None]]:
     Raises:
         ValueError: unknown name (lists the built-ins), module not importable, attribute
             missing, or not callable -- each message names ``name``.
+        ImportError: a built-in reward's optional package is missing (``reasoning_gym`` needs
+            ``grpokit[reasoning-gym]``); the message names the extra.
     """
     if name in BUILTIN_REWARDS:
         target = BUILTIN_REWARDS[name]
-        return _import_spec(target) if isinstance(target, str) else target
+        if name in _BUILTIN_EXTRAS:
+            module, extra = _BUILTIN_EXTRAS[name]
+            require(module, extra=extra, why=f"reward {name!r}")
+        return import_object(target, what="reward") if isinstance(target, str) else target
     if ":" in name:
-        return _import_spec(name)
+        return import_object(name, what="reward")
     raise ValueError(
         f"unknown reward {name!r}; built-in rewards: {', '.join(sorted(BUILTIN_REWARDS))};"
         " or give 'module:function'"

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import Any, Callable, Literal
 
-from grpokit.rewards.math import _boxed_contents
+from grpokit.rewards.math import boxed_contents
 
 __all__ = ["make_format_reward", "format_reward", "answer_line_format", "number_at_end"]
 
@@ -91,7 +91,7 @@ def format_reward(prompts: list[str], completions: list[str], **_: Any) -> list[
     [1.0, 0.0, 0.0]
     """
     return [
-        1.0 if any(c.strip() for c in _boxed_contents(text or "")) else 0.0 for text in completions
+        1.0 if any(c.strip() for c in boxed_contents(text or "")) else 0.0 for text in completions
     ]
 
 

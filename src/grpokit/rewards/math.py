@@ -56,7 +56,8 @@ class _NoTimeoutNotice(logging.Filter):
 for _name in ("math_verify.grader", "math_verify.parser"):
     logging.getLogger(_name).addFilter(_NoTimeoutNotice())
 
-__all__ = ["extract_answer", "reference_answer", "parse_number", "is_equivalent", "math_correct"]
+__all__ = ["extract_answer", "boxed_contents", "reference_answer", "parse_number", "is_equivalent",
+           "math_correct"]
 
 MATH_VERIFY_TIMEOUT_S = 3
 """Seconds given to each math-verify parse / comparison (main thread only)."""
@@ -100,8 +101,20 @@ def _matching_braces(text: str) -> dict[int, int]:
     return pairs
 
 
-def _boxed_contents(text: str) -> list[str]:
-    """Contents of every well-formed ``\\boxed{...}`` / ``\\fbox{...}`` / ``\\boxed x``, in order."""
+def boxed_contents(text: str) -> list[str]:
+    """Contents of every well-formed ``\\boxed{...}`` / ``\\fbox{...}`` / ``\\boxed x``, in order.
+
+    Nested braces are matched (``\\boxed{\\frac{1}{2}}`` gives ``\\frac{1}{2}``); a box whose brace
+    is never closed is skipped; ``\\boxed 5`` (no brace) gives the one space-separated token after
+    it. Contents are returned as written (not stripped; possibly empty). Used by
+    :func:`extract_answer`, the ``format`` reward and the data loaders that reduce a
+    ``\\boxed{..}`` reference to its answer.
+
+    >>> boxed_contents(r"first \\boxed{\\frac{1}{2}}, then \\fbox{3} and \\boxed 7$")
+    ['\\\\frac{1}{2}', '3', '7']
+    >>> boxed_contents(r"\\boxed{never closed")
+    []
+    """
     out = []
     pairs: dict[int, int] | None = None
     for m in _BOXED_RE.finditer(text):
@@ -155,7 +168,7 @@ def extract_answer(text: str) -> str | None:
     >>> extract_answer("no digits here") is None
     True
     """
-    for candidate in reversed(_boxed_contents(text)):
+    for candidate in reversed(boxed_contents(text)):
         if candidate.strip():
             return _clean(candidate)
     for regex in (_HASH_RE, _PHRASE_RE):

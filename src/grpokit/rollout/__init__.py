@@ -1,9 +1,20 @@
-"""grpokit.rollout: generation backends that turn prompts into grouped completions.
+"""grpokit.rollout: rollout engines that turn prompts into grouped completions.
 
-``hf`` (Hugging Face ``model.generate``, CPU or GPU) is the default backend. Heavier backends
-(vLLM) live in their own modules and are imported lazily by whoever uses them.
+The seam is :mod:`grpokit.rollout.engine` (the :class:`RolloutEngine` protocol, :class:`SamplingParams`,
+and the registry :func:`load_engine` reads ``rollout.engine`` from). ``hf`` (Hugging Face
+``model.generate``, CPU or GPU) is the default engine; its module, and any heavier engine's, is
+imported only when used (``generate_rollouts``/``build_generation_config`` below load it on first
+access).
 """
 
-from .hf import Rollout, SamplingParams, build_generation_config, generate_rollouts
+from grpokit.rollout.engine import ENGINES, RolloutEngine, SamplingParams, load_engine
 
-__all__ = ["Rollout", "SamplingParams", "build_generation_config", "generate_rollouts"]
+__all__ = ["ENGINES", "RolloutEngine", "SamplingParams", "build_generation_config", "generate_rollouts", "load_engine"]
+
+
+def __getattr__(name: str):
+    if name in ("generate_rollouts", "build_generation_config"):
+        from grpokit.rollout import hf
+
+        return getattr(hf, name)
+    raise AttributeError(f"module 'grpokit.rollout' has no attribute {name!r}")

@@ -14,21 +14,23 @@
 5. decode each completion up to (excluding) its first EOS, skipping special tokens.
 
 Speed (each switchable, none changes the sampling rule; ``tests/test_policy_fast.py`` checks that
-the fast paths sample the same tokens as the plain one on a tiny model):
+the fast paths sample the same tokens as the plain one on a tiny model). The prefix cache and the
+packed weights are the model's backend's (:func:`grpokit.backends.get_backend`): a model with the
+``cpu`` backend gets them, one with ``plain`` (or none installed) runs ``generate`` as it comes:
 
-- ``share_prompt=True`` (default): ``generate`` would run the prefill over all ``N = B·G`` rows,
-  i.e. each prompt G times. Instead the first ``P-1`` prompt columns of each *distinct* prompt in
-  a chunk run once; their KV cache is repeated to the rows and handed to ``generate``, which then
-  only runs the last prompt column before sampling.
-- ``static_cache=True`` (default): that cache is a preallocated ``StaticCache`` of ``P +
-  max_new_tokens`` positions written in place, instead of a ``DynamicCache`` that concatenates
-  (copies) every layer's whole cache at every new token; on CPU the copies cost about a third of
-  a decode step. No ``torch.compile`` is involved (``disable_compile=True``).
+- ``share_prompt=True`` (default; cpu backend): ``generate`` would run the prefill over all
+  ``N = B·G`` rows, i.e. each prompt G times. Instead the first ``P-1`` prompt columns of each
+  *distinct* prompt in a chunk run once; their KV cache is repeated to the rows and handed to
+  ``generate``, which then only runs the last prompt column before sampling.
+- ``static_cache=True`` (default; cpu backend): that cache is a preallocated ``StaticCache`` of
+  ``P + max_new_tokens`` positions written in place, instead of a ``DynamicCache`` that
+  concatenates (copies) every layer's whole cache at every new token; on CPU the copies cost about
+  a third of a decode step. No ``torch.compile`` is involved (``disable_compile=True``).
 - ``sampler_dtype=torch.bfloat16``: sample from a bf16 copy of the weights (made once, refreshed
   from the model at every call), for the bf16 setting (``model.autocast_bf16``) where the trainer
   scores in bf16 too. Decode steps on CPU are bound by reading the weights; bf16 halves that.
-- ``packed_weights=True`` (default): on CPU the linear layers run on copies of their weights
-  packed once per call for oneDNN (:mod:`grpokit.rollout.packed`) instead of being re-packed by
+- ``packed_weights=True`` (default; cpu backend): the linear layers run on copies of their weights
+  packed once per call for oneDNN (:mod:`grpokit.backends.cpu.packed`) instead of being re-packed by
   the BLAS library at every decode step: 0.27 → 0.20 ms per 576×1536 layer in bf16 at 32 rows,
   0.64 → 0.34 ms in float32. bf16 logits are bit-identical; float32 ones differ by summation order.
 - ``SamplingParams.sampler="inverse_cdf"`` (default): the next token is drawn by a logits
@@ -48,14 +50,14 @@ import time
 import warnings
 import weakref
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from grpokit.algo import completion_terminated, mask_completions
-from grpokit.policy import cache_kwarg, distinct_rows, dynamic_prefix_cache
-from grpokit.rollout.packed import packed_linear_weights
+from grpokit.experience import Experience
+from grpokit.rollout.engine import SamplingParams
+from grpokit.backends import get_backend
 
 # Fields that transformers only switches off when they are ``None`` -- which it then fills from
 # the model's generation_config. We cannot neutralise them through our config; warn if set.
@@ -72,128 +74,6 @@ _NONE_ONLY_FIELDS = (
     "stop_strings",
     "max_time",
 )
-
-
-@dataclass
-class SamplingParams:
-    """How completions are sampled. ``temperature == 0`` means greedy decoding."""
-
-    temperature: float = 1.0
-    """Softmax temperature; 0 = greedy (argmax). The trainer divides logits by the same value."""
-    top_p: float = 1.0
-    """Nucleus sampling mass in (0, 1]; 1 = off."""
-    top_k: int = 0
-    """Keep the k most likely tokens; 0 = off."""
-    min_p: float = 0.0
-    """Drop tokens with probability below min_p × the top token's probability; 0 = off."""
-    max_new_tokens: int = 256
-    """Completion length limit T_max (>= 1); a completion without EOS by then is truncated."""
-    repetition_penalty: float = 1.0
-    """CTRL repetition penalty (> 0); 1 = off."""
-    sampler: str = "inverse_cdf"
-    """How a token is drawn from the warped distribution: ``inverse_cdf`` (one uniform number per
-    row, :mod:`grpokit.rollout.sampling`) or ``multinomial`` (``generate``'s own
-    ``torch.multinomial``). Same distribution; inverse_cdf is ~30 ms per decode step cheaper on
-    CPU for a 49k vocabulary."""
-
-    def __post_init__(self) -> None:
-        self.validate()
-
-    def validate(self) -> None:
-        """Raise ``ValueError`` naming the first field out of range."""
-        checks = [
-            ("temperature", self.temperature >= 0, ">= 0"),
-            ("top_p", 0 < self.top_p <= 1, "in (0, 1]"),
-            ("top_k", isinstance(self.top_k, int) and self.top_k >= 0, "an int >= 0"),
-            ("min_p", 0 <= self.min_p <= 1, "in [0, 1]"),
-            ("max_new_tokens", isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1,
-             "an int >= 1"),
-            ("repetition_penalty", self.repetition_penalty > 0, "> 0"),
-            ("sampler", self.sampler in ("inverse_cdf", "multinomial"), "'inverse_cdf' or 'multinomial'"),
-        ]
-        for name, ok, want in checks:
-            if not ok:
-                raise ValueError(f"SamplingParams.{name} must be {want}, got {getattr(self, name)!r}")
-
-
-@dataclass
-class Rollout:
-    """``N = B·G`` sampled completions, grouped by prompt. Tensors live on the model's device.
-
-    Rows ``b·G … b·G+G-1`` all come from prompt ``b`` (``prompt_index[b·G + g] == b``).
-    Feed ``torch.cat([prompt_ids, completion_ids], 1)`` with attention mask
-    ``torch.cat([prompt_mask, completion_mask], 1)`` to score the completions.
-    """
-
-    prompt_ids: torch.Tensor
-    """``(N, P)`` long, left-padded prompt tokens (each prompt repeated G times)."""
-    prompt_mask: torch.Tensor
-    """``(N, P)`` bool, True on real prompt tokens (False on left padding)."""
-    completion_ids: torch.Tensor
-    """``(N, T)`` long, sampled tokens; after the first EOS the content is padding (any id)."""
-    completion_mask: torch.Tensor
-    """``(N, T)`` bool, True up to and including the first EOS (``mask_completions``)."""
-    truncated: torch.Tensor
-    """``(N,)`` bool, True where no EOS was produced within ``max_new_tokens``."""
-    completions: list[str]
-    """``N`` decoded completions: text before the first EOS, special tokens skipped."""
-    prompt_index: torch.Tensor
-    """``(N,)`` long, which prompt (0 … B-1) each row came from."""
-    group_size: int
-    """``G``."""
-    gen_s: float
-    """Wall-clock seconds spent in ``model.generate``."""
-
-    def __len__(self) -> int:
-        return self.completion_ids.shape[0]
-
-    def select_groups(self, groups: Sequence[int]) -> "Rollout":
-        """The rows of the given groups (prompt indices ``b``), in that order, renumbered 0 … len-1."""
-        G = self.group_size
-        rows = torch.tensor([b * G + g for b in groups for g in range(G)], dtype=torch.long,
-                            device=self.completion_ids.device)
-        idx = rows.tolist()
-        return Rollout(
-            prompt_ids=self.prompt_ids[rows], prompt_mask=self.prompt_mask[rows],
-            completion_ids=self.completion_ids[rows], completion_mask=self.completion_mask[rows],
-            truncated=self.truncated[rows], completions=[self.completions[i] for i in idx],
-            prompt_index=torch.arange(len(groups), device=rows.device).repeat_interleave(G),
-            group_size=G, gen_s=self.gen_s,
-        )
-
-
-def concat_rollouts(parts: Sequence[Rollout], pad_id: int) -> Rollout:
-    """One :class:`Rollout` holding the groups of ``parts`` in order (same ``group_size``):
-    prompts left-padded and completions right-padded with ``pad_id`` to common widths (masks False
-    on the padding), prompt indices renumbered, ``gen_s`` summed.
-
-    Raises:
-        ValueError: ``parts`` empty, or group sizes differ.
-    """
-    if not parts:
-        raise ValueError("concat_rollouts: no rollouts given")
-    G = parts[0].group_size
-    if any(r.group_size != G for r in parts):
-        raise ValueError(f"concat_rollouts: group sizes differ: {[r.group_size for r in parts]}")
-    P = max(r.prompt_ids.shape[1] for r in parts)
-    T = max(r.completion_ids.shape[1] for r in parts)
-
-    def pad(t: torch.Tensor, width: int, value, left: bool) -> torch.Tensor:
-        extra = width - t.shape[1]
-        return torch.nn.functional.pad(t, (extra, 0) if left else (0, extra), value=value)
-
-    n_groups = sum(len(r) // G for r in parts)
-    device = parts[0].completion_ids.device
-    return Rollout(
-        prompt_ids=torch.cat([pad(r.prompt_ids, P, pad_id, True) for r in parts]),
-        prompt_mask=torch.cat([pad(r.prompt_mask, P, False, True) for r in parts]),
-        completion_ids=torch.cat([pad(r.completion_ids, T, pad_id, False) for r in parts]),
-        completion_mask=torch.cat([pad(r.completion_mask, T, False, False) for r in parts]),
-        truncated=torch.cat([r.truncated for r in parts]),
-        completions=[c for r in parts for c in r.completions],
-        prompt_index=torch.arange(n_groups, device=device).repeat_interleave(G),
-        group_size=G, gen_s=sum(r.gen_s for r in parts),
-    )
 
 
 def build_generation_config(
@@ -278,7 +158,7 @@ def generate_rollouts(
     static_cache: bool = True,
     sampler_dtype: torch.dtype | None = None,
     packed_weights: bool = True,
-) -> Rollout:
+) -> Experience:
     """Sample ``group_size`` completions for each prompt with ``model.generate``.
 
     Args:
@@ -297,16 +177,17 @@ def generate_rollouts(
             ``torch.random.fork_rng``, so the output is reproducible and the caller's global RNG
             state is left untouched. Pass a different seed per step.
         share_prompt: prefill each distinct prompt once and repeat its KV cache to its G rows
-            (module docstring); False = plain ``generate`` over all rows.
-        static_cache: preallocated KV cache written in place (module docstring); False = the
-            ``DynamicCache`` ``generate`` builds by default.
+            (module docstring; cpu backend); False = plain ``generate`` over all rows.
+        static_cache: preallocated KV cache written in place (module docstring; cpu backend);
+            False = the ``DynamicCache`` ``generate`` builds by default.
         sampler_dtype: ``None`` = sample with ``model`` as it is; a float dtype (bf16) = sample
             with a copy of its weights in that dtype, refreshed from ``model`` on every call.
         packed_weights: run the linear layers on weights packed once for oneDNN (module
-            docstring; CPU only, a no-op elsewhere); False = ``F.linear`` on the plain weights.
+            docstring; cpu backend, CPU weights only); False = ``F.linear`` on the plain weights.
 
     Returns:
-        :class:`Rollout` with ``N = B·G`` rows, grouped by prompt, ``T <= max_new_tokens``.
+        :class:`~grpokit.experience.Experience` with ``N = B·G`` rows grouped by prompt
+        (``group_index``), ``T <= max_new_tokens``, ``truncated``, ``completions`` and ``gen_s`` set.
 
     Raises:
         ValueError: ``group_size < 1``; ``prompts`` empty, not a list of strings, or containing an
@@ -338,7 +219,7 @@ def generate_rollouts(
     G = group_size
     prompt_ids = ids_b.repeat_interleave(G, dim=0).to(device)  # (N, P)
     prompt_mask = mask_b.repeat_interleave(G, dim=0).to(device)  # (N, P)
-    prompt_index = torch.arange(len(prompts), device=device).repeat_interleave(G)  # (N,)
+    group_index = torch.arange(len(prompts), device=device).repeat_interleave(G)  # (N,)
     N, P = prompt_ids.shape
     rows = N if chunk_size is None else chunk_size
 
@@ -352,18 +233,17 @@ def generate_rollouts(
         extra_gen = {"logits_processor": LogitsProcessorList(processors)}
     else:
         extra_gen = {}
+    backend = get_backend(model)  # the sampler copy runs under the policy's backend
     chunks: list[torch.Tensor] = []
     t0 = time.perf_counter()
     with torch.inference_mode(), _seeded(seed, device):
         sampler = model if sampler_dtype is None else _sampler_copy(model, sampler_dtype)
-        packing = packed_linear_weights(sampler, rows) if packed_weights else contextlib.nullcontext()
-        with packing:
+        with backend.generation(sampler, rows, packed_weights=packed_weights):
             for start in range(0, N, rows):
                 ids = prompt_ids[start : start + rows]
                 mask = prompt_mask[start : start + rows]
-                cache = _prefix_cache(sampler, ids, mask, share=share_prompt, static=static_cache,
-                                      max_len=P + params.max_new_tokens)
-                extra = {} if cache is None else {cache_kwarg(sampler.forward): cache}
+                extra = backend.prefill(sampler, ids, mask, share=share_prompt, static=static_cache,
+                                        max_len=P + params.max_new_tokens)
                 out = sampler.generate(
                     input_ids=ids, attention_mask=mask.long(), generation_config=gen_config, **extra, **extra_gen
                 )
@@ -386,15 +266,15 @@ def generate_rollouts(
         [ids[:n].tolist() for ids, n in zip(completion_ids, n_text.tolist())],
         skip_special_tokens=True,
     )
-    return Rollout(
+    return Experience(
         prompt_ids=prompt_ids,
         prompt_mask=prompt_mask,
         completion_ids=completion_ids,
         completion_mask=completion_mask,
+        group_index=group_index,
+        group_size=G,
         truncated=truncated,
         completions=completions,
-        prompt_index=prompt_index,
-        group_size=G,
         gen_s=gen_s,
     )
 
@@ -420,44 +300,6 @@ def left_padded_prompts(tokenizer: Any, prompts: Sequence[str], pad_id: int) -> 
         ids[i, p - len(x):] = torch.tensor(x, dtype=torch.long)
         mask[i, p - len(x):] = True
     return ids, mask
-
-
-def _prefix_cache(model: Any, ids: torch.Tensor, mask: torch.Tensor, *, share: bool, static: bool,
-                  max_len: int) -> Any:
-    """The KV cache to hand ``generate`` for the prompt rows ``ids`` ``(n, P)``, or None (then
-    ``generate`` prefills all rows into its default ``DynamicCache``).
-
-    ``share``: the first ``P-1`` columns run once per distinct prompt, then are repeated to the
-    rows. ``static``: the cache is a ``StaticCache`` of ``max_len`` positions (the shared prefix,
-    if any, copied into it). Models whose layers are not plain growing KV layers get None.
-    """
-    from transformers import StaticCache
-    from transformers.cache_utils import StaticLayer
-
-    n, p = ids.shape
-    if dynamic_prefix_cache(model) is None:  # sliding-window / recurrent layers: leave it to generate
-        return None
-    first, inverse = distinct_rows(ids, mask) if share and p > 1 else (torch.arange(n), None)
-    shared = inverse is not None and len(first) < n
-    if not shared and not static:
-        return None
-    if static:
-        out = StaticCache(config=model.config, max_cache_len=max_len)
-        if any(type(layer) is not StaticLayer for layer in out.layers):
-            return None
-        if not shared:
-            return out  # generate prefills it like any cache
-    prefix = dynamic_prefix_cache(model)
-    attn = mask[first, : p - 1].long()
-    position_ids = (attn.cumsum(1) - 1).clamp(min=0)  # as generate numbers left-padded rows
-    model(input_ids=ids[first, : p - 1], attention_mask=attn, position_ids=position_ids, use_cache=True,
-          logits_to_keep=1, **{cache_kwarg(model.forward): prefix})  # (U, heads, P-1, d) per layer
-    if not static:
-        prefix.batch_select_indices(inverse)  # (U, ...) -> (n, ...)
-        return prefix
-    for layer, src in zip(out.layers, prefix.layers):
-        layer.update(src.keys[inverse], src.values[inverse])  # written in place at positions 0 … P-2
-    return out
 
 
 _SAMPLERS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()

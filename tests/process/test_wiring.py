@@ -1,4 +1,5 @@
-"""Process supervision in the loop (grpokit.process): a process reward that fails on one row, under
+"""Process supervision in the loop (grpokit.process.ProcessScorer, then the GRPO algorithm's process
+advantages): a process reward that fails on one row, under
 each ``rewards.on_error`` policy, on the real SmolLM2 tokenizer.
 
 ``on_error="none"``: the guard returns ``None`` for the failed row; that row is unscorable (NaN step
@@ -20,9 +21,11 @@ from helpers import tiny_recipe
 
 from grpokit import algo
 from grpokit.metrics import read_metrics
-from grpokit.process import process_step_advantages
+from grpokit.algorithms import GRPO
+from grpokit.experience import Experience
+from grpokit.process import ProcessScorer
+from grpokit.process.steps import scatter_step_rewards, step_end_masks, step_texts
 from grpokit.rewards.guard import GuardedReward, RewardError
-from grpokit.rewards.steps import scatter_step_rewards, step_end_masks, step_texts
 
 EOS = 2
 G = 2
@@ -50,24 +53,27 @@ def rollout(smollm2_tokenizer):
 
 
 def _setup(tok, on_error):
-    recipe = SimpleNamespace(algo=SimpleNamespace(step_rule="lines", advantage_eps=1e-4, process_advantage="sum"),
-                             rollout=SimpleNamespace(group_size=G))
     reward = GuardedReward("process:fake", raising_process_reward, timeout_s=30, on_error=on_error)
-    return SimpleNamespace(recipe=recipe, tokenizer=tok, process_reward=reward)
+    return ProcessScorer(reward, "lines", tok)
 
 
 def _advantages(s, rollout):
-    rows = [{"prompt": "q"}] * (len(TEXTS) // G)
-    return process_step_advantages(s, rows, rollout, ["q"] * len(TEXTS), {})
+    """The step scorer, then GRPO's process advantages: ``(advantages (N, T), metrics)``."""
+    n, t = rollout.completion_ids.shape
+    exp = Experience.grouped(torch.ones(n, 1, dtype=torch.long), torch.ones(n, 1, dtype=torch.bool),
+                             rollout.completion_ids, rollout.completion_mask, G, completions=rollout.completions)
+    exp.step_rewards, exp.step_ends, metrics = s.score(exp, ["q"] * n, {})
+    a = SimpleNamespace(advantage_eps=1e-4, process_advantage="sum", beta=0.0)
+    return GRPO(a, t).advantages(exp), metrics
 
 
 def test_failed_row_is_unscorable_with_on_error_none(smollm2_tokenizer, rollout):
     s = _setup(smollm2_tokenizer, "none")
     try:
         adv, metrics = _advantages(s, rollout)
-        assert s.process_reward.failures == 1
+        assert s.failures == 1
     finally:
-        s.process_reward.close()
+        s.reward.close()
     # reference: the process reward's scores for the good rows, None for every step of the bad one
     ends, spans = step_end_masks(rollout.completion_ids, rollout.completion_mask, rollout.completions,
                                  "lines", smollm2_tokenizer)
@@ -97,12 +103,12 @@ def test_failed_row_raises_with_on_error_raise(smollm2_tokenizer, rollout):
         with pytest.raises(RewardError, match=rf"'process:fake' failed on row {BAD} .*fake process-reward"):
             _advantages(s, rollout)
     finally:
-        s.process_reward.close()
+        s.reward.close()
 
 
 def test_all_rows_scored_metrics(smollm2_tokenizer, rollout):
     s = _setup(smollm2_tokenizer, "none")
-    s.process_reward = process_length_reward  # no failure: nothing unscorable
+    s.reward = process_length_reward  # no failure: nothing unscorable
     adv, metrics = _advantages(s, rollout)
     assert metrics["process_unscorable_frac"] == 0.0 and metrics["steps_scored_frac"] == 1.0
     assert torch.isfinite(adv).all() and (adv[BAD] != 0).any()
@@ -110,7 +116,7 @@ def test_all_rows_scored_metrics(smollm2_tokenizer, rollout):
 
 def test_wrong_length_row_is_named(smollm2_tokenizer, rollout):
     s = _setup(smollm2_tokenizer, "none")
-    s.process_reward = lambda p, c, steps, **_: [[0.5] * len(r) for r in steps[:2]] + [[0.5], None]
+    s.reward = lambda p, c, steps, **_: [[0.5] * len(r) for r in steps[:2]] + [[0.5], None]
     with pytest.raises(ValueError, match=r"row 2 has 1 scores but 2 steps"):
         _advantages(s, rollout)
 

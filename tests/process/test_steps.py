@@ -1,4 +1,4 @@
-"""Step segmentation and step-end token mapping (grpokit.rewards.steps), on the real SmolLM2 tokenizer."""
+"""Step segmentation and step-end token mapping (grpokit.process.steps), on the real SmolLM2 tokenizer."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from grpokit.rewards.steps import (
+from grpokit.process.steps import (
     _char_ends_slow,
     scatter_step_rewards,
     split_steps,
@@ -246,7 +246,7 @@ def test_scatter_step_rewards_unscorable_and_malformed_rows():
 
 def test_pipeline_ids_to_step_rewards(tok):
     """ids -> step_end_masks -> step_texts -> a process reward fn -> scatter_step_rewards."""
-    from grpokit.rewards.verifier import arithmetic_step_rewards
+    from grpokit.process.verifier import arithmetic_step_rewards
 
     texts = ["2 + 2 = 4\n4 * 3 = 13\nAnswer: 13", "2 + 2 = 4\nAnswer: 4"]
     rows = [tok.encode(t, add_special_tokens=False) + [EOS] for t in texts]

@@ -176,7 +176,7 @@ def embedding(token_ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | 
     Returns:
         ``(..., H)``, ``weight``'s dtype. The backward gives ``weight`` a coalesced sparse
         ``(V, H)`` gradient; where nothing else makes the accumulated ``.grad`` dense, the caller
-        densifies it (:func:`grpokit.fused.apply_fused_ops` registers a hook).
+        densifies it (:func:`grpokit.backends.cpu.fused.apply_fused_ops` registers a hook).
 
     Raises:
         IndexError: from torch, for an id outside ``[0, V)``.

@@ -1,5 +1,8 @@
-"""The attention function grpokit registers with transformers (``"grpokit_sdpa"``, set by
-:func:`grpokit.fused.apply_fused_ops`).
+"""The attention function the cpu backend registers with transformers (``"grpokit_sdpa"``, set by
+:func:`grpokit.backends.cpu.fused.apply_fused_ops`; only the cpu backend registers it).
+
+It acts on CPU tensors only: for tensors on any other device (a model moved after the backend was
+installed) it hands the call to transformers' own ``sdpa_attention_forward`` unchanged.
 
 transformers' ``sdpa`` implementation repeats each key/value head ``num_heads / num_kv_heads``
 times (``repeat_kv``) before calling ``F.scaled_dot_product_attention`` whenever a mask is given
@@ -44,7 +47,8 @@ def grpokit_sdpa_attention(
         attention_mask: ``(B, 1, q, k)`` bool (True = attend) or additive float, or None.
 
     Returns:
-        ``(B, q, H, d)`` attention output (transformers' layout) and None (no weights).
+        ``(B, q, H, d)`` attention output (transformers' layout) and None (no weights). Tensors
+        off the CPU (:func:`acts_on`) go to transformers' ``sdpa_attention_forward``.
 
     Raises:
         RuntimeError: from torch, on shapes that do not broadcast.
@@ -52,6 +56,9 @@ def grpokit_sdpa_attention(
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     groups = getattr(module, "num_key_value_groups", 1)
+    if not acts_on(query):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, is_causal=is_causal, **kwargs)
     special = any(kwargs.get(k) is not None for k in ("position_bias", "softcap")) or kwargs.get("output_attentions")
     if (not special and query.shape[2] == 1 and not torch.is_grad_enabled() and not dropout
             and (attention_mask is None or attention_mask.shape[1] == 1)):
@@ -62,6 +69,11 @@ def grpokit_sdpa_attention(
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
                                          scale=scaling, enable_gqa=True)  # (B, H, q, d)
     return out.transpose(1, 2).contiguous(), None
+
+
+def acts_on(query: torch.Tensor) -> bool:
+    """Whether :func:`grpokit_sdpa_attention` computes the call itself: CPU tensors only."""
+    return query.device.type == "cpu"
 
 
 def _decode_attention(query, key, value, attention_mask, scaling):

@@ -3,7 +3,7 @@
 **Protocol.** A process reward function is
 ``fn(prompts: list[str], completions: list[str], steps: list[list[str]], **columns)
 -> list[list[float | None]]``: for each completion, one score per step (``steps[i]`` are the step
-strings of completion i, e.g. ``step_texts(text, spans)`` from ``grpokit.rewards.steps``). The score
+strings of completion i, e.g. ``step_texts(text, spans)`` from ``grpokit.process.steps``). The score
 of step k judges the solution *up to and including* step k. ``None`` = this step cannot be scored
 (``scatter_step_rewards`` turns it into NaN, which the process advantage leaves out).
 

@@ -1,4 +1,4 @@
-"""Arithmetic step verifier (grpokit.rewards.verifier): claim finding, exact checks, step scores."""
+"""Arithmetic step verifier (grpokit.process.verifier): claim finding, exact checks, step scores."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from grpokit.rewards.verifier import arithmetic_step_rewards, find_claims
+from grpokit.process.verifier import arithmetic_step_rewards, find_claims
 
 
 # (step text, verdict of each claim found, in order); [] = no claim found

@@ -1,4 +1,4 @@
-"""grpokit.rollout.packed: linear layers on oneDNN-packed weights give F.linear's values (bf16
+"""grpokit.backends.cpu.packed: linear layers on oneDNN-packed weights give F.linear's values (bf16
 bit-identical, float32 to summation order), only without gradient, and leave nothing behind."""
 
 from __future__ import annotations
@@ -8,9 +8,10 @@ import warnings
 import pytest
 import torch
 
-import grpokit.rollout.packed as packed_mod
+import grpokit.backends.cpu.packed as packed_mod
+from grpokit.backends import install_backend
+from grpokit.backends.cpu.packed import packed_linear_weights, packing_works
 from grpokit.rollout import SamplingParams, generate_rollouts
-from grpokit.rollout.packed import packed_linear_weights, packing_works
 
 pytestmark = pytest.mark.skipif(not packing_works(torch.bfloat16), reason="torch built without oneDNN")
 
@@ -90,6 +91,7 @@ def test_no_switch_when_the_check_fails(make_tiny_model, monkeypatch):
 def test_generation_with_packed_weights_samples_the_same_tokens(make_tiny_model, smollm2_tokenizer,
                                                                  smollm2_prompts, monkeypatch):
     model = make_tiny_model().to(torch.bfloat16)
+    install_backend(model, "cpu", announce=False)  # the backend that packs in generation
     calls = []
     orig = packed_mod._packed_linear
     monkeypatch.setattr(packed_mod, "_packed_linear", lambda *a: calls.append(1) or orig(*a))

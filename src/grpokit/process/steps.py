@@ -1,7 +1,8 @@
 """Step segmentation for process supervision (DeepSeekMath §4.1.3).
 
 A completion is cut into reasoning *steps*; each step gets one reward, stored at the step's last
-completion token (``step_rewards (N, T)`` / ``step_end_mask (N, T)``, see DESIGN.md). Three stages:
+completion token (``step_rewards (N, T)`` / ``step_end_mask (N, T)``; docs/design.md, "Step
+rewards"). Three stages:
 
 1. :func:`split_steps`: character spans ``(start, end)`` of the steps of a text. The spans cover
    the whole text contiguously (``spans[k][1] == spans[k+1][0]``, first start 0, last end
@@ -18,7 +19,7 @@ completion token (``step_rewards (N, T)`` / ``step_end_mask (N, T)``, see DESIGN
    unmasked token (the EOS, which decodes to nothing, belongs to it).
 3. :func:`scatter_step_rewards`: place one score per (merged) step at the step-end tokens.
 
-Nothing here knows about rewards; see ``grpokit.rewards.verifier`` and ``grpokit.rewards.prm``.
+Nothing here knows about rewards; see ``grpokit.process.verifier`` and ``grpokit.process.prm``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Learned process reward models (PRMs) as process reward functions.
 
-Both classes follow the process-reward protocol of ``grpokit.rewards.verifier``:
+Both classes follow the process-reward protocol of ``grpokit.process.verifier``:
 ``prm(prompts, completions, steps, **columns) -> list[list[float | None]]``, one score in [0, 1] per
 step, read at a *tag token* placed after each step.
 

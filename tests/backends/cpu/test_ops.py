@@ -1,4 +1,4 @@
-"""``grpokit.ops``: the memory-lean autograd functions equal the plain PyTorch expressions.
+"""``grpokit.backends.cpu.ops``: the memory-lean autograd functions equal the plain PyTorch expressions.
 
 Gradients are checked with ``torch.autograd.gradcheck`` in float64 (finite differences, so a wrong
 backward formula fails whatever the forward does), values against the plain expression, and the
@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 from helpers import saved_bytes
 
-import grpokit.ops as ops
+import grpokit.backends.cpu.ops as ops
 from grpokit.algo import token_entropy, token_logprobs
-from grpokit.ops import embedding, linear_token_logprobs, rms_norm, swiglu_mlp
+from grpokit.backends.cpu.ops import embedding, linear_token_logprobs, rms_norm, swiglu_mlp
 
 
 def _rand(*shape, dtype=torch.float64, seed=0, grad=True):

@@ -1,6 +1,7 @@
-"""``model.fused_ops`` (``grpokit.fused``): a model with the memory-lean ops gives the plain model's
-log-probs, entropies, loss and gradients, samples the same tokens, and keeps fewer bytes for the
-backward. Tiny random Llama with grouped KV heads (4 query heads, 2 KV heads), float32."""
+"""The cpu backend's fused ops (``grpokit.backends.cpu.fused``): a model with ``model.backend=cpu``
+gives the plain backend's log-probs, entropies, loss and gradients, samples the same tokens, and
+keeps fewer bytes for the backward; modules are switched by structure. Tiny random Llama with
+grouped KV heads (4 query heads, 2 KV heads), float32."""
 
 from __future__ import annotations
 
@@ -11,17 +12,24 @@ import torch
 from helpers import saved_bytes
 
 from grpokit import algo
-from grpokit.fused import apply_fused_ops, fused_head
+from grpokit.backends import backend_of, install_backend
+from grpokit.backends.cpu.fused import apply_fused_ops, fused_head
 from grpokit.policy import batch_logprobs, completion_logprobs
 from tests.test_policy_fast import V, _grouped_batch, _loss_and_grads
 
 GQA = dict(vocab_size=V, pad_token_id=0, num_attention_heads=4, num_key_value_heads=2)
 
 
+def _cpu(model, **options):
+    """``model`` with the cpu backend installed (in place); returns what it switched."""
+    install_backend(model, "cpu", announce=False, **options)
+    return model._grpokit_backend.switched
+
+
 def _pair(make_tiny_model, recompute_mlp=True, **overrides):
     plain = make_tiny_model(**(GQA | overrides))
     fused = copy.deepcopy(plain)
-    return plain, fused, apply_fused_ops(fused, recompute_mlp=recompute_mlp)
+    return plain, fused, _cpu(fused, recompute_mlp=recompute_mlp)
 
 
 def test_apply_switches_every_norm_mlp_the_head_and_attention(make_tiny_model):
@@ -30,6 +38,7 @@ def test_apply_switches_every_norm_mlp_the_head_and_attention(make_tiny_model):
     assert counts == {"rms_norm": 2 * layers + 1, "mlp": layers, "head": 1, "attention": 1, "embedding": 1}
     assert fused.config._attn_implementation == "grpokit_sdpa"
     assert fused_head(fused) is not None and fused_head(plain) is None  # only a prepared model
+    assert backend_of(fused) == "cpu" and backend_of(plain) == "plain"
 
 
 @pytest.mark.parametrize("share_prompt,recompute_mlp", [(True, True), (False, True), (True, False)])
@@ -73,14 +82,13 @@ def test_embedding_gradient_accumulates_dense_over_micro_batches(make_tiny_model
     torch.testing.assert_close(grads["fused"], grads["plain"])
 
 
-def test_remove_fused_ops_restores_the_plain_model(make_tiny_model):
-    from grpokit.fused import remove_fused_ops
-
+def test_installing_plain_restores_the_stock_model(make_tiny_model):
     plain, fused, _ = _pair(make_tiny_model, recompute_mlp=False)
     batch, _ = _grouped_batch(G=2)
     completion_logprobs(fused, batch, temperature=1.0)  # a forward with gradient adds the densify hook
     assert fused.model.embed_tokens.weight._post_accumulate_grad_hooks
-    remove_fused_ops(fused)
+    assert install_backend(fused, "plain", announce=False) == "backend plain: model.backend=plain"
+    assert backend_of(fused) == "plain"
     assert fused_head(fused) is None and fused.config._attn_implementation == "sdpa"
     assert not any(k in vars(m) for m in fused.modules() for k in ("forward", "_grpokit_recompute_mlp"))
     assert not fused.model.embed_tokens.weight._post_accumulate_grad_hooks
@@ -115,7 +123,7 @@ def test_fused_model_keeps_fewer_bytes_for_backward(make_tiny_model):
     # positions: 2 prompts × 8 shared prefix tokens + 8 rows × 24 (exact: saved_bytes keeps every
     # storage it counted, so no address is reused and counted once for two tensors)
     keep = copy.deepcopy(plain)
-    apply_fused_ops(keep, recompute_mlp=False)
+    _cpu(keep, recompute_mlp=False)
     extra = saved(keep) - saved(fused)
     assert extra == (2 * 8 + 8 * 24) * 2 * 128 * 4 * plain.config.num_hidden_layers
     assert saved(keep) < 0.75 * saved(plain)
@@ -163,7 +171,7 @@ def test_attention_function_equals_sdpa_with_repeated_heads(q_len, grad):
     SDPA on explicitly repeated KV heads, with a padding mask; float32."""
     import torch.nn.functional as F
 
-    from grpokit.attention import grpokit_sdpa_attention
+    from grpokit.backends.cpu.attention import grpokit_sdpa_attention
 
     gen = torch.Generator().manual_seed(0)
     b, h, h_kv, k, d = 3, 6, 2, 9, 8
@@ -181,3 +189,79 @@ def test_attention_function_equals_sdpa_with_repeated_heads(q_len, grad):
         got_additive, _ = grpokit_sdpa_attention(module, q, key, value, additive, scaling=0.3)
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(got_additive, want)
+
+
+class _LoraLinear(torch.nn.Module):
+    """A LoRA wrapper as peft builds one: ``base_layer`` plus ``lora_A``/``lora_B``, and a ``weight``
+    property that reads the base layer's (so code that reads ``.weight`` sees no adapter)."""
+
+    def __init__(self, base: torch.nn.Linear, rank: int = 2):
+        super().__init__()
+        self.base_layer = base
+        self.lora_A = torch.nn.Linear(base.in_features, rank, bias=False)
+        self.lora_B = torch.nn.Linear(rank, base.out_features, bias=False)
+        torch.nn.init.normal_(self.lora_B.weight, std=0.5, generator=torch.Generator().manual_seed(4))
+
+    @property
+    def weight(self):
+        return self.base_layer.weight
+
+    def forward(self, x):
+        return self.base_layer(x) + self.lora_B(self.lora_A(x))
+
+
+def test_a_lora_wrapper_added_after_install_is_not_skipped(make_tiny_model):
+    """peft wraps projections after the backend was installed: the fused MLP sees at call time that
+    ``gate_proj`` is no longer a plain Linear and runs the module's own forward (it used to read
+    ``gate_proj.weight``, the base weight, and drop the adapter silently)."""
+    plain, fused, counts = _pair(make_tiny_model)
+    assert counts["mlp"] == plain.config.num_hidden_layers
+    for model in (plain, fused):
+        mlp = model.model.layers[0].mlp
+        mlp.gate_proj = _LoraLinear(mlp.gate_proj)
+        torch.nn.init.normal_(mlp.gate_proj.lora_A.weight, std=0.5, generator=torch.Generator().manual_seed(5))
+    batch, adv = _grouped_batch(G=3)
+    ref_logp = torch.zeros(batch.completion_ids.shape)
+    a = _loss_and_grads(plain, batch, adv, ref_logp)
+    b = _loss_and_grads(fused, batch, adv, ref_logp)
+    for x, y in zip(b[:3], a[:3]):
+        torch.testing.assert_close(x, y)
+    assert "model.layers.0.mlp.gate_proj.lora_A.weight" in b[3]
+    for name in a[3]:
+        torch.testing.assert_close(b[3][name], a[3][name], msg=name)
+
+
+def test_modules_are_chosen_by_structure_not_by_class_name(make_tiny_model):
+    """A norm of another class (``torch.nn.RMSNorm``, a renamed subclass) is switched; an MLP whose
+    projection is a Linear subclass, or whose activation is not SiLU, is not."""
+    from transformers.models.llama import modeling_llama
+
+    class MyNorm(modeling_llama.LlamaRMSNorm):  # same formula, a name no list knows
+        pass
+
+    class MyLinear(torch.nn.Linear):
+        pass
+
+    plain = make_tiny_model(**GQA)
+    h, layers = plain.config.hidden_size, plain.config.num_hidden_layers
+    norm = torch.nn.RMSNorm(h, eps=plain.config.rms_norm_eps)
+    norm.weight.data.copy_(torch.rand(h, generator=torch.Generator().manual_seed(2)) + 0.5)
+    plain.model.norm = norm
+    renamed = MyNorm(h, eps=plain.config.rms_norm_eps)
+    renamed.weight.data.copy_(plain.model.layers[0].input_layernorm.weight)
+    plain.model.layers[0].input_layernorm = renamed
+    mlp0, mlp1 = plain.model.layers[0].mlp, plain.model.layers[1].mlp
+    sub = MyLinear(mlp0.up_proj.in_features, mlp0.up_proj.out_features, bias=False)
+    sub.weight.data.copy_(mlp0.up_proj.weight)
+    mlp0.up_proj = sub
+    mlp1.act_fn = torch.nn.GELU()
+    fused = copy.deepcopy(plain)
+    counts = _cpu(fused)
+    assert counts["rms_norm"] == 2 * layers + 1 and counts["mlp"] == 0
+    assert "forward" in vars(fused.model.norm) and "forward" in vars(fused.model.layers[0].input_layernorm)
+    batch, adv = _grouped_batch(G=2)
+    ref_logp = torch.zeros(batch.completion_ids.shape)
+    a, b = _loss_and_grads(plain, batch, adv, ref_logp), _loss_and_grads(fused, batch, adv, ref_logp)
+    torch.testing.assert_close(b[2], a[2])
+    for name in a[3]:
+        torch.testing.assert_close(b[3][name], a[3][name], msg=name)

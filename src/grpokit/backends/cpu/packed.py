@@ -1,4 +1,5 @@
-"""Generation on linear-layer weights pre-packed for oneDNN (``generate_rollouts(packed_weights=True)``).
+"""Generation on linear-layer weights pre-packed for oneDNN (the cpu backend's generation context,
+``generate_rollouts(packed_weights=True)``).
 
 On CPU ``F.linear`` hands each call's weight to the BLAS library in its plain row-major layout,
 and the library re-blocks (packs) the weight into its kernel's layout on every call. In training

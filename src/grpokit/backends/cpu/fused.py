@@ -1,14 +1,18 @@
-"""Put :mod:`grpokit.ops` into a transformers model (``model.fused_ops``, on by default).
+"""Put :mod:`.ops` into a transformers model (the ``cpu`` backend's install step).
 
-``apply_fused_ops(model)`` replaces, on the instances, the ``forward`` of the RMSNorm and gated-MLP
-modules of Llama, Mistral, Qwen2 and Qwen3 models; marks the model so that
-:func:`grpokit.policy.completion_logprobs` takes its log-probs with
-:func:`grpokit.ops.linear_token_logprobs` from the decoder's hidden states instead of the full
-logits; switches transformers' ``sdpa`` attention to :mod:`grpokit.attention` (grouped KV
-heads not repeated); and gives the input embedding a sparse weight gradient
-(:func:`grpokit.ops.embedding`). Each module class is checked once, on a random input, to give the original
-forward's values before it is replaced (a transformers release that changed the formula is left
-alone).
+``apply_fused_ops(model)`` replaces, on the instances, the ``forward`` of the modules whose
+structure is one the ops compute exactly: an RMSNorm (a leaf module with a 1-D ``weight``, a float
+``variance_epsilon``/``eps`` and no bias) and a gated MLP (``gate_proj``, ``up_proj``, ``down_proj``
+all exactly ``torch.nn.Linear`` without bias, a SiLU ``act_fn``); marks the model so that
+:class:`grpokit.backends.cpu.CpuBackend` takes its log-probs with :func:`.ops.linear_token_logprobs`
+from the decoder's hidden states instead of the full logits (Llama, Mistral, Qwen2, Qwen3: the
+model types whose logits are exactly ``lm_head(decoder(...))``); switches transformers' ``sdpa``
+attention to :mod:`.attention` (grouped KV heads not repeated); and gives the input embedding a
+sparse weight gradient (:func:`.ops.embedding`). Each module class is checked once, on a random
+input, to give the original forward's values before it is replaced (a module of that shape
+computing another formula, e.g. Gemma's ``(1 + w)`` gain, is left alone). A module wrapped later
+(e.g. peft's LoRA layers in place of a projection) is seen at call time: the MLP then runs its own
+forward.
 
 Measured on SmolLM2-135M in bf16, one 8-row micro-batch sharing a 100-token prompt, 64 completion
 tokens: the tensors autograd keeps for the backward go from 609 MB to ~175 MB, and the benchmark's
@@ -16,7 +20,8 @@ peak resident memory from 3.1 to 2.3 GB, at the same step time (``tests/test_fus
 values, ``bench/`` the speed and memory).
 
 The replaced forwards defer to the original one when no gradient is being recorded (generation,
-reference passes: nothing would be saved) and under autocast (the plain path handles its casts).
+reference passes: nothing would be saved), under autocast (the plain path handles its casts) and
+for tensors off the CPU.
 """
 
 from __future__ import annotations
@@ -25,29 +30,43 @@ import types
 
 import torch
 
-from grpokit import attention
-from grpokit.ops import embedding, rms_norm, swiglu_mlp
+from grpokit.backends.cpu import attention
+from grpokit.backends.cpu.ops import embedding, rms_norm, swiglu_mlp
 
-_NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"}
-_MLPS = {"LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP"}
 #: model types whose causal-LM logits are exactly ``lm_head(decoder(...).last_hidden_state)``
 _PLAIN_HEAD_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
+_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 _MARK = "_grpokit_fused_ops"
 _RECOMPUTE = "_grpokit_recompute_mlp"  # on a switched MLP module: swiglu_mlp(recompute=...)
 
 
 def _plain(x: torch.Tensor) -> bool:
-    return not torch.is_grad_enabled() or torch.is_autocast_enabled(x.device.type)
+    return not torch.is_grad_enabled() or x.device.type != "cpu" or torch.is_autocast_enabled(x.device.type)
+
+
+def _norm_eps(m: torch.nn.Module):
+    """The norm's epsilon: transformers' ``variance_epsilon`` or ``torch.nn.RMSNorm``'s ``eps``."""
+    return getattr(m, "variance_epsilon", getattr(m, "eps", None))
 
 
 def _norm_forward(self, hidden_states):
     if _plain(hidden_states):
         return type(self).forward(self, hidden_states)
-    return rms_norm(hidden_states, self.weight, self.variance_epsilon)
+    return rms_norm(hidden_states, self.weight, _norm_eps(self))
+
+
+def _plain_projections(m: torch.nn.Module) -> bool:
+    """``gate_proj``, ``up_proj``, ``down_proj`` are each exactly ``torch.nn.Linear`` (a subclass
+    or a wrapper, e.g. peft's LoRA layer, may compute something else) without bias."""
+    for key in _PROJECTIONS:
+        lin = getattr(m, key, None)
+        if type(lin) is not torch.nn.Linear or lin.bias is not None:
+            return False
+    return True
 
 
 def _mlp_forward(self, x):
-    if _plain(x):
+    if _plain(x) or not _plain_projections(self):  # checked per call: a wrapper may come later
         return type(self).forward(self, x)
     return swiglu_mlp(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight,
                       recompute=getattr(self, _RECOMPUTE, True))
@@ -81,7 +100,7 @@ def _densify_hooks(param: torch.Tensor, *, add: bool) -> None:
 
 
 def _switch_embedding(model: torch.nn.Module) -> int:
-    """The input embedding's backward gives a sparse gradient (:func:`grpokit.ops.embedding`)."""
+    """The input embedding's backward gives a sparse gradient (:func:`.ops.embedding`)."""
     emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     if (type(emb) is not torch.nn.Embedding or emb.max_norm is not None or emb.scale_grad_by_freq or emb.sparse
             or "forward" in vars(emb)):
@@ -90,21 +109,47 @@ def _switch_embedding(model: torch.nn.Module) -> int:
     return 1
 
 
-def _eligible_mlp(m: torch.nn.Module) -> bool:
-    act = getattr(getattr(m, "config", None), "hidden_act", None)
-    linears = [getattr(m, k, None) for k in ("gate_proj", "up_proj", "down_proj")]
-    return act in ("silu", "swish") and all(isinstance(lin, torch.nn.Linear) and lin.bias is None
-                                            for lin in linears)
+def _is_silu(act) -> bool:
+    if isinstance(act, torch.nn.SiLU):
+        return True
+    try:
+        from transformers.activations import SiLUActivation
+    except ImportError:  # pragma: no cover - older transformers map silu to torch.nn.SiLU
+        return False
+    return isinstance(act, SiLUActivation)
+
+
+def eligible_mlp(m: torch.nn.Module) -> bool:
+    """A gated MLP the fused op computes: plain bias-free projections (:func:`_plain_projections`)
+    and a SiLU ``act_fn`` (``torch.nn.SiLU`` or transformers' ``SiLUActivation``)."""
+    return _plain_projections(m) and _is_silu(getattr(m, "act_fn", None))
+
+
+def eligible_norm(m: torch.nn.Module) -> bool:
+    """RMSNorm-shaped: a leaf module with a 1-D ``weight`` parameter, a float epsilon
+    (``variance_epsilon`` or ``eps``) and no bias. Whether it computes RMSNorm's formula is checked
+    on a random input (:func:`_same_as_original`)."""
+    w = getattr(m, "weight", None)
+    eps = _norm_eps(m)
+    return (isinstance(w, torch.nn.Parameter) and w.dim() == 1 and isinstance(eps, (float, int))
+            and not isinstance(eps, bool) and getattr(m, "bias", None) is None and next(m.children(), None) is None)
 
 
 def _same_as_original(m: torch.nn.Module, new_forward, width: int) -> bool:
-    """Both forwards on one random ``(2, 3, width)`` input, with gradient recording on."""
+    """Both forwards on one random ``(2, 3, width)`` input, with gradient recording on (False if
+    either raises: a module of that shape with another signature)."""
     p = next(m.parameters())
+    if p.device.type != "cpu":  # the replaced forward would defer to the original there
+        return False
     x = torch.randn(2, 3, width, generator=torch.Generator().manual_seed(0)).to(p.device, p.dtype)
-    with torch.enable_grad():
-        want, got = type(m).forward(m, x), new_forward(m, x)
+    try:
+        with torch.enable_grad():
+            want, got = type(m).forward(m, x), new_forward(m, x)
+    except Exception:
+        return False
     tol = 1e-5 if p.dtype == torch.float32 else 2e-2
-    return want.shape == got.shape and torch.allclose(want.float(), got.float(), rtol=tol, atol=tol)
+    return (isinstance(want, torch.Tensor) and want.shape == got.shape
+            and torch.allclose(want.float(), got.float(), rtol=tol, atol=tol))
 
 
 def apply_fused_ops(model: torch.nn.Module, *, recompute_mlp: bool = True) -> dict[str, int]:
@@ -114,22 +159,26 @@ def apply_fused_ops(model: torch.nn.Module, *, recompute_mlp: bool = True) -> di
         model: a transformers causal LM.
         recompute_mlp: the MLP's backward runs its ``gate`` and ``up`` matmuls again (True) or
             uses the two ``(tokens, intermediate)`` outputs kept from the forward (False: more
-            activation memory, less time; :func:`grpokit.ops.swiglu_mlp`).
+            activation memory, less time; :func:`.ops.swiglu_mlp`).
+
+    Modules are chosen by structure (:func:`eligible_norm`, :func:`eligible_mlp`), not by class
+    name, and each class is checked once against its own forward before it is replaced.
 
     Returns:
         how many modules were switched: ``{"rms_norm": n, "mlp": n, "head": 0|1, "attention": 0|1,
         "embedding": 0|1}`` (attention: a model on transformers' ``sdpa`` now uses
-        :mod:`grpokit.attention`; embedding: the input embedding's weight gets a sparse gradient,
-        :func:`grpokit.ops.embedding`). All zero for an architecture outside the list above (it
-        then runs as before).
+        :mod:`.attention`; embedding: the input embedding's weight gets a sparse gradient,
+        :func:`.ops.embedding`). All zero for a model with none of these structures (it then runs
+        as before).
     """
     counts = {"rms_norm": 0, "mlp": 0, "head": 0, "attention": 0, "embedding": 0}
     checked: dict[type, bool] = {}  # per class (two classes may share a name)
     for m in model.modules():
-        name = type(m).__name__
-        if name in _NORMS and hasattr(m, "variance_epsilon"):
+        if "forward" in vars(m):  # already switched (or replaced by someone else): leave it
+            continue
+        if eligible_norm(m):
             new, key, width = _norm_forward, "rms_norm", m.weight.shape[0]
-        elif name in _MLPS and _eligible_mlp(m):
+        elif eligible_mlp(m):
             new, key, width = _mlp_forward, "mlp", m.gate_proj.in_features
         else:
             continue
@@ -154,8 +203,9 @@ def apply_fused_ops(model: torch.nn.Module, *, recompute_mlp: bool = True) -> di
 
 def fused_head(model: torch.nn.Module, *, mark_required: bool = True):
     """``(decoder, head_weight)`` if ``model``'s log-probs may be taken with
-    :func:`grpokit.ops.linear_token_logprobs` (a marked model of a listed type whose head is a
-    bias-free ``Linear``), else None."""
+    :func:`.ops.linear_token_logprobs` (a marked model of a listed type whose head is exactly a
+    bias-free ``torch.nn.Linear``), else None. Checked at every call: a head wrapped later (LoRA)
+    gets the plain logits."""
     if mark_required and not getattr(model, _MARK, False):
         return None
     config = getattr(model, "config", None)
@@ -163,7 +213,7 @@ def fused_head(model: torch.nn.Module, *, mark_required: bool = True):
         return None
     decoder = getattr(model, getattr(model, "base_model_prefix", "model"), None)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if not isinstance(decoder, torch.nn.Module) or not isinstance(head, torch.nn.Linear) or head.bias is not None:
+    if not isinstance(decoder, torch.nn.Module) or type(head) is not torch.nn.Linear or head.bias is not None:
         return None
     return decoder, head.weight
 

@@ -1,4 +1,4 @@
-"""Learned PRM wrappers (grpokit.rewards.prm): wiring checked against a manual forward pass.
+"""Learned PRM wrappers (grpokit.process.prm): wiring checked against a manual forward pass.
 
 Tiny random Llama models (initializer_range 0.5 so that probabilities spread over (0, 1) and a
 wrong position would be caught) with the real SmolLM2 tokenizer.
@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForTokenClassification
 
-from grpokit.rewards.prm import ClassificationPRM, TokenProbPRM
+from grpokit.process.prm import ClassificationPRM, TokenProbPRM
 
 PROMPTS = ["What is 2 + 3?", "Natalia sold 48 clips in April and half as many in May. Total?"]
 STEPS = [

@@ -1,0 +1,82 @@
+"""The algorithm seam: an advantage estimator and a policy loss, chosen by ``algo.estimator``.
+
+The loop asks its :class:`Algorithm` for two things and never branches on which one it is:
+
+- ``advantages(exp)``: from ``exp.rewards`` (outcome) or ``exp.step_rewards``/``exp.step_ends``
+  (process), an ``(N,)`` or ``(N, T)`` float32 tensor on ``exp``'s device;
+- ``loss(logp, mb, loss_mask, num_sequences, num_tokens)``: the loss of one micro-batch ``mb``
+  (an :class:`~grpokit.experience.Experience` slice carrying ``advantages``, ``old_logprobs`` and,
+  when ``needs_reference``, ``ref_logprobs``), normalized by the whole batch's counts.
+
+:class:`GRPO` is DeepSeekMath's (arXiv 2402.03300): group-normalized outcome advantages (§4.1.2)
+or process advantages (§4.1.3), the clipped surrogate with β·KL (eq. 3); all math in
+:mod:`grpokit.algo`. A PPO estimator with a value model plugs in here as another entry of
+:data:`ALGORITHMS`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+
+from grpokit import algo
+
+
+class Algorithm(Protocol):
+    #: True when the loss needs π_ref's log-probs (``mb.ref_logprobs``)
+    needs_reference: bool
+
+    def advantages(self, exp: Any) -> torch.Tensor: ...
+
+    def loss(self, logp: torch.Tensor, mb: Any, loss_mask: torch.Tensor, *, num_sequences: int,
+             num_tokens: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]: ...
+
+
+class GRPO:
+    """GRPO from the recipe's ``algo`` section ``a`` and the longest completion (tokens, for
+    ``seq_mean_token_sum_norm``)."""
+
+    def __init__(self, a: Any, max_completion_length: int):
+        self.cfg, self.max_completion_length = a, max_completion_length
+        self.needs_reference = a.beta > 0
+
+    def advantages(self, exp: Any) -> torch.Tensor:
+        """Outcome: ``algo.group_advantages(exp.rewards, G, scale=algo.advantage_scale)``, ``(N,)``;
+        process: ``algo.process_advantages(exp.step_rewards, exp.step_ends, mask, G,
+        mode=algo.process_advantage)``, ``(N, T)``. float32."""
+        a = self.cfg
+        if exp.step_rewards is not None:
+            adv = algo.process_advantages(exp.step_rewards, exp.step_ends, exp.completion_mask, exp.group_size,
+                                          eps=a.advantage_eps, mode=a.process_advantage)
+        else:
+            adv = algo.group_advantages(exp.rewards, exp.group_size, scale=a.advantage_scale, eps=a.advantage_eps)
+        return adv.float()
+
+    def loss(self, logp: torch.Tensor, mb: Any, loss_mask: torch.Tensor, *, num_sequences: int,
+             num_tokens: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """``algo.policy_loss`` on micro-batch ``mb`` (ratio against ``mb.old_logprobs``, or 1 by
+        value when there are none: μ = 1)."""
+        a = self.cfg
+        old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()
+        return algo.policy_loss(
+            logp, old, mb.advantages, loss_mask, ref_logp=mb.ref_logprobs, beta=a.beta,
+            clip_eps_low=a.clip_eps_low, clip_eps_high=a.clip_eps_high, kl_estimator=a.kl_estimator,
+            aggregation=a.loss_aggregation, max_completion_length=self.max_completion_length,
+            num_sequences=num_sequences, num_tokens=num_tokens)
+
+
+#: ``algo.estimator`` name -> class built with ``(algo section, max_completion_length)``
+ALGORITHMS = {"grpo": GRPO}
+
+
+def load_algorithm(a: Any, max_completion_length: int) -> Algorithm:
+    """The algorithm ``a.estimator`` names.
+
+    Raises:
+        ValueError: unknown name (lists the known ones).
+    """
+    cls = ALGORITHMS.get(a.estimator)
+    if cls is None:
+        raise ValueError(f"algo.estimator: unknown {a.estimator!r}; known: {', '.join(ALGORITHMS)}")
+    return cls(a, max_completion_length)

@@ -1,0 +1,127 @@
+"""What every backend shares: the :class:`Backend` interface, the stock transformers forward
+(``plain``) and the small helpers both backends use. Imports torch and :mod:`grpokit.algo` only.
+
+The plain path is transformers' own: one forward over ``[prompt ; completion]`` per row
+(:func:`plain_forward`), the full logits at the completion positions,
+:func:`grpokit.algo.token_logprobs` on them; generation is ``model.generate`` as it comes (its own
+``DynamicCache``, ``F.linear`` on the plain weights).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+from grpokit.algo import token_entropy, token_logprobs
+
+
+def autocast_context(enabled: bool, device: torch.device | str = "cpu"):
+    """bf16 autocast on ``device`` when ``enabled``, else a no-op context."""
+    if not enabled:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
+
+
+def last_positions(net: torch.nn.Module, keep: int, hidden_states: bool, **kw) -> torch.Tensor:
+    """The last ``keep`` positions (all if 0) of ``net``'s output: logits ``(N, keep, V)`` for a
+    causal LM, or hidden states ``(N, keep, H)`` when ``net`` is its decoder (the cpu backend's
+    fused head)."""
+    if not hidden_states:
+        return net(**kw, logits_to_keep=keep).logits
+    hidden = net(**kw).last_hidden_state
+    return hidden[:, -keep:] if keep else hidden
+
+
+def plain_forward(model: torch.nn.Module, net: torch.nn.Module, batch: Any, autocast_bf16: bool) -> torch.Tensor:
+    """``(N, T, ·)`` outputs (logits, or hidden states when ``net`` is ``model``'s decoder) at the
+    positions predicting each completion token, from one ``[prompt ; completion]`` pass.
+
+    Position ids are counted over unmasked tokens, as ``generate`` counts them with left padding.
+    """
+    ids = torch.cat([batch.prompt_ids, batch.completion_ids], dim=1)  # (N, P+T)
+    attn = torch.cat([batch.prompt_mask, batch.completion_mask], dim=1).long()
+    position_ids = (attn.cumsum(1) - 1).clamp(min=0)
+    t = batch.completion_ids.shape[1]
+    with autocast_context(autocast_bf16, ids.device):
+        out = last_positions(net, t + 1, net is not model, input_ids=ids, attention_mask=attn,
+                             position_ids=position_ids, use_cache=False)
+    return out[:, :-1]  # position P-1+t predicts completion token t
+
+
+def checkpointing_active(model: torch.nn.Module) -> bool:
+    """True if a forward with gradient now would checkpoint some layer of ``model``."""
+    return torch.is_grad_enabled() and any(
+        getattr(m, "gradient_checkpointing", False) and m.training for m in model.modules()
+    )
+
+
+def distinct_rows(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Distinct rows of a left-padded ``(N, P)`` batch: ``first`` ``(U,)`` (the first row index of
+    each distinct row) and ``inverse`` ``(N,)`` (which distinct row each row is), padding ignored.
+
+    >>> ids = torch.tensor([[0, 5, 6], [9, 5, 6], [0, 7, 6]]); m = torch.tensor([[0, 1, 1], [0, 1, 1], [0, 1, 1]]).bool()
+    >>> first, inverse = distinct_rows(ids, m)
+    >>> first[inverse].tolist()  # rows 0 and 1 differ only under padding
+    [0, 0, 2]
+    """
+    key = ids.masked_fill(~mask, -1)
+    _, inverse = torch.unique(key, dim=0, return_inverse=True)  # (N,)
+    n = ids.shape[0]
+    first = torch.full((int(inverse.max()) + 1,), n, dtype=torch.long, device=ids.device)
+    first = first.scatter_reduce(0, inverse, torch.arange(n, device=ids.device), reduce="amin")
+    # Number the distinct rows by first appearance, so `first` is increasing (grouped batches stay in order).
+    order = torch.argsort(first)
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(len(order), device=ids.device)
+    return first[order], rank[inverse]
+
+
+class Backend:
+    """How a model's log-probs are taken and how it generates. The base class is the plain path;
+    a backend overrides what it does differently and must give the same numbers (tests compare
+    log-probs, loss and every gradient with the plain path).
+
+    Attributes:
+        name: the registry name (``model.backend``).
+        options: the keyword options :meth:`install` takes.
+    """
+
+    name = "plain"
+    options: tuple[str, ...] = ()
+
+    def install(self, model: torch.nn.Module, **options: Any) -> dict[str, int]:
+        """Prepare ``model`` in place (nothing for the plain path); returns what was switched."""
+        return {}
+
+    def remove(self, model: torch.nn.Module) -> None:
+        """Undo :meth:`install` on ``model``."""
+
+    def logprobs(self, model: torch.nn.Module, batch: Any, *, temperature: float, with_entropy: bool,
+                 autocast_bf16: bool, share_prompt: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(N, T)`` float32 log-probs of ``batch.completion_ids`` (and the entropy if asked);
+        see :func:`grpokit.policy.completion_logprobs`. ``share_prompt`` is a hint a backend may
+        ignore (the plain path runs one forward per row)."""
+        logits = plain_forward(model, model, batch, autocast_bf16)
+        logp = token_logprobs(logits, batch.completion_ids, temperature=temperature)
+        entropy = token_entropy(logits, temperature=temperature) if with_entropy else None
+        return logp, entropy
+
+    def generation(self, model: torch.nn.Module, rows: int, *, packed_weights: bool):
+        """A context inside which ``model`` generates (``rows``: the rows of one decode step).
+        Plain: nothing changes."""
+        return contextlib.nullcontext(0)
+
+    def prefill(self, model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, *, share: bool, static: bool,
+                max_len: int) -> dict[str, Any]:
+        """Extra keyword arguments for ``model.generate`` on the prompt rows ``ids`` ``(n, P)``:
+        a KV cache prefilled or preallocated by the backend, or nothing (``generate`` builds its
+        own). Plain: nothing."""
+        return {}
+
+
+class PlainBackend(Backend):
+    """The stock transformers forward and ``generate`` (:class:`Backend` as it is)."""
+
+    name = "plain"

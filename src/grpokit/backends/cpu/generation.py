@@ -1,0 +1,60 @@
+"""The prompt-prefix KV cache the cpu backend hands ``generate`` (moved from ``grpokit.rollout.hf``).
+
+- shared prefix: ``generate`` would run the prefill over all ``N = B·G`` rows, i.e. each prompt G
+  times. Instead the first ``P-1`` prompt columns of each *distinct* prompt run once; their KV
+  cache is repeated to the rows and handed to ``generate``, which then only runs the last prompt
+  column before sampling.
+- static cache: a preallocated ``StaticCache`` of ``P + max_new_tokens`` positions written in
+  place, instead of a ``DynamicCache`` that concatenates (copies) every layer's whole cache at every
+  new token; on CPU the copies cost about a third of a decode step. No ``torch.compile`` is
+  involved (the generation config sets ``disable_compile=True``).
+
+Neither changes the sampled tokens (``tests/test_policy_fast.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from grpokit.backends.base import distinct_rows
+from grpokit.backends.cpu.shared_prompt import cache_kwarg, dynamic_prefix_cache
+
+
+def prefix_cache(model: Any, ids: torch.Tensor, mask: torch.Tensor, *, share: bool, static: bool,
+                 max_len: int) -> Any:
+    """The KV cache to hand ``generate`` for the prompt rows ``ids`` ``(n, P)``, or None (then
+    ``generate`` prefills all rows into its default ``DynamicCache``).
+
+    ``share``: the first ``P-1`` columns run once per distinct prompt, then are repeated to the
+    rows. ``static``: the cache is a ``StaticCache`` of ``max_len`` positions (the shared prefix,
+    if any, copied into it). Models whose layers are not plain growing KV layers get None.
+    """
+    from transformers import StaticCache
+    from transformers.cache_utils import StaticLayer
+
+    n, p = ids.shape
+    if dynamic_prefix_cache(model) is None:  # sliding-window / recurrent layers: leave it to generate
+        return None
+    first, inverse = distinct_rows(ids, mask) if share and p > 1 else (torch.arange(n), None)
+    shared = inverse is not None and len(first) < n
+    if not shared and not static:
+        return None
+    if static:
+        out = StaticCache(config=model.config, max_cache_len=max_len)
+        if any(type(layer) is not StaticLayer for layer in out.layers):
+            return None
+        if not shared:
+            return out  # generate prefills it like any cache
+    prefix = dynamic_prefix_cache(model)
+    attn = mask[first, : p - 1].long()
+    position_ids = (attn.cumsum(1) - 1).clamp(min=0)  # as generate numbers left-padded rows
+    model(input_ids=ids[first, : p - 1], attention_mask=attn, position_ids=position_ids, use_cache=True,
+          logits_to_keep=1, **{cache_kwarg(model.forward): prefix})  # (U, heads, P-1, d) per layer
+    if not static:
+        prefix.batch_select_indices(inverse)  # (U, ...) -> (n, ...)
+        return prefix
+    for layer, src in zip(out.layers, prefix.layers):
+        layer.update(src.keys[inverse], src.values[inverse])  # written in place at positions 0 … P-2
+    return out

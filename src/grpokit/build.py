@@ -1,0 +1,170 @@
+"""The builder: a recipe in, the run's parts out (:func:`build_run` -> :class:`Run`).
+
+Parts: training rows and prompts, the held-out evaluation, the reward pipeline (outcome functions
+and process supervision's step scorer), the algorithm (advantage estimator and loss), the policy on
+its device with its speed backend, the reference model, the rollout engine, the optimizer and its
+schedule, the loop state. Bad input fails here before the (slow) model load: rewards, the step
+rule, data and held-out rows come first. Nothing here imports the loop (:mod:`grpokit.trainer`).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grpokit.config import Recipe
+from grpokit.rows import load_prompts, section_rows
+
+
+def _dtype(name: str) -> torch.dtype:
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
+
+
+def resolve_device(name: str) -> torch.device:
+    """``model.device`` as a torch device: ``auto`` = ``cuda`` when available, else ``cpu``.
+
+    Raises:
+        ValueError: a CUDA device asked for on a machine without one (names ``model.device``).
+    """
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"model.device={name!r}: torch sees no CUDA device here (use cpu or auto)")
+    return dev
+
+
+@dataclass
+class TrainData:
+    """The training rows that fit, their formatted prompts, and the columns reward functions get."""
+
+    rows: list[dict]
+    prompts: list[str]
+    columns: list[str]
+    skipped: int
+
+
+@dataclass
+class Run:
+    """The run's parts (:func:`build_run`). The loop reads these and the recipe sections it needs."""
+
+    model: torch.nn.Module
+    ref_model: torch.nn.Module | None
+    tokenizer: Any
+    eos_ids: list[int]
+    device: torch.device
+    engine: Any  # grpokit.rollout.engine.RolloutEngine
+    sampling: Any  # grpokit.rollout.engine.SamplingParams
+    rewards: Any  # grpokit.rewards.pipeline.RewardPipeline
+    algorithm: Any  # grpokit.algorithms.Algorithm
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    state: Any  # grpokit.state.TrainState
+    data: TrainData
+    evaluator: Any  # grpokit.evaluator.HeldOutEval | None
+    out: Path
+
+
+def build_rewards(recipe: Recipe):
+    """The reward pipeline: ``rewards.functions`` and, with ``algo.supervision=process``, the step
+    scorer (``algo.process_reward`` with ``algo.step_rule``; its tokenizer is set once loaded).
+
+    Raises:
+        ValueError: unknown reward function, process reward or step rule (names the key).
+    """
+    from grpokit.rewards.pipeline import RewardPipeline
+
+    step_scorer = None
+    if recipe.algo.supervision == "process":
+        from grpokit.process.scorer import ProcessScorer
+
+        step_scorer = ProcessScorer.from_config(recipe)
+    return RewardPipeline.from_config(recipe.rewards, step_scorer)
+
+
+def load_policy(recipe: Recipe, device: torch.device, *, reference: bool = False) -> torch.nn.Module:
+    """The model of ``model.name_or_path`` in ``model.dtype`` on ``device``, in eval mode (no
+    dropout: sampler and trainer see the same π), with its speed backend; the reference model
+    frozen (no gradients)."""
+    from grpokit.models import load_model
+
+    m = recipe.model
+    model = load_model(m.name_or_path, dtype=_dtype(m.dtype), device=device, trust_remote_code=m.trust_remote_code)
+    model.eval()
+    if reference:
+        model.requires_grad_(False)
+    from grpokit.backends import install_backend
+
+    install_backend(model, m.backend, announce=not reference,
+                    **({} if reference else {"recompute_mlp": m.recompute_mlp}))
+    if m.gradient_checkpointing and not reference:
+        from grpokit.policy import enable_gradient_checkpointing
+
+        enable_gradient_checkpointing(model)
+    return model
+
+
+def build_run(recipe: Recipe) -> Run:
+    """Turn ``recipe`` into the run's parts, checking everything that needs no model first.
+
+    Raises:
+        ValueError / FileNotFoundError: bad data, rewards, step rule, held-out rows or device; the
+            message names the recipe key.
+    """
+    from grpokit.algorithms import load_algorithm
+    from grpokit.models import eos_token_ids, load_tokenizer, model_max_positions
+    from grpokit.optim import make_optimizer
+    from grpokit.rollout.engine import load_engine
+    from grpokit.rollout.engine import SamplingParams
+    from grpokit.state import TrainState, seed_everything
+
+    m, d, r = recipe.model, recipe.data, recipe.rollout
+    seed_everything(recipe.train.seed)
+    # 1. what can be checked without the tokenizer or the model: rewards, step rule, data, device
+    rewards = build_rewards(recipe)
+    algorithm = load_algorithm(recipe.algo, r.max_new_tokens)
+    device = resolve_device(m.device)
+    if recipe.train.optimizer == "adamw_8bit":  # an optional package: say so before the model loads
+        from grpokit.importing import require
+
+        require("torchao.optim", extra="torchao", why="train.optimizer=adamw_8bit")
+    rows = section_rows(recipe, "data")
+    evaluator = None
+    if recipe.eval.dataset:
+        from grpokit.evaluator import HeldOutEval
+
+        evaluator = HeldOutEval(recipe, rows)
+    # 2. tokenizer, prompts (training and held-out: both must fit the context)
+    tokenizer = load_tokenizer(m.name_or_path, trust_remote_code=m.trust_remote_code)
+    max_positions = model_max_positions(m.name_or_path, trust_remote_code=m.trust_remote_code)
+    rows, prompts, skipped = load_prompts(recipe, tokenizer, dataset=d.dataset, split=d.split, limit=d.limit,
+                                          rows=rows, max_new_tokens=r.max_new_tokens, max_positions=max_positions)
+    if evaluator is not None:
+        evaluator.prepare(tokenizer, max_positions)
+    if len(rows) < recipe.train.prompts_per_step:
+        print(f"[grpokit] note: {len(rows)} prompts < train.prompts_per_step; prompts repeat within a step",
+              file=sys.stderr)
+    data = TrainData(rows, prompts, sorted({k for row in rows for k in row} - {"prompt"}), skipped)
+    if rewards.step_scorer is not None:
+        rewards.step_scorer.tokenizer = tokenizer
+    # 3. models, engine, optimizer
+    model = load_policy(recipe, device)
+    ref_model = load_policy(recipe, device, reference=True) if algorithm.needs_reference else None
+    eos_ids = eos_token_ids(model, tokenizer)
+    # with bf16 autocast the trainer scores in bf16, so sampling from a bf16 copy matches it
+    engine = load_engine(r.engine, model=model, tokenizer=tokenizer, eos_token_ids=eos_ids, chunk_size=r.chunk_size,
+                         sampler_dtype=torch.bfloat16 if m.autocast_bf16 else None)
+    sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, min_p=r.min_p,
+                              max_new_tokens=r.max_new_tokens, sampler=r.sampler)
+    optimizer, scheduler = make_optimizer(model, recipe.train)
+    out = Path(recipe.train.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"[grpokit] {len(rows)} prompts ({skipped} skipped as too long) from {d.dataset}/{d.split}; "
+          f"model {m.name_or_path} on {device}; β={recipe.algo.beta}; G={r.group_size}", flush=True)
+    return Run(model=model, ref_model=ref_model, tokenizer=tokenizer, eos_ids=eos_ids, device=device, engine=engine,
+               sampling=sampling, rewards=rewards, algorithm=algorithm, optimizer=optimizer, scheduler=scheduler,
+               state=TrainState(), data=data, evaluator=evaluator, out=out)

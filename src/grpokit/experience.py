@@ -1,0 +1,195 @@
+"""One typed batch of experience: what a rollout engine returns and what the loop trains on.
+
+``N = B·G`` completions, grouped by prompt: rows ``b·G … b·G+G-1`` come from prompt ``b``
+(``group_index[b·G + g] == b``). Shapes (``P`` prompt width, ``T`` completion width):
+
+- ``prompt_ids``/``prompt_mask`` ``(N, P)`` long/bool, left-padded (mask False on padding);
+- ``completion_ids``/``completion_mask`` ``(N, T)`` long/bool, mask True up to and including the
+  first EOS;
+- ``group_index`` ``(N,)`` long; ``truncated`` ``(N,)`` bool (no EOS within the limit);
+- filled in by the loop as it goes: ``rewards`` ``(N,)`` float64 (NaN = unscorable); with
+  process supervision ``step_rewards`` ``(N, T)`` float64 (a step's score on its last token, 0
+  elsewhere, NaN on unscored steps) and ``step_ends`` ``(N, T)`` bool; ``advantages`` ``(N,)`` or
+  ``(N, T)`` float32; ``old_logprobs``/``ref_logprobs`` ``(N, T)`` float32.
+
+Slicing (:meth:`Experience.rows`) cuts the columns that are padding in every selected row, per-token
+fields along with the ids, so a micro-batch carries exactly the width it needs. Imports only torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import torch
+
+#: per-token fields (N, T) besides the ids: sliced and padded along with ``completion_ids``
+TOKEN_FIELDS = ("step_rewards", "step_ends", "old_logprobs", "ref_logprobs")
+
+
+@dataclass
+class Experience:
+    """A batch of grouped completions and what the loop computed for them (module docstring)."""
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    group_index: torch.Tensor
+    group_size: int
+    truncated: torch.Tensor | None = None
+    completions: list[str] = field(default_factory=list)
+    rewards: torch.Tensor | None = None
+    step_rewards: torch.Tensor | None = None
+    step_ends: torch.Tensor | None = None
+    advantages: torch.Tensor | None = None
+    old_logprobs: torch.Tensor | None = None
+    ref_logprobs: torch.Tensor | None = None
+    gen_s: float = 0.0
+    """Wall-clock seconds the rollout engine spent generating these rows."""
+
+    def __post_init__(self) -> None:
+        n = self.completion_ids.shape[0]
+        for name in ("prompt_ids", "prompt_mask", "completion_mask", "group_index"):
+            if getattr(self, name).shape[0] != n:
+                raise ValueError(f"Experience.{name}: {getattr(self, name).shape[0]} rows, completion_ids has {n}")
+        if self.group_size < 1 or n % self.group_size:
+            raise ValueError(f"Experience: {n} rows are not whole groups of group_size={self.group_size}")
+
+    @classmethod
+    def grouped(cls, prompt_ids, prompt_mask, completion_ids, completion_mask, group_size: int, **kw) -> "Experience":
+        """An experience whose rows are consecutive groups of ``group_size`` (``group_index`` made here)."""
+        n = completion_ids.shape[0]
+        index = torch.arange(n // max(group_size, 1), device=completion_ids.device).repeat_interleave(group_size)
+        return cls(prompt_ids, prompt_mask, completion_ids, completion_mask, index, group_size, **kw)
+
+    def __len__(self) -> int:
+        return self.completion_ids.shape[0]
+
+    @property
+    def num_groups(self) -> int:
+        return len(self) // self.group_size
+
+    @property
+    def device(self) -> torch.device:
+        return self.completion_ids.device
+
+    def replace(self, **changes) -> "Experience":
+        """A copy with ``changes`` (dataclasses.replace)."""
+        return dataclasses.replace(self, **changes)
+
+    def to(self, device: torch.device | str) -> "Experience":
+        """Every tensor moved to ``device`` (a copy; tensors already there are shared)."""
+        return self.replace(**{f.name: v.to(device) for f in dataclasses.fields(self)
+                               if isinstance(v := getattr(self, f.name), torch.Tensor)})
+
+    def rows(self, idx: slice | torch.Tensor) -> "Experience":
+        """Rows ``idx`` (a slice or an index tensor), with the prompt columns that are padding in
+        every selected row cut from the left and the completion columns cut from the right.
+
+        The rows keep their ``group_index``; ``group_size`` stays when the row count is a multiple
+        of it and is 1 otherwise (a micro-batch cutting through a group: it is for the forward
+        pass, never for group statistics).
+        """
+        pm, cm = self.prompt_mask[idx], self.completion_mask[idx]
+        p_used = pm.any(0).nonzero()
+        p0 = int(p_used[0]) if len(p_used) else pm.shape[1] - 1
+        c_used = cm.any(0).nonzero()
+        t1 = int(c_used[-1]) + 1 if len(c_used) else 1
+        sel = range(len(self))[idx] if isinstance(idx, slice) else idx.tolist()
+
+        def row(v):
+            return None if v is None else v[idx]
+
+        def tok(v):
+            return None if v is None else v[idx][:, :t1]
+
+        adv = self.advantages
+        return Experience(
+            prompt_ids=self.prompt_ids[idx][:, p0:], prompt_mask=pm[:, p0:],
+            completion_ids=self.completion_ids[idx][:, :t1], completion_mask=cm[:, :t1],
+            group_index=self.group_index[idx], group_size=self.group_size if len(sel) % self.group_size == 0 else 1,
+            truncated=row(self.truncated), completions=[self.completions[i] for i in sel] if self.completions else [],
+            rewards=row(self.rewards), advantages=None if adv is None else (adv[idx] if adv.dim() == 1 else tok(adv)),
+            gen_s=self.gen_s, **{name: tok(getattr(self, name)) for name in TOKEN_FIELDS},
+        )
+
+    def micro_batches(self, size: int) -> Iterator[tuple[slice, "Experience"]]:
+        """``(rows, experience)`` for consecutive micro-batches of at most ``size`` rows."""
+        if size < 1:
+            raise ValueError(f"micro-batch size must be >= 1, got {size}")
+        for start in range(0, len(self), size):
+            sl = slice(start, min(start + size, len(self)))
+            yield sl, self.rows(sl)
+
+    def select_groups(self, groups: Sequence[int]) -> "Experience":
+        """The rows of the given groups (their ``group_index`` values), in that order, renumbered
+        ``0 … len(groups)-1``; the columns keep their width."""
+        g = self.group_size
+        idx = torch.tensor([b * g + k for b in groups for k in range(g)], dtype=torch.long, device=self.device)
+        sel = idx.tolist()
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for name, v in out.items():
+            if isinstance(v, torch.Tensor):
+                out[name] = v[idx]
+        out["completions"] = [self.completions[i] for i in sel] if self.completions else []
+        out["group_index"] = torch.arange(len(groups), device=self.device).repeat_interleave(g)
+        return Experience(**out)
+
+    def shard(self, rank: int, world_size: int) -> "Experience":
+        """Rank ``rank``'s share of whole groups: groups ``rank·B/W … (rank+1)·B/W - 1``.
+
+        Raises:
+            ValueError: the number of groups is not divisible by ``world_size``, or ``rank`` is
+                outside ``0 … world_size-1``.
+        """
+        if not 0 <= rank < world_size:
+            raise ValueError(f"Experience.shard: rank {rank} outside 0..{world_size - 1}")
+        if self.num_groups % world_size:
+            raise ValueError(f"Experience.shard: {self.num_groups} groups cannot be split evenly over "
+                             f"{world_size} ranks (train.prompts_per_step must be divisible by the world size)")
+        per = self.num_groups // world_size
+        return self.select_groups(range(rank * per, (rank + 1) * per))
+
+    @staticmethod
+    def concat(parts: Sequence["Experience"], pad_id: int) -> "Experience":
+        """One experience holding the groups of ``parts`` in order (same ``group_size``): prompts
+        left-padded and completions right-padded with ``pad_id`` (masks False, per-token fields 0
+        on the padding), group indices renumbered, ``gen_s`` summed.
+
+        Raises:
+            ValueError: ``parts`` empty, or group sizes differ.
+        """
+        if not parts:
+            raise ValueError("Experience.concat: no experience given")
+        g = parts[0].group_size
+        if any(e.group_size != g for e in parts):
+            raise ValueError(f"Experience.concat: group sizes differ: {[e.group_size for e in parts]}")
+        p = max(e.prompt_ids.shape[1] for e in parts)
+        t = max(e.completion_ids.shape[1] for e in parts)
+
+        def pad(x: torch.Tensor, width: int, value, left: bool) -> torch.Tensor:
+            extra = width - x.shape[1]
+            return torch.nn.functional.pad(x, (extra, 0) if left else (0, extra), value=value)
+
+        def cat(name: str, width: int | None = None, value=0, left: bool = False):
+            vals = [getattr(e, name) for e in parts]
+            if all(v is None for v in vals):
+                return None
+            if any(v is None for v in vals):
+                raise ValueError(f"Experience.concat: {name} set in some parts only")
+            if width is not None or (vals[0].dim() == 2 and name == "advantages"):
+                vals = [pad(v, width or t, value, left) for v in vals]
+            return torch.cat(vals)
+
+        n_groups = sum(e.num_groups for e in parts)
+        return Experience(
+            prompt_ids=cat("prompt_ids", p, pad_id, True), prompt_mask=cat("prompt_mask", p, False, True),
+            completion_ids=cat("completion_ids", t, pad_id), completion_mask=cat("completion_mask", t, False),
+            group_index=torch.arange(n_groups, device=parts[0].device).repeat_interleave(g), group_size=g,
+            truncated=cat("truncated"), completions=[c for e in parts for c in e.completions],
+            rewards=cat("rewards"), advantages=cat("advantages"), gen_s=sum(e.gen_s for e in parts),
+            step_rewards=cat("step_rewards", t, 0.0), step_ends=cat("step_ends", t, False),
+            old_logprobs=cat("old_logprobs", t), ref_logprobs=cat("ref_logprobs", t),
+        )

@@ -1,0 +1,53 @@
+"""Process supervision: one reward per reasoning step instead of one per completion.
+
+What lives where:
+
+- :mod:`grpokit.process.steps`: cutting a completion into steps (:func:`split_steps`, rules
+  ``lines``/``paragraphs``/``regex:``/``tag:``), mapping each step's end to its last completion token
+  (:func:`step_token_ends`, :func:`step_end_masks`), and placing one score per step at those tokens
+  (:func:`scatter_step_rewards`, the ``(N, T)`` step-reward layout of docs/design.md, "Step
+  rewards"). Knows nothing about how steps are scored.
+- :mod:`grpokit.process.verifier`: the process-reward protocol
+  ``fn(prompts, completions, steps, **columns) -> list[list[float | None]]`` and the built-in
+  rule-based arithmetic step verifier (:func:`arithmetic_step_rewards`, :func:`find_claims`).
+- :mod:`grpokit.process.prm`: learned process reward models following the same protocol
+  (:class:`TokenProbPRM`, :class:`ClassificationPRM`).
+- :mod:`grpokit.process.scorer`: :class:`ProcessScorer`, the step scorer of the reward pipeline:
+  completions -> steps -> scores -> ``(step_rewards, step_ends)`` and the step metrics.
+- :mod:`grpokit.process.wiring`: :func:`resolve_process_reward` turns ``algo.process_reward`` (a
+  built-in name of :data:`BUILTIN_PROCESS_REWARDS` or ``module:function``) into a guarded callable.
+
+Token advantages from the step rewards are the algorithm's job (``grpokit.algorithms.GRPO`` with
+``grpokit.algo.process_advantages``).
+"""
+
+from grpokit.process.prm import ClassificationPRM, TokenProbPRM
+from grpokit.process.scorer import ProcessScorer
+from grpokit.process.steps import (
+    scatter_step_rewards,
+    split_steps,
+    step_end_masks,
+    step_texts,
+    step_token_ends,
+    token_char_ends,
+)
+from grpokit.process.verifier import MAX_BITS, Claim, arithmetic_step_rewards, find_claims
+from grpokit.process.wiring import BUILTIN_PROCESS_REWARDS, resolve_process_reward
+
+__all__ = [
+    "BUILTIN_PROCESS_REWARDS",
+    "Claim",
+    "ClassificationPRM",
+    "MAX_BITS",
+    "ProcessScorer",
+    "TokenProbPRM",
+    "arithmetic_step_rewards",
+    "find_claims",
+    "resolve_process_reward",
+    "scatter_step_rewards",
+    "split_steps",
+    "step_end_masks",
+    "step_texts",
+    "step_token_ends",
+    "token_char_ends",
+]

@@ -1,0 +1,85 @@
+"""The step scorer of the reward pipeline: completions -> steps -> one score per step, placed on
+each step's last token (the ``(N, T)`` layout of docs/design.md, "Step rewards").
+
+DeepSeekMath §4.1.3: the score of step k judges the solution up to and including step k. Turning
+the step scores into token advantages is the algorithm's job (``grpokit.algorithms.GRPO``, with
+``grpokit.algo.process_advantages``), not this module's.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from grpokit.process.steps import scatter_step_rewards, split_steps, step_end_masks, step_texts
+
+
+class ProcessScorer:
+    """Split each completion with ``step_rule`` and score the steps with ``reward``.
+
+    Args:
+        reward: ``(prompts, completions, steps, **columns) -> list[list[float | None] | None]``,
+            usually guarded (:func:`grpokit.process.wiring.resolve_process_reward`).
+        step_rule: ``lines``, ``paragraphs``, ``regex:PATTERN`` or ``tag:STRING``.
+        tokenizer: the policy's tokenizer (maps step ends to tokens); may be set after construction.
+    """
+
+    def __init__(self, reward: Callable, step_rule: str, tokenizer: Any = None):
+        self.reward, self.step_rule, self.tokenizer = reward, step_rule, tokenizer
+
+    @classmethod
+    def from_config(cls, recipe: Any) -> "ProcessScorer":
+        """From ``algo.process_reward``/``algo.step_rule`` and the ``rewards`` section's time limit and
+        fault policy.
+
+        Raises:
+            ValueError: an unknown process reward or a bad step rule (names the key).
+        """
+        from grpokit.process.wiring import resolve_process_reward
+
+        reward = resolve_process_reward(recipe)
+        try:
+            split_steps("a\nb", recipe.algo.step_rule)
+        except ValueError as e:
+            raise ValueError(f"algo.step_rule: {e}") from None
+        return cls(reward, recipe.algo.step_rule)
+
+    @property
+    def failures(self) -> int:
+        """Rows the guarded reward scored None after raising or timing out (0 when not guarded)."""
+        return getattr(self.reward, "failures", 0)
+
+    def score(self, exp: Any, prompts: list[str], columns: dict[str, list]) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """Step rewards of ``exp``'s completions.
+
+        A row the reward cannot score (``None`` instead of its list of step scores: the guard's
+        ``rewards.on_error=none`` gives that for a row whose call raised or timed out) has every step
+        unscored (NaN); it is counted in ``process_unscorable_frac``.
+
+        Returns:
+            ``(step_rewards (N, T) float64, step_ends (N, T) bool, metrics)`` on ``exp``'s device;
+            step rewards are 0 off step ends and NaN on unscored steps. Metrics: ``step_count_mean``
+            (steps per completion), ``step_reward_mean``/``step_reward_std`` (over the scored steps;
+            None / 0.0 when fewer than 1 / 2), ``steps_scored_frac`` (scored steps / steps),
+            ``process_unscorable_frac`` (completions with no scored step / N).
+
+        Raises:
+            ValueError: a row of scores is not None and not one score per step (names the row).
+        """
+        ids, mask = exp.completion_ids.cpu(), exp.completion_mask.cpu()
+        ends, spans = step_end_masks(ids, mask, exp.completions, self.step_rule, self.tokenizer)
+        steps = [step_texts(text, sp) for text, sp in zip(exp.completions, spans)]
+        scores = self.reward(prompts, exp.completions, steps=steps, **columns)
+        step_rewards, num_steps = scatter_step_rewards(scores, ends, dtype=torch.float64)
+        scored_mask = ends.bool() & torch.isfinite(step_rewards)  # (N, T)
+        scored = step_rewards[scored_mask]  # (S,) float64
+        total = int(num_steps.sum())
+        metrics: dict[str, Any] = {
+            "step_count_mean": float(num_steps.float().mean()),
+            "step_reward_mean": float(scored.mean()) if len(scored) else None,
+            "step_reward_std": float(scored.std()) if len(scored) > 1 else 0.0,  # sample std (ddof=1)
+            "steps_scored_frac": len(scored) / total if total else 0.0,
+            "process_unscorable_frac": float((scored_mask.sum(dim=1) == 0).double().mean()),
+        }
+        return step_rewards.to(exp.device), ends.bool().to(exp.device), metrics

@@ -1,0 +1,35 @@
+"""Process supervision's reward from the recipe: ``algo.process_reward`` -> a guarded callable
+``(prompts, completions, steps, **columns) -> list[list[float | None] | None]`` that
+:class:`grpokit.process.scorer.ProcessScorer` calls."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from grpokit.importing import import_object
+from grpokit.rewards.guard import GuardedReward
+
+__all__ = ["BUILTIN_PROCESS_REWARDS", "resolve_process_reward"]
+
+BUILTIN_PROCESS_REWARDS = {"arithmetic": "grpokit.process.verifier:arithmetic_step_rewards"}
+"""Built-in ``algo.process_reward`` names -> ``"module:function"`` (imported when resolved)."""
+
+
+def resolve_process_reward(recipe) -> Callable:
+    """``algo.process_reward``: ``arithmetic`` (the rule-based step verifier) or ``module:function``,
+    a callable ``(prompts, completions, steps, **columns) -> list[list[float | None]]``, wrapped with
+    the recipe's reward timeout and fault policy.
+
+    Raises:
+        ValueError: unknown name, module not importable, attribute missing.
+    """
+    name = recipe.algo.process_reward
+    spec = BUILTIN_PROCESS_REWARDS.get(name, name)
+    if ":" not in spec:
+        raise ValueError(f"algo.process_reward: unknown {name!r}; built-in: "
+                         f"{', '.join(BUILTIN_PROCESS_REWARDS)}, or module:function")
+    fn = import_object(spec, what="reward")
+    rc = recipe.rewards
+    return GuardedReward(f"process:{name}", fn, timeout_s=rc.timeout_s, on_error=rc.on_error,
+                         isolation=rc.isolation)
+

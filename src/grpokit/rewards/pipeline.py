@@ -1,0 +1,108 @@
+"""The reward seam: one object that scores a batch of experience, outcome and (optionally) process.
+
+:class:`RewardPipeline` calls the recipe's reward functions (each wrapped with the time limit and
+fault policy of :class:`~grpokit.rewards.guard.GuardedReward`), combines them with their weights
+(:func:`~grpokit.rewards.base.compute_rewards`), and, with process supervision, asks its step
+scorer for one score per reasoning step. It writes ``rewards`` (and ``step_rewards``/``step_ends``)
+into the experience and returns the step's reward metrics.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Mapping, Protocol
+
+import torch
+
+from grpokit.rewards.base import compute_rewards, get_reward_function
+from grpokit.rewards.guard import GuardedReward
+
+
+class StepScorer(Protocol):
+    """Process supervision's step scorer (``grpokit.process.ProcessScorer``)."""
+
+    failures: int
+
+    def score(self, exp: Any, prompts: list[str], columns: dict[str, list]) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """``(step_rewards (N, T) float64, step_ends (N, T) bool, metrics)`` for ``exp``'s completions."""
+        ...
+
+
+class RewardPipeline:
+    """Reward functions with weights, and an optional step scorer.
+
+    Args:
+        funcs: name -> reward function ``(prompts, completions, **columns) -> list[float | None]``.
+        weights: name -> weight (missing names 1.0).
+        step_scorer: process supervision's scorer, or None (outcome supervision).
+    """
+
+    def __init__(self, funcs: Mapping[str, Callable], weights: Mapping[str, float], step_scorer: StepScorer | None = None):
+        self.funcs, self.weights, self.step_scorer = dict(funcs), dict(weights), step_scorer
+
+    @classmethod
+    def from_config(cls, rc: Any, step_scorer: StepScorer | None = None) -> "RewardPipeline":
+        """From the recipe's ``rewards`` section: each of ``rc.functions`` (a built-in name or
+        ``module:function``) wrapped with ``rc.timeout_s``/``rc.on_error``/``rc.isolation``, weights
+        ``rc.weights`` (default 1 each).
+
+        Raises:
+            ValueError: an unknown name or unimportable function (the message starts with
+                ``rewards.functions``).
+        """
+        funcs = {}
+        for name in rc.functions:
+            try:
+                fn = get_reward_function(name)
+            except ValueError as e:
+                raise ValueError(f"rewards.functions: {e}") from e
+            funcs[name] = GuardedReward(name, fn, timeout_s=rc.timeout_s, on_error=rc.on_error, isolation=rc.isolation)
+        weights = dict(zip(rc.functions, rc.weights)) if rc.weights else {n: 1.0 for n in rc.functions}
+        return cls(funcs, weights, step_scorer)
+
+    def _failures(self) -> int:
+        guards = [f for f in self.funcs.values() if isinstance(f, GuardedReward)]
+        return sum(f.failures for f in guards) + (self.step_scorer.failures if self.step_scorer else 0)
+
+    def score(self, exp: Any, rows: list[dict], columns: list[str]) -> dict[str, Any]:
+        """Score ``exp`` (rows grouped by ``exp.group_size``; group ``b`` answers ``rows[b]``).
+
+        Sets ``exp.rewards`` ``(N,)`` float64 (None, NaN or ±inf from a function = NaN:
+        unscorable) and, with a step scorer, ``exp.step_rewards``/``exp.step_ends`` ``(N, T)``.
+
+        Returns:
+            metrics: ``rewards/<name>`` (mean of the scorable values, None if none),
+            ``unscorable_frac``, ``frac_zero_std`` (groups whose rewards are equal or have < 2
+            scorable values), ``reward_mean``/``reward_std`` (over the scorable rewards),
+            ``reward_failures`` (rows that raised or timed out in this call, scored None), and the
+            step scorer's metrics.
+        """
+        from grpokit import algo
+
+        g, n = exp.group_size, len(exp)
+        prompts = [rows[i // g]["prompt"] for i in range(n)]
+        cols = {k: [rows[i // g].get(k) for i in range(n)] for k in columns}
+        failures_before = self._failures()
+        total, per_fn = compute_rewards(self.funcs, self.weights, prompts, exp.completions, cols)
+        rewards = torch.tensor([math.nan if r is None else r for r in total], dtype=torch.float64)
+        metrics: dict[str, Any] = {}
+        for name, vals in per_fn.items():
+            ok = [v for v in vals if v is not None]
+            metrics[f"rewards/{name}"] = sum(ok) / len(ok) if ok else None
+        metrics["unscorable_frac"] = float((~torch.isfinite(rewards)).float().mean())
+        metrics["frac_zero_std"] = float(algo.constant_groups(rewards, g).float().mean())
+        ok = rewards[torch.isfinite(rewards)]
+        metrics["reward_mean"] = float(ok.mean()) if len(ok) else None
+        metrics["reward_std"] = float(ok.std()) if len(ok) > 1 else 0.0
+        exp.rewards = rewards.to(exp.device)
+        if self.step_scorer is not None:
+            exp.step_rewards, exp.step_ends, step_metrics = self.step_scorer.score(exp, prompts, cols)
+            metrics.update(step_metrics)
+        metrics["reward_failures"] = self._failures() - failures_before
+        return metrics
+
+    def close(self) -> None:
+        """Stop the reward functions' worker processes."""
+        for f in self.funcs.values():
+            if isinstance(f, GuardedReward):
+                f.close()

@@ -1,0 +1,111 @@
+"""grpokit.experience.Experience: slicing, micro-batches, groups, shards, concatenation, devices."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grpokit.experience import Experience
+
+G = 2
+
+
+def _exp(n_groups=3, p=4, t=5, seed=0) -> Experience:
+    """Rows with left-padded prompts and right-padded completions of known widths."""
+    gen = torch.Generator().manual_seed(seed)
+    n = n_groups * G
+    prompt_len = torch.tensor([4, 4, 2, 2, 3, 3][:n])
+    comp_len = torch.tensor([5, 1, 2, 3, 1, 4][:n])
+    pm = torch.arange(p)[None, :] >= (p - prompt_len)[:, None]
+    cm = torch.arange(t)[None, :] < comp_len[:, None]
+    return Experience.grouped(
+        torch.randint(3, 50, (n, p), generator=gen), pm, torch.randint(3, 50, (n, t), generator=gen), cm, G,
+        truncated=comp_len == t, completions=[f"c{i}" for i in range(n)],
+        rewards=torch.arange(n, dtype=torch.float64), advantages=torch.randn(n, t, generator=gen),
+        old_logprobs=torch.randn(n, t, generator=gen), ref_logprobs=torch.randn(n, t, generator=gen),
+        step_rewards=torch.randn(n, t, generator=gen, dtype=torch.float64), step_ends=cm.clone())
+
+
+def test_grouped_index_and_counts():
+    e = _exp()
+    assert e.group_index.tolist() == [0, 0, 1, 1, 2, 2] and e.num_groups == 3 and len(e) == 6
+
+
+def test_rows_cut_padding_columns_and_every_field_along():
+    e = _exp()
+    sub = e.rows(slice(2, 4))  # prompts of 2 tokens (2 leading pad columns), completions of 2 and 3
+    assert sub.prompt_ids.shape == (2, 2) and torch.equal(sub.prompt_ids, e.prompt_ids[2:4, 2:])
+    assert sub.completion_ids.shape == (2, 3) and torch.equal(sub.completion_ids, e.completion_ids[2:4, :3])
+    for name in ("advantages", "old_logprobs", "ref_logprobs", "step_rewards", "step_ends"):
+        assert torch.equal(getattr(sub, name), getattr(e, name)[2:4, :3]), name
+    assert sub.rewards.tolist() == [2.0, 3.0] and sub.completions == ["c2", "c3"]
+    assert sub.group_index.tolist() == [1, 1] and sub.group_size == G
+
+
+def test_rows_by_index_tensor_and_part_of_a_group():
+    e = _exp()
+    sub = e.rows(torch.tensor([0, 4, 5]))
+    assert sub.completions == ["c0", "c4", "c5"] and sub.group_size == 1  # 3 rows: not whole groups
+    assert sub.completion_ids.shape[1] == 5 and sub.prompt_ids.shape[1] == 4
+
+
+def test_outcome_advantages_are_sliced_per_row():
+    e = _exp().replace(advantages=torch.tensor([1.0, 2, 3, 4, 5, 6]))
+    assert e.rows(slice(1, 3)).advantages.tolist() == [2.0, 3.0]
+
+
+def test_micro_batches_cover_the_rows_in_order():
+    e = _exp()
+    parts = list(e.micro_batches(4))
+    assert [sl for sl, _ in parts] == [slice(0, 4), slice(4, 6)]
+    assert [c for _, mb in parts for c in mb.completions] == e.completions
+    with pytest.raises(ValueError, match="micro-batch size"):
+        list(e.micro_batches(0))
+
+
+def test_select_groups_renumbers():
+    e = _exp()
+    s = e.select_groups([2, 0])
+    assert s.completions == ["c4", "c5", "c0", "c1"] and s.group_index.tolist() == [0, 0, 1, 1]
+    assert torch.equal(s.old_logprobs, e.old_logprobs[[4, 5, 0, 1]])
+
+
+def test_shard_takes_whole_groups_and_refuses_uneven_splits():
+    e = Experience.concat([_exp(), _exp(seed=1)], pad_id=0)  # 6 groups
+    shards = [e.shard(r, 3) for r in range(3)]
+    assert [s.completions for s in shards] == [["c0", "c1", "c2", "c3"], ["c4", "c5", "c0", "c1"],
+                                               ["c2", "c3", "c4", "c5"]]
+    assert all(s.group_index.tolist() == [0, 0, 1, 1] for s in shards)
+    with pytest.raises(ValueError, match="6 groups cannot be split evenly over 4 ranks"):
+        e.shard(0, 4)
+    with pytest.raises(ValueError, match="rank 3 outside 0..2"):
+        e.shard(3, 3)
+
+
+def test_concat_pads_every_field():
+    a, b = _exp(n_groups=1, p=4, t=5), _exp(n_groups=1, p=2, t=3, seed=1)
+    out = Experience.concat([a, b], pad_id=0)
+    assert out.prompt_ids.shape == (4, 4) and out.completion_ids.shape == (4, 5)
+    assert out.prompt_ids[2:, :2].eq(0).all() and not out.prompt_mask[2:, :2].any()  # left padding
+    assert out.completion_ids[2:, 3:].eq(0).all() and not out.completion_mask[2:, 3:].any()  # right padding
+    assert out.step_rewards[2:, 3:].eq(0).all() and not out.step_ends[2:, 3:].any()
+    assert out.old_logprobs[2:, 3:].eq(0).all() and torch.equal(out.old_logprobs[:2], a.old_logprobs)
+    assert out.group_index.tolist() == [0, 0, 1, 1]
+    with pytest.raises(ValueError, match="group sizes differ"):
+        Experience.concat([a, Experience.grouped(*[x[:1] for x in (a.prompt_ids, a.prompt_mask, a.completion_ids,
+                                                                   a.completion_mask)], 1)], 0)
+
+
+def test_bad_shapes_are_refused():
+    e = _exp()
+    with pytest.raises(ValueError, match="Experience.prompt_mask: 5 rows, completion_ids has 6"):
+        e.replace(prompt_mask=e.prompt_mask[:5])
+    with pytest.raises(ValueError, match="not whole groups of group_size=4"):
+        e.replace(group_size=4)
+
+
+def test_to_moves_every_tensor():
+    e = _exp().to("meta")
+    assert all(t.device.type == "meta" for t in (e.prompt_ids, e.completion_mask, e.group_index, e.rewards,
+                                                 e.advantages, e.old_logprobs, e.step_ends))
+    assert e.completions[0] == "c0"
