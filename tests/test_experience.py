@@ -109,3 +109,28 @@ def test_to_moves_every_tensor():
     assert all(t.device.type == "meta" for t in (e.prompt_ids, e.completion_mask, e.group_index, e.rewards,
                                                  e.advantages, e.old_logprobs, e.step_ends))
     assert e.completions[0] == "c0"
+
+
+def test_rows_by_bool_mask_and_groups_cut_in_two():
+    e = _exp()
+    sub = e.rows(torch.tensor([False, True, True, False, False, False]))
+    assert sub.completions == ["c1", "c2"] and len(sub) == 2
+    assert sub.group_size == 1  # rows 1 and 2 are halves of two groups
+    assert e.rows(slice(2, 6)).group_size == G  # two whole groups
+
+
+def test_select_groups_follows_group_index_and_names_missing_groups():
+    e = _exp().rows(slice(2, 6))  # groups 1 and 2
+    assert e.select_groups([2]).completions == ["c4", "c5"]
+    with pytest.raises(ValueError, match=r"no rows of groups \[0\]"):
+        e.select_groups([0])
+
+
+def test_layout_checks():
+    e = _exp()
+    with pytest.raises(ValueError, match="rows of a group must be 2 contiguous rows"):
+        e.replace(group_index=torch.tensor([0, 1, 0, 1, 2, 2]))
+    with pytest.raises(ValueError, match=r"Experience.old_logprobs: shape \(6, 4\), expected \(N, T\) = \(6, 5\)"):
+        e.replace(old_logprobs=e.old_logprobs[:, :4])
+    with pytest.raises(ValueError, match="Experience.completions: 5 texts for 6 rows"):
+        e.replace(completions=e.completions[:5])

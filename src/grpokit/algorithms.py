@@ -16,21 +16,37 @@ or process advantages (§4.1.3), the clipped surrogate with β·KL (eq. 3); all 
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from grpokit import algo
 
+if TYPE_CHECKING:
+    from grpokit.experience import Experience
+
 
 class Algorithm(Protocol):
+    """What the loop asks of an algorithm (module docstring)."""
+
     #: True when the loss needs π_ref's log-probs (``mb.ref_logprobs``)
     needs_reference: bool
 
-    def advantages(self, exp: Any) -> torch.Tensor: ...
+    def advantages(self, exp: "Experience") -> torch.Tensor:
+        """``(N,)`` or ``(N, T)`` float32 advantages on ``exp``'s device, 0 where there is no signal."""
+        ...
 
-    def loss(self, logp: torch.Tensor, mb: Any, loss_mask: torch.Tensor, *, num_sequences: int,
-             num_tokens: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]: ...
+    def groups_with_signal(self, exp: "Experience") -> list[int]:
+        """The group numbers (``exp.group_index`` values) whose advantages can be non-zero: what
+        dynamic sampling keeps."""
+        ...
+
+    def loss(self, logp: torch.Tensor, mb: "Experience", loss_mask: torch.Tensor, *, num_sequences: int,
+             num_tokens: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The micro-batch's scalar loss (normalized by the whole batch's ``num_sequences``/
+        ``num_tokens``) and detached stats: each a token-weighted mean over the micro-batch's
+        ``loss_mask`` tokens, plus ``num_tokens`` (the weight); the loop logs every stat."""
+        ...
 
 
 class GRPO:
@@ -52,6 +68,10 @@ class GRPO:
         else:
             adv = algo.group_advantages(exp.rewards, exp.group_size, scale=a.advantage_scale, eps=a.advantage_eps)
         return adv.float()
+
+    def groups_with_signal(self, exp: Any) -> list[int]:
+        """Groups whose outcome rewards are not all equal (``algo.constant_groups``)."""
+        return (~algo.constant_groups(exp.rewards, exp.group_size)).nonzero().flatten().tolist()
 
     def loss(self, logp: torch.Tensor, mb: Any, loss_mask: torch.Tensor, *, num_sequences: int,
              num_tokens: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

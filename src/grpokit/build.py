@@ -28,13 +28,17 @@ def resolve_device(name: str) -> torch.device:
     """``model.device`` as a torch device: ``auto`` = ``cuda`` when available, else ``cpu``.
 
     Raises:
-        ValueError: a CUDA device asked for on a machine without one (names ``model.device``).
+        ValueError: a CUDA device asked for on a machine without one, or an index past the last
+            device (names ``model.device``).
     """
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dev = torch.device(name)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"model.device={name!r}: torch sees no CUDA device here (use cpu or auto)")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"model.device={name!r}: torch sees {torch.cuda.device_count()} CUDA device(s) "
+                         f"(cuda:0 … cuda:{torch.cuda.device_count() - 1})")
     return dev
 
 

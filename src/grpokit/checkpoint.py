@@ -27,22 +27,30 @@ _LEFTOVER = re.compile(r"^\.(tmp|old)-checkpoint-\d+-\d+$")
 
 
 def rng_state() -> dict[str, Any]:
-    """Python, NumPy and torch RNG states in a form ``weights_only`` loading accepts."""
+    """Python, NumPy and torch RNG states (and every CUDA device's, when CUDA is initialized: the
+    bf16 optimizer's stochastic rounding draws from the parameters' device) in a form
+    ``weights_only`` loading accepts."""
     np_state = np.random.get_state()
-    return {
+    state = {
         "python": random.getstate(),
         "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]],
         "torch": torch.get_rng_state(),
     }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    """Inverse of :func:`rng_state`."""
+    """Inverse of :func:`rng_state` (CUDA states restored where the checkpoint has them and CUDA is
+    available)."""
     py = state["python"]
     random.setstate((py[0], tuple(py[1]), py[2]))
     kind, keys, *rest = state["numpy"]
     np.random.set_state((kind, keys.numpy().astype(np.uint32), *rest))
     torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def list_checkpoints(output_dir: str | Path) -> list[Path]:

@@ -47,7 +47,8 @@ def _train(argv: list[str]) -> int:
     import warnings
 
     from grpokit.importing import MissingExtraWarning
-    from grpokit.trainer import RunWarning, train
+    from grpokit.metrics import RunWarning
+    from grpokit.trainer import train
 
     show = warnings.showwarning
 
@@ -109,6 +110,7 @@ def _eval_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="sampling seed for --samples")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (as model.device)")
     p.add_argument("--prompt-template", default=None, help="default: the demo recipe's")
     p.add_argument("--system-prompt", default=None)
     p.add_argument("--output", default=None, help="JSON file (default: eval_<dataset>_<split>.json)")
@@ -123,6 +125,7 @@ def _eval(argv: list[str]) -> int:
     from grpokit.heldout import answer_extractor, check_scorer, default_scorer
     from grpokit.models import eos_token_ids, load_model, load_tokenizer, model_max_positions, resolve_model_path
     from grpokit.rewards import get_reward_function
+    from grpokit.build import resolve_device
     from grpokit.rows import load_data_rows, load_prompts
 
     def fail(msg: str) -> int:
@@ -147,6 +150,7 @@ def _eval(argv: list[str]) -> int:
             recipe.data.prompt_template = ns.prompt_template
         if ns.system_prompt is not None:
             recipe.data.system_prompt = ns.system_prompt
+        device = resolve_device(ns.device)
         tok = load_tokenizer(ns.model)
         limit = None if ns.limit is None else ns.skip + ns.limit
         rows = load_data_rows(recipe, dataset=ns.dataset, split=ns.split, limit=limit, seed=ns.data_seed,
@@ -162,7 +166,7 @@ def _eval(argv: list[str]) -> int:
     from grpokit.backends import install_backend
 
     for m in models:
-        model = load_model(m).eval()
+        model = load_model(m, device=device).eval()
         install_backend(model, "auto", announce=False)  # the fast generation path where it is exact
         results[m] = evaluate(model, tok, prompts, rows, eos_token_ids=eos_token_ids(model, tok),
                               max_new_tokens=ns.max_new_tokens, batch_size=ns.batch_size, scorer=scorer,

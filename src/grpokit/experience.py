@@ -50,12 +50,26 @@ class Experience:
     """Wall-clock seconds the rollout engine spent generating these rows."""
 
     def __post_init__(self) -> None:
-        n = self.completion_ids.shape[0]
-        for name in ("prompt_ids", "prompt_mask", "completion_mask", "group_index"):
-            if getattr(self, name).shape[0] != n:
-                raise ValueError(f"Experience.{name}: {getattr(self, name).shape[0]} rows, completion_ids has {n}")
+        n, t = self.completion_ids.shape
+        for name in ("prompt_ids", "prompt_mask", "completion_mask", "group_index", "truncated", "rewards",
+                     "advantages", *TOKEN_FIELDS):
+            v = getattr(self, name)
+            if v is not None and v.shape[0] != n:
+                raise ValueError(f"Experience.{name}: {v.shape[0]} rows, completion_ids has {n}")
+        for name in ("completion_mask", *TOKEN_FIELDS):
+            v = getattr(self, name)
+            if v is not None and tuple(v.shape) != (n, t):
+                raise ValueError(f"Experience.{name}: shape {tuple(v.shape)}, expected (N, T) = {(n, t)}")
+        if self.completions and len(self.completions) != n:
+            raise ValueError(f"Experience.completions: {len(self.completions)} texts for {n} rows")
         if self.group_size < 1 or n % self.group_size:
             raise ValueError(f"Experience: {n} rows are not whole groups of group_size={self.group_size}")
+        if self.group_size > 1 and n and self.group_index.device.type != "meta":  # meta: shapes only
+            # the layout every consumer relies on: each group's rows contiguous, group_size of them
+            g = self.group_index.view(-1, self.group_size)
+            if not bool((g == g[:, :1]).all()):
+                raise ValueError(f"Experience.group_index: rows of a group must be {self.group_size} contiguous rows "
+                                 f"(group_size), got {self.group_index.tolist()}")
 
     @classmethod
     def grouped(cls, prompt_ids, prompt_mask, completion_ids, completion_mask, group_size: int, **kw) -> "Experience":
@@ -69,10 +83,12 @@ class Experience:
 
     @property
     def num_groups(self) -> int:
+        """``N / group_size``."""
         return len(self) // self.group_size
 
     @property
     def device(self) -> torch.device:
+        """The device of the ids (every tensor of an experience lives there; :meth:`to` moves them)."""
         return self.completion_ids.device
 
     def replace(self, **changes) -> "Experience":
@@ -85,13 +101,15 @@ class Experience:
                                if isinstance(v := getattr(self, f.name), torch.Tensor)})
 
     def rows(self, idx: slice | torch.Tensor) -> "Experience":
-        """Rows ``idx`` (a slice or an index tensor), with the prompt columns that are padding in
-        every selected row cut from the left and the completion columns cut from the right.
+        """Rows ``idx`` (a slice, an index tensor or a bool mask), with the prompt columns that are
+        padding in every selected row cut from the left and the completion columns cut from the right.
 
-        The rows keep their ``group_index``; ``group_size`` stays when the row count is a multiple
-        of it and is 1 otherwise (a micro-batch cutting through a group: it is for the forward
+        The rows keep their ``group_index``; ``group_size`` stays when they are whole groups, each
+        contiguous, and is 1 otherwise (a micro-batch cutting through groups: it is for the forward
         pass, never for group statistics).
         """
+        if isinstance(idx, torch.Tensor) and idx.dtype == torch.bool:
+            idx = idx.nonzero().flatten()
         pm, cm = self.prompt_mask[idx], self.completion_mask[idx]
         p_used = pm.any(0).nonzero()
         p0 = int(p_used[0]) if len(p_used) else pm.shape[1] - 1
@@ -109,11 +127,21 @@ class Experience:
         return Experience(
             prompt_ids=self.prompt_ids[idx][:, p0:], prompt_mask=pm[:, p0:],
             completion_ids=self.completion_ids[idx][:, :t1], completion_mask=cm[:, :t1],
-            group_index=self.group_index[idx], group_size=self.group_size if len(sel) % self.group_size == 0 else 1,
+            group_index=self.group_index[idx], group_size=self._whole_groups(self.group_index[idx]),
             truncated=row(self.truncated), completions=[self.completions[i] for i in sel] if self.completions else [],
             rewards=row(self.rewards), advantages=None if adv is None else (adv[idx] if adv.dim() == 1 else tok(adv)),
             gen_s=self.gen_s, **{name: tok(getattr(self, name)) for name in TOKEN_FIELDS},
         )
+
+    def _whole_groups(self, index: torch.Tensor) -> int:
+        """``group_size`` for rows with group numbers ``index`` when they are whole groups, each
+        contiguous, else 1."""
+        g = self.group_size
+        if g == 1 or len(index) % g:
+            return 1
+        v = index.view(-1, g)
+        whole = bool((v == v[:, :1]).all()) and len(set(v[:, 0].tolist())) == v.shape[0]
+        return g if whole else 1
 
     def micro_batches(self, size: int) -> Iterator[tuple[slice, "Experience"]]:
         """``(rows, experience)`` for consecutive micro-batches of at most ``size`` rows."""
@@ -124,10 +152,18 @@ class Experience:
             yield sl, self.rows(sl)
 
     def select_groups(self, groups: Sequence[int]) -> "Experience":
-        """The rows of the given groups (their ``group_index`` values), in that order, renumbered
-        ``0 … len(groups)-1``; the columns keep their width."""
+        """The rows whose ``group_index`` is each of ``groups``, in that order, renumbered
+        ``0 … len(groups)-1``; the columns keep their width.
+
+        Raises:
+            ValueError: a group number that no row carries.
+        """
         g = self.group_size
-        idx = torch.tensor([b * g + k for b in groups for k in range(g)], dtype=torch.long, device=self.device)
+        first = {int(b): i for i, b in reversed(list(enumerate(self.group_index.tolist())))}
+        missing = [b for b in groups if int(b) not in first]
+        if missing:
+            raise ValueError(f"Experience.select_groups: no rows of groups {missing}")
+        idx = torch.tensor([first[int(b)] + k for b in groups for k in range(g)], dtype=torch.long, device=self.device)
         sel = idx.tolist()
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         for name, v in out.items():

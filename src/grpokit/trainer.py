@@ -14,8 +14,9 @@ Per step:
   7. log metrics, samples, checkpoints.
 
 Departures from the textbook: the model stays in ``eval()`` mode throughout (no dropout, so the
-sampler and the trainer see the same π); the generation seed is ``seed + step`` so a resumed run
-samples exactly what the uninterrupted run sampled.
+sampler and the trainer see the same π); the generation seed is ``seed·100003 + step`` (plus
+``1000003·round`` for dynamic sampling's extra rounds) so a resumed run samples exactly what the
+uninterrupted run sampled.
 """
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ def optimize(run: Run, exp: Experience, t: Any, *, temperature: float, autocast_
     n = len(exp) if keep_rows is None else max(int(keep_rows.sum()), 1)
     n_tok, n_all = int(loss_mask.sum()), int(exp.completion_mask.sum())
     sums: dict[str, float] = {}
+    stat_keys: set[str] = set()  # the algorithm's loss stats (GRPO: kl, clip fractions, ratio_mean)
     grad_norms, lrs, skipped, zero_grad = [], [], 0, 0
     state = run.state
     for it in range(t.num_iterations):
@@ -109,8 +111,10 @@ def optimize(run: Run, exp: Experience, t: Any, *, temperature: float, autocast_
             release_memory()
             loss_total += loss.item()
             w = st["num_tokens"].item() / max(n_tok, 1)  # token-weighted means over the batch
-            for k in ("kl", "clip_frac_low", "clip_frac_high", "ratio_mean"):
-                sums[f"{k}@{it}"] = sums.get(f"{k}@{it}", 0.0) + w * st[k].item()
+            for k, v in st.items():
+                if k != "num_tokens":
+                    stat_keys.add(k)
+                    sums[f"{k}@{it}"] = sums.get(f"{k}@{it}", 0.0) + w * v.item()
             if ent is not None:
                 m = mb.completion_mask.float()
                 sums["entropy"] = sums.get("entropy", 0.0) + float((ent * m).sum()) / max(n_all, 1)
@@ -134,7 +138,7 @@ def optimize(run: Run, exp: Experience, t: Any, *, temperature: float, autocast_
     run.optimizer.zero_grad(set_to_none=True)
     run.engine.sync_weights()
     mu = t.num_iterations
-    out = {k: sum(sums[f"{k}@{i}"] for i in range(mu)) / mu for k in ("loss", "kl", "clip_frac_low", "clip_frac_high", "ratio_mean")}
+    out = {k: sum(sums.get(f"{k}@{i}", 0.0) for i in range(mu)) / mu for k in ("loss", *sorted(stat_keys))}
     out.update(entropy=sums.get("entropy"), grad_norm=sum(grad_norms) / len(grad_norms),
                lr=sum(lrs) / len(lrs), skipped_updates=skipped, zero_grad_updates=zero_grad, ref_s=ref_s)
     return out
@@ -214,12 +218,21 @@ def train(recipe: Recipe, *, progress: bool = True, run: Run | None = None) -> d
     """Run GRPO as the recipe says; returns a summary (last metrics, eval results, paths).
 
     ``run``: parts already built from ``recipe`` (:func:`grpokit.build.build_run`; tests pass
-    their own), else built here after the resume checkpoint is found (a bad ``train.resume`` fails
-    before anything loads)."""
+    their own, and close them), else built here after the resume checkpoint is found (a bad
+    ``train.resume`` fails before anything loads) and its reward workers closed at the end."""
     out = Path(recipe.train.output_dir)
     start = find_resume_checkpoint(out, recipe.train.resume)
-    if run is None:
-        run = build_run(recipe)  # validates data and rewards before any model loads, then loads models
+    if run is not None:
+        return _train(recipe, run, start, progress)
+    run = build_run(recipe)  # validates data and rewards before any model loads, then loads models
+    try:
+        return _train(recipe, run, start, progress)
+    finally:
+        run.rewards.close()  # the reward worker processes
+
+
+def _train(recipe: Recipe, run: Run, start: Path | None, progress: bool) -> dict[str, Any]:
+    out = Path(recipe.train.output_dir)
     logger = RunLogger(out)
     summary: dict[str, Any] = {"output_dir": str(out)}
     memo: dict[str, Any] = {"warned_at": {}}  # warnings said, the last periodic evaluation
@@ -246,7 +259,9 @@ def train(recipe: Recipe, *, progress: bool = True, run: Run | None = None) -> d
             step = run.state.step
             if run.state.consecutive_skips >= recipe.train.max_consecutive_skips:
                 raise RuntimeError(f"{run.state.consecutive_skips} consecutive non-finite updates "
-                                   f"(loss or gradient norm) up to step {step}; stopping. See metrics.jsonl.")
+                                   f"(loss or gradient norm) up to step {step}; stopping "
+                                   f"(train.max_consecutive_skips={recipe.train.max_consecutive_skips}). "
+                                   "See metrics.jsonl.")
             every = recipe.train.save_steps
             if (every and step % every == 0) or stop.requested or step == recipe.train.max_steps:
                 save_run_checkpoint(run, recipe)
@@ -301,15 +316,13 @@ def refill_groups_with_signal(run: Run, recipe: Recipe, step: int, rows: list[di
     ``dynamic/groups_sampled``, ``dynamic/groups_kept`` are added.
     Returns ``(rows, experience, metrics, extra_reward_s)``.
     """
-    from grpokit import algo
-
     a, b = recipe.algo, recipe.train.prompts_per_step
     kept_rows, parts, extra_s, rounds, sampled = [], [], 0.0, 0, len(rows)
     cur_rows, cur, cur_metrics = rows, exp, metrics
     gen_s, failures = 0.0, 0  # over every round, dropped ones included
     while True:
         gen_s, failures = gen_s + cur.gen_s, failures + cur_metrics["reward_failures"]
-        signal_groups = (~algo.constant_groups(cur.rewards, cur.group_size)).nonzero().flatten().tolist()
+        signal_groups = run.algorithm.groups_with_signal(cur)
         take = signal_groups[: b - len(kept_rows)]
         if take:
             kept_rows += [cur_rows[i] for i in take]
@@ -367,11 +380,11 @@ def run_step(run: Run, recipe: Recipe, logger: RunLogger, memo: dict[str, Any]) 
     logger.log(metrics)
     warn_if_step_did_nothing(metrics, exp.advantages, max_new_tokens=recipe.rollout.max_new_tokens,
                              warned_at=memo["warned_at"])
-    every, g = recipe.train.sample_every, recipe.rollout.group_size
+    every = recipe.train.sample_every
     if every and (step % every == 0 or step == 1):
         logger.log_samples(step, [
-            {"prompt": rows[i // g]["prompt"], "answer": rows[i // g]["answer"],
-             "completion": exp.completions[i], "reward": float(r) if math.isfinite(r) else None}
-            for i, r in enumerate(exp.rewards.tolist())
+            {"prompt": rows[b]["prompt"], "answer": rows[b]["answer"],
+             "completion": text, "reward": float(r) if math.isfinite(r) else None}
+            for b, text, r in zip(exp.group_index.tolist(), exp.completions, exp.rewards.tolist())
         ])
     return metrics

@@ -59,7 +59,7 @@ def aggregate_loss(
         per_seq = masked.sum(-1) / mask.sum(-1).clamp(min=1.0)
         return per_seq.sum() / max(n_seq, 1)
     if aggregation == "token_mean":
-        n_tok = mask.sum() if num_tokens is None else torch.tensor(float(num_tokens))
+        n_tok = mask.sum() if num_tokens is None else mask.new_tensor(float(num_tokens))
         return masked.sum() / torch.clamp(n_tok, min=1.0)
     if aggregation == "seq_mean_token_sum_norm":
         if not max_completion_length or max_completion_length < 1:

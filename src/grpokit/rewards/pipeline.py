@@ -65,7 +65,7 @@ class RewardPipeline:
         return sum(f.failures for f in guards) + (self.step_scorer.failures if self.step_scorer else 0)
 
     def score(self, exp: Any, rows: list[dict], columns: list[str]) -> dict[str, Any]:
-        """Score ``exp`` (rows grouped by ``exp.group_size``; group ``b`` answers ``rows[b]``).
+        """Score ``exp``: the completions of group ``b`` (``exp.group_index == b``) answer ``rows[b]``.
 
         Sets ``exp.rewards`` ``(N,)`` float64 (None, NaN or ±inf from a function = NaN:
         unscorable) and, with a step scorer, ``exp.step_rewards``/``exp.step_ends`` ``(N, T)``.
@@ -79,9 +79,9 @@ class RewardPipeline:
         """
         from grpokit import algo
 
-        g, n = exp.group_size, len(exp)
-        prompts = [rows[i // g]["prompt"] for i in range(n)]
-        cols = {k: [rows[i // g].get(k) for i in range(n)] for k in columns}
+        g, group = exp.group_size, exp.group_index.tolist()
+        prompts = [rows[b]["prompt"] for b in group]
+        cols = {k: [rows[b].get(k) for b in group] for k in columns}
         failures_before = self._failures()
         total, per_fn = compute_rewards(self.funcs, self.weights, prompts, exp.completions, cols)
         rewards = torch.tensor([math.nan if r is None else r for r in total], dtype=torch.float64)
@@ -102,7 +102,8 @@ class RewardPipeline:
         return metrics
 
     def close(self) -> None:
-        """Stop the reward functions' worker processes."""
-        for f in self.funcs.values():
+        """Stop the worker processes of the reward functions and of the step scorer's reward."""
+        step_reward = getattr(self.step_scorer, "reward", None)
+        for f in [*self.funcs.values(), step_reward]:
             if isinstance(f, GuardedReward):
                 f.close()
