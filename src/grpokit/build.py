@@ -122,8 +122,7 @@ def build_run(recipe: Recipe) -> Run:
     from grpokit.algorithms import load_algorithm
     from grpokit.models import eos_token_ids, load_tokenizer, model_max_positions
     from grpokit.optim import make_optimizer
-    from grpokit.rollout.engine import load_engine
-    from grpokit.rollout.engine import SamplingParams
+    from grpokit.rollout.engine import SamplingParams, load_engine
     from grpokit.state import TrainState, seed_everything
 
     m, d, r = recipe.model, recipe.data, recipe.rollout

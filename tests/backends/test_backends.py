@@ -109,7 +109,7 @@ def test_cpu_backend_refuses_a_backward_in_a_process_group(model, monkeypatch):
     import grpokit.backends.cpu as cpu
 
     install_backend(model, "cpu", announce=False)
-    monkeypatch.setattr(cpu, "_world_size", lambda: 2)
+    monkeypatch.setattr(cpu, "world_size", lambda: 2)
     batch, _ = _grouped_batch(G=2)
     with torch.no_grad():  # no gradient, nothing to reduce: allowed
         completion_logprobs(model, batch, temperature=1.0)

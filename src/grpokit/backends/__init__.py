@@ -40,7 +40,10 @@ from typing import Any
 
 import torch
 
-from grpokit.backends.base import Backend, PlainBackend, autocast_context, checkpointing_active, distinct_rows
+from grpokit.backends.base import (Backend, PlainBackend, autocast_context, checkpointing_active, distinct_rows,
+                                   model_device, world_size)
+
+_ranks = world_size  # inexact_reasons' argument of that name shadows it
 
 #: the values of ``model.backend``
 NAMES = ("auto", "cpu", "plain")
@@ -49,7 +52,8 @@ _LOADED: dict[str, Backend] = {"plain": PlainBackend()}
 
 __all__ = [
     "NAMES", "Backend", "autocast_context", "backend_of", "checkpointing_active", "choose_backend",
-    "distinct_rows", "get_backend", "inexact_reasons", "install_backend", "lora_modules",
+    "distinct_rows", "get_backend", "inexact_reasons", "install_backend", "lora_modules", "model_device",
+    "world_size",
 ]
 
 
@@ -74,19 +78,6 @@ def _option_names() -> set[str]:
     from grpokit.backends.cpu import CpuBackend
 
     return set(PlainBackend.options) | set(CpuBackend.options)
-
-
-def _model_device(model: torch.nn.Module) -> torch.device:
-    device = getattr(model, "device", None)
-    if isinstance(device, torch.device):
-        return device
-    p = next(model.parameters(), None)
-    return p.device if p is not None else torch.device("cpu")
-
-
-def _world_size() -> int:
-    dist = torch.distributed
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def lora_modules(model: torch.nn.Module) -> list[str]:
@@ -119,10 +110,10 @@ def inexact_reasons(model: torch.nn.Module, *, device: torch.device | str | None
             group).
     """
     reasons = []
-    dev = torch.device(device) if device is not None else _model_device(model)
+    dev = torch.device(device) if device is not None else model_device(model)
     if dev.type != "cpu":
         reasons.append(f"model on {dev}")
-    n = _world_size() if world_size is None else int(world_size)
+    n = _ranks() if world_size is None else int(world_size)
     wrapper = _wrapped_for_data_parallel(model)
     if n > 1:
         reasons.append(f"torch.distributed world size {n} (grad aliases bypass DDP/FSDP hooks)")

@@ -17,6 +17,22 @@ import torch
 from grpokit.algo import token_entropy, token_logprobs
 
 
+def model_device(model: torch.nn.Module) -> torch.device:
+    """Where ``model`` lives: its ``device`` attribute (transformers models), else its first
+    parameter's device, else the CPU."""
+    device = getattr(model, "device", None)
+    if isinstance(device, torch.device):
+        return device
+    p = next(model.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+def world_size() -> int:
+    """Ranks of the initialized ``torch.distributed`` process group (1 without one)."""
+    dist = torch.distributed
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
 def autocast_context(enabled: bool, device: torch.device | str = "cpu"):
     """bf16 autocast on ``device`` when ``enabled``, else a no-op context."""
     if not enabled:

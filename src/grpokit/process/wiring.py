@@ -32,4 +32,3 @@ def resolve_process_reward(recipe) -> Callable:
     rc = recipe.rewards
     return GuardedReward(f"process:{name}", fn, timeout_s=rc.timeout_s, on_error=rc.on_error,
                          isolation=rc.isolation)
-

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from grpokit.experience import Experience
 
+
 @dataclass
 class SamplingParams:
     """How completions are sampled. ``temperature == 0`` means greedy decoding."""

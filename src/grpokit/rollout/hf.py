@@ -57,7 +57,7 @@ import torch
 from grpokit.algo import completion_terminated, mask_completions
 from grpokit.experience import Experience
 from grpokit.rollout.engine import SamplingParams
-from grpokit.backends import get_backend
+from grpokit.backends import get_backend, model_device
 
 # Fields that transformers only switches off when they are ``None`` -- which it then fills from
 # the model's generation_config. We cannot neutralise them through our config; warn if set.
@@ -214,7 +214,7 @@ def generate_rollouts(
         raise ValueError("tokenizer has no pad token; load it with grpokit.models.load_tokenizer")
     _warn_on_model_overrides(model)
 
-    device = _model_device(model)
+    device = model_device(model)
     ids_b, mask_b = left_padded_prompts(tokenizer, prompts, pad_id)  # (B, P)
     G = group_size
     prompt_ids = ids_b.repeat_interleave(G, dim=0).to(device)  # (N, P)
@@ -327,13 +327,6 @@ def _sampler_copy(model: Any, dtype: torch.dtype) -> Any:
             dst.copy_(src)
     copy.generation_config = model.generation_config  # generate fills unset fields from it
     return copy
-
-
-def _model_device(model: Any) -> torch.device:
-    device = getattr(model, "device", None)
-    if isinstance(device, torch.device):
-        return device
-    return next(model.parameters()).device
 
 
 @contextlib.contextmanager

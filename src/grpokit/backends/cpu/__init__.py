@@ -27,15 +27,10 @@ from typing import Any
 import torch
 
 from grpokit.algo import token_entropy, token_logprobs
-from grpokit.backends.base import Backend, plain_forward
+from grpokit.backends.base import Backend, plain_forward, world_size
 from grpokit.backends.cpu.fused import apply_fused_ops, fused_head, remove_fused_ops
 from grpokit.backends.cpu.ops import linear_token_logprobs
 from grpokit.backends.cpu.shared_prompt import grad_alias, shared_prompt_forward
-
-
-def _world_size() -> int:
-    dist = torch.distributed
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 class CpuBackend(Backend):
@@ -62,7 +57,7 @@ class CpuBackend(Backend):
         if batch.prompt_ids.device.type != "cpu":
             return super().logprobs(model, batch, temperature=temperature, with_entropy=with_entropy,
                                     autocast_bf16=autocast_bf16, share_prompt=share_prompt)
-        if torch.is_grad_enabled() and (n := _world_size()) > 1:
+        if torch.is_grad_enabled() and (n := world_size()) > 1:
             raise RuntimeError(f"backend cpu: torch.distributed world size {n}: its gradient aliases bypass the "
                                "DDP/FSDP hooks; install the plain backend (model.backend=plain or auto)")
         head = None if autocast_bf16 else fused_head(model)
