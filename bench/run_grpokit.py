@@ -145,7 +145,9 @@ def main() -> None:
         for _ in range(w.steps):
             counts.update(train_tokens=0, train_tokens_padded=0, sequence_tokens=0)
             t0 = time.perf_counter()
-            m = trainer.run_step(run, recipe, logger, memo)
+            m = trainer.run_step(run, logger, memo, rollout_cfg=recipe.rollout, algo_cfg=recipe.algo,
+                                 train_cfg=recipe.train, eval_cfg=recipe.eval,
+                                 autocast_bf16=recipe.model.autocast_bf16)
             step_s = time.perf_counter() - t0
             ph = clock.pop()
             cm = captured["batch"].completion_mask

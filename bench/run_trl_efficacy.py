@@ -147,7 +147,7 @@ def evaluate_checkpoints(recipe_path: str, overrides: list[str], result_path: Pa
     run = build_run(load_recipe(recipe_path, overrides))
 
     def evaluate(when: str) -> None:
-        run.evaluator.run(run.model, run.tokenizer, run.eos_ids, run.out, when)
+        run.evaluator.run(run.eval_engine, run.out, when)
 
     evaluate("before")
     for c in sorted(result["checkpoints"], key=lambda c: c["step"]):

@@ -233,3 +233,49 @@ def test_a_renamed_key_says_what_replaced_it():
 
     with pytest.raises(RecipeError, match=r"unknown recipe key model.fused_ops; it is now model.backend: auto"):
         recipe_from_dict({"model": {"fused_ops": True}})
+
+
+# -- choices kept by the registries ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("rollout.engine", "vllm", "rollout.engine: 'vllm' is not one of hf"),
+    ("rollout.sampler", "gumbel", "rollout.sampler: 'gumbel' is not one of inverse_cdf, multinomial"),
+    ("algo.estimator", "ppo", "algo.estimator: 'ppo' is not one of grpo"),
+    ("model.backend", "gpu", "model.backend: 'gpu' is not one of auto, cpu, plain"),
+])
+def test_a_bad_choice_names_the_key_and_the_registrys_names(key, value, message):
+    assert _error_setting(key, value) == message
+
+
+def test_registry_choices_have_one_source(monkeypatch):
+    """``rollout.engine``, ``rollout.sampler``, ``algo.estimator`` and ``model.backend`` accept what
+    the registries hold (grpokit.rollout.engine, grpokit.algorithms, grpokit.backends), read when
+    validating: a name registered there is a valid recipe value and shows in the help."""
+    import grpokit.backends
+    from grpokit.algorithms import ALGORITHMS
+    from grpokit.rollout.engine import ENGINES, SAMPLERS
+
+    monkeypatch.setitem(ENGINES, "vllm", "somewhere:VLLMEngine")
+    monkeypatch.setitem(ALGORITHMS, "ppo", object)
+    monkeypatch.setattr(grpokit.backends, "NAMES", (*grpokit.backends.NAMES, "cuda_fast"))
+    monkeypatch.setattr("grpokit.rollout.engine.SAMPLERS", (*SAMPLERS, "gumbel"))
+    r = recipe_from_dict({"rollout": {"engine": "vllm", "sampler": "gumbel"}, "algo": {"estimator": "ppo"},
+                          "model": {"backend": "cuda_fast"}})
+    assert (r.rollout.engine, r.rollout.sampler, r.algo.estimator, r.model.backend) == ("vllm", "gumbel", "ppo",
+                                                                                        "cuda_fast")
+    text = help_text()
+    for line in ("rollout.engine = 'hf' [hf | vllm]",
+                 "rollout.sampler = 'inverse_cdf' [inverse_cdf | multinomial | gumbel]",
+                 "algo.estimator = 'grpo' [grpo | ppo]",
+                 "model.backend = 'auto' [auto | cpu | plain | cuda_fast]"):
+        assert line in text, line
+
+
+def test_importing_the_recipe_module_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, grpokit.config; assert not {'torch', 'transformers'} & set(sys.modules), sorted(sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]

@@ -109,8 +109,9 @@ def in_order(monkeypatch):
 
 def _refill(s, step=1):
     run, recipe = s
-    rows, exp, metrics, _ = trainer.sample_and_score(run, recipe, step, 2, round_=0)
-    return refill_groups_with_signal(run, recipe, step, rows, exp, metrics)
+    sections = dict(rollout_cfg=recipe.rollout, train_cfg=recipe.train)
+    rows, exp, metrics, _ = trainer.sample_and_score(run, step, 2, round_=0, **sections)
+    return refill_groups_with_signal(run, step, rows, exp, metrics, algo_cfg=recipe.algo, **sections)
 
 
 def test_constant_groups_are_refilled_until_b_groups_carry_signal(tmp_path, in_order):

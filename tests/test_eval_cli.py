@@ -56,9 +56,11 @@ def test_eval_prints_intervals_samples_and_a_paired_test(tiny_model_dir, tmp_pat
 
 def test_scores_of_none_are_counted_unscorable(tiny_model, smollm2_tokenizer, smollm2_prompts):
     from grpokit.evaluate import evaluate
+    from grpokit.rollout.engine import load_engine
 
     rows = [{"prompt": "q", "answer": "1"}, {"prompt": "r", "answer": "2"}]
-    res = evaluate(tiny_model, smollm2_tokenizer, smollm2_prompts, rows, eos_token_ids=[2, 0], max_new_tokens=2,
+    engine = load_engine("hf", model=tiny_model, tokenizer=smollm2_tokenizer, eos_token_ids=[2, 0])
+    res = evaluate(engine, smollm2_prompts, rows, max_new_tokens=2,
                    scorer=lambda p, c, **_: [None] * len(c), num_samples=2)
     assert res["unscorable"] == 2 + 2 * 2 and res["accuracy"] == 0.0  # greedy and sampled
 

@@ -320,7 +320,8 @@ def _jsonl(path: Path, rows: list[dict]) -> str:
 
 @pytest.mark.parametrize("case", ["dataset", "split", "column", "empty_prompt", "eval_dataset",
                                   "reward", "reward_import", "reward_attr", "process_reward",
-                                  "step_rule", "missing_file", "resume"])
+                                  "process_reward_import", "process_reward_attr", "step_rule", "missing_file",
+                                  "resume"])
 def test_bad_input_fails_before_the_model_loads(tiny_model_dir, tmp_path, capsys, no_model_load, case):
     good = [{"question": "1+1?", "answer": "2"}, {"question": "2+2?", "answer": "4"}]
     sections, names = {
@@ -339,6 +340,10 @@ def test_bad_input_fails_before_the_model_loads(tiny_model_dir, tmp_path, capsys
                                                                             "length_reward"]),
         "process_reward": ({"algo": {"supervision": "process", "process_reward": "nope"}},
                            ["algo.process_reward", "arithmetic"]),
+        "process_reward_import": ({"algo": {"supervision": "process", "process_reward": "no_such_module_xyz:f"}},
+                                  ["algo.process_reward: process reward 'no_such_module_xyz:f': cannot import"]),
+        "process_reward_attr": ({"algo": {"supervision": "process", "process_reward": "fake_rewards:nope"}},
+                                ["algo.process_reward: process reward 'fake_rewards:nope'", "length_reward"]),
         "step_rule": ({"algo": {"supervision": "process", "step_rule": "sentences"}},
                       ["algo.step_rule", "sentences", "lines"]),
         "missing_file": ({"data": {"dataset": str(tmp_path / "missing.jsonl")}}, ["data.dataset", "missing.jsonl"]),

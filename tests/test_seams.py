@@ -15,7 +15,7 @@ from grpokit.algorithms import GRPO, load_algorithm
 from grpokit.build import resolve_device
 from grpokit.experience import Experience
 from grpokit.rewards.pipeline import RewardPipeline
-from grpokit.rollout.engine import ENGINES, RolloutEngine, load_engine
+from grpokit.rollout.engine import ENGINE_METHODS, ENGINES, RolloutEngine, SamplingParams, load_engine
 
 G = 4
 
@@ -92,6 +92,50 @@ def test_engine_registry_is_lazy_and_errors_name_the_key():
     assert isinstance(eng, RolloutEngine)
 
 
+class _NoSync:
+    """Registered by a test as an engine: generates, but cannot be told the weights changed."""
+
+    def __init__(self, **kw):
+        self.kw = kw
+
+    def generate(self, prompts, group_size, sampling, seed):
+        return None
+
+
+class _Nothing:
+    generate = None  # there, but not a method
+
+    def __init__(self, **kw):
+        pass
+
+
+def test_load_engine_refuses_what_is_not_a_rollout_engine(monkeypatch):
+    monkeypatch.setitem(ENGINES, "nosync", f"{__name__}:_NoSync")
+    monkeypatch.setitem(ENGINES, "nothing", f"{__name__}:_Nothing")
+    with pytest.raises(TypeError) as e:
+        load_engine("nosync", model=None)
+    assert str(e.value) == (f"rollout.engine='nosync': {__name__}:_NoSync is not a RolloutEngine: it has no method "
+                            "sync_weights() (grpokit.rollout.engine.RolloutEngine)")
+    with pytest.raises(TypeError, match=r"rollout.engine='nothing': .* no method generate\(\), sync_weights\(\) "):
+        load_engine("nothing")
+    # the methods checked are the protocol's
+    assert set(ENGINE_METHODS) == {n for n, v in vars(RolloutEngine).items() if callable(v) and not n.startswith("_")}
+
+
+def test_sampling_params_from_the_recipe_name_the_rollout_key(tmp_path):
+    r = tiny_recipe("m", tmp_path, rollout={"temperature": 0.7, "max_new_tokens": 5}).rollout
+    p = SamplingParams.from_config(r)
+    assert (p.temperature, p.top_p, p.top_k, p.min_p, p.max_new_tokens, p.sampler, p.repetition_penalty) == (
+        0.7, 1.0, 0, 0.0, 5, "inverse_cdf", 1.0)
+    r.top_p = 1.5  # set after validation (the recipe refuses it)
+    with pytest.raises(ValueError) as e:
+        SamplingParams.from_config(r)
+    assert str(e.value) == "rollout.top_p must be in (0, 1], got 1.5"
+    with pytest.raises(ValueError) as e:  # built directly, the message names the field
+        SamplingParams(top_p=1.5)
+    assert str(e.value) == "SamplingParams.top_p must be in (0, 1], got 1.5"
+
+
 def test_hf_engine_returns_grouped_experience(tiny_model_dir, smollm2_tokenizer):
     from grpokit.models import load_model
     from grpokit.rollout.engine import SamplingParams
@@ -134,6 +178,33 @@ def test_reward_pipeline_from_config_names_the_key(tmp_path):
     rc.functions = ["no_such_reward"]
     with pytest.raises(ValueError, match="rewards.functions: "):
         RewardPipeline.from_config(rc)
+
+
+# -- the run's parts --------------------------------------------------------------------------------
+
+
+def test_the_runs_parts_are_typed():
+    """Every field of ``Run`` names its part's type (imported for type checking only in build.py)."""
+    import dataclasses
+    import typing
+
+    from transformers import PreTrainedTokenizerBase
+
+    import grpokit.build as build
+    from grpokit.algorithms import Algorithm
+    from grpokit.evaluator import HeldOutEval
+    from grpokit.state import TrainState
+
+    names = dict(vars(build), PreTrainedTokenizerBase=PreTrainedTokenizerBase, Algorithm=Algorithm,
+                 HeldOutEval=HeldOutEval, RewardPipeline=RewardPipeline, RolloutEngine=RolloutEngine,
+                 SamplingParams=SamplingParams, TrainState=TrainState)
+    hints = typing.get_type_hints(build.Run, globalns=names)
+    assert set(hints) == {f.name for f in dataclasses.fields(build.Run)}
+    assert typing.Any not in hints.values()
+    assert (hints["engine"], hints["sampling"], hints["rewards"], hints["algorithm"], hints["state"]) == (
+        RolloutEngine, SamplingParams, RewardPipeline, Algorithm, TrainState)
+    assert hints["evaluator"] == HeldOutEval | None and hints["eval_engine"] == RolloutEngine | None
+    assert hints["tokenizer"] is PreTrainedTokenizerBase and hints["optimizer"] is torch.optim.Optimizer
 
 
 # -- device -------------------------------------------------------------------------------------------

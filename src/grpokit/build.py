@@ -12,12 +12,21 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from grpokit.config import Recipe
 from grpokit.rows import load_prompts, section_rows
+
+if TYPE_CHECKING:  # the parts' types; their modules are imported where the parts are built
+    from transformers import PreTrainedTokenizerBase
+
+    from grpokit.algorithms import Algorithm
+    from grpokit.evaluator import HeldOutEval
+    from grpokit.rewards.pipeline import RewardPipeline
+    from grpokit.rollout.engine import RolloutEngine, SamplingParams
+    from grpokit.state import TrainState
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -54,28 +63,37 @@ class TrainData:
 
 @dataclass
 class Run:
-    """The run's parts (:func:`build_run`). The loop reads these and the recipe sections it needs."""
+    """The run's parts (:func:`build_run`). The loop reads these and the recipe sections it needs.
+
+    ``eval_engine`` is what held-out evaluation generates with (None without an ``eval`` section):
+    the run's ``engine`` itself when its options are evaluation's, else one more engine of the same
+    kind (``rollout.engine``) on the same model, built with the engine's defaults, so that evaluation
+    does not move with ``rollout.chunk_size`` or ``model.autocast_bf16`` (the hf engine's bf16
+    sampler copy): each evaluation batch in one ``generate`` call from the model's own weights.
+    """
 
     model: torch.nn.Module
     ref_model: torch.nn.Module | None
-    tokenizer: Any
+    tokenizer: PreTrainedTokenizerBase
     eos_ids: list[int]
     device: torch.device
-    engine: Any  # grpokit.rollout.engine.RolloutEngine
-    sampling: Any  # grpokit.rollout.engine.SamplingParams
-    rewards: Any  # grpokit.rewards.pipeline.RewardPipeline
-    algorithm: Any  # grpokit.algorithms.Algorithm
+    engine: RolloutEngine
+    sampling: SamplingParams
+    rewards: RewardPipeline
+    algorithm: Algorithm
     optimizer: torch.optim.Optimizer
-    scheduler: Any
-    state: Any  # grpokit.state.TrainState
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    state: TrainState
     data: TrainData
-    evaluator: Any  # grpokit.evaluator.HeldOutEval | None
+    evaluator: HeldOutEval | None
+    eval_engine: RolloutEngine | None
     out: Path
 
 
-def build_rewards(recipe: Recipe):
+def build_rewards(recipe: Recipe, device: torch.device | str = "cpu") -> RewardPipeline:
     """The reward pipeline: ``rewards.functions`` and, with ``algo.supervision=process``, the step
     scorer (``algo.process_reward`` with ``algo.step_rule``; its tokenizer is set once loaded).
+    ``device``: the policy's, where ``rm:`` reward models run with ``rewards.rm_device=auto``.
 
     Raises:
         ValueError: unknown reward function, process reward or step rule (names the key).
@@ -87,7 +105,7 @@ def build_rewards(recipe: Recipe):
         from grpokit.process.scorer import ProcessScorer
 
         step_scorer = ProcessScorer.from_config(recipe)
-    return RewardPipeline.from_config(recipe.rewards, step_scorer)
+    return RewardPipeline.from_config(recipe.rewards, step_scorer, device)
 
 
 def load_policy(recipe: Recipe, device: torch.device, *, reference: bool = False) -> torch.nn.Module:
@@ -128,9 +146,9 @@ def build_run(recipe: Recipe) -> Run:
     m, d, r = recipe.model, recipe.data, recipe.rollout
     seed_everything(recipe.train.seed)
     # 1. what can be checked without the tokenizer or the model: rewards, step rule, data, device
-    rewards = build_rewards(recipe)
-    algorithm = load_algorithm(recipe.algo, r.max_new_tokens)
     device = resolve_device(m.device)
+    rewards = build_rewards(recipe, device)
+    algorithm = load_algorithm(recipe.algo, r.max_new_tokens)
     if recipe.train.optimizer == "adamw_8bit":  # an optional package: say so before the model loads
         from grpokit.importing import require
 
@@ -159,10 +177,13 @@ def build_run(recipe: Recipe) -> Run:
     ref_model = load_policy(recipe, device, reference=True) if algorithm.needs_reference else None
     eos_ids = eos_token_ids(model, tokenizer)
     # with bf16 autocast the trainer scores in bf16, so sampling from a bf16 copy matches it
-    engine = load_engine(r.engine, model=model, tokenizer=tokenizer, eos_token_ids=eos_ids, chunk_size=r.chunk_size,
-                         sampler_dtype=torch.bfloat16 if m.autocast_bf16 else None)
-    sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, min_p=r.min_p,
-                              max_new_tokens=r.max_new_tokens, sampler=r.sampler)
+    on_model = dict(model=model, tokenizer=tokenizer, eos_token_ids=eos_ids)
+    options = dict(chunk_size=r.chunk_size, sampler_dtype=torch.bfloat16 if m.autocast_bf16 else None)
+    engine = load_engine(r.engine, **on_model, **options)
+    eval_engine = None
+    if evaluator is not None:  # evaluation generates with the engine's defaults (Run's docstring)
+        eval_engine = engine if all(v is None for v in options.values()) else load_engine(r.engine, **on_model)
+    sampling = SamplingParams.from_config(r)
     optimizer, scheduler = make_optimizer(model, recipe.train)
     out = Path(recipe.train.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -170,4 +191,4 @@ def build_run(recipe: Recipe) -> Run:
           f"model {m.name_or_path} on {device}; β={recipe.algo.beta}; G={r.group_size}", flush=True)
     return Run(model=model, ref_model=ref_model, tokenizer=tokenizer, eos_ids=eos_ids, device=device, engine=engine,
                sampling=sampling, rewards=rewards, algorithm=algorithm, optimizer=optimizer, scheduler=scheduler,
-               state=TrainState(), data=data, evaluator=evaluator, out=out)
+               state=TrainState(), data=data, evaluator=evaluator, eval_engine=eval_engine, out=out)

@@ -164,13 +164,14 @@ def _eval(argv: list[str]) -> int:
         return fail(str(e))  # model, file or optional package (the message names its extra)
     results = {}
     from grpokit.backends import install_backend
+    from grpokit.rollout.engine import load_engine
 
     for m in models:
         model = load_model(m, device=device).eval()
         install_backend(model, "auto", announce=False)  # the fast generation path where it is exact
-        results[m] = evaluate(model, tok, prompts, rows, eos_token_ids=eos_token_ids(model, tok),
-                              max_new_tokens=ns.max_new_tokens, batch_size=ns.batch_size, scorer=scorer,
-                              num_samples=ns.samples or 0, temperature=ns.temperature, seed=ns.seed,
+        engine = load_engine("hf", model=model, tokenizer=tok, eos_token_ids=eos_token_ids(model, tok))
+        results[m] = evaluate(engine, prompts, rows, max_new_tokens=ns.max_new_tokens, batch_size=ns.batch_size,
+                              scorer=scorer, num_samples=ns.samples or 0, temperature=ns.temperature, seed=ns.seed,
                               extract_answer=answer_extractor(scorer_name))
         r = results[m]
         print(f"{m} on {ns.dataset}/{ns.split} ({r['total']} problems, scorer {scorer_name}, "

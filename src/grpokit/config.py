@@ -8,6 +8,7 @@ Each field's ``help`` metadata is what ``grpokit train --help`` prints.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import re
 import types
 import typing
@@ -36,7 +37,28 @@ def _yaml_load(text: str) -> Any:
     return yaml.load(text, Loader=_YamlLoader)  # noqa: S506 - a SafeLoader subclass
 
 
-def _f(default, help: str, choices: tuple | None = None, **kw):
+@dataclass(frozen=True)
+class Registry:
+    """The choices of a recipe key that a registry keeps: the names of ``module.attr`` (a mapping or
+    a tuple), e.g. ``rollout.engine``'s are :data:`grpokit.rollout.engine.ENGINES`. Read when a
+    recipe is validated or its help printed (:func:`choices_of`), not when this module is imported:
+    ``grpokit.backends`` and ``grpokit.algorithms`` import torch."""
+
+    module: str
+    attr: str
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(getattr(importlib.import_module(self.module), self.attr))
+
+
+def choices_of(f: dataclasses.Field) -> tuple[str, ...] | None:
+    """The allowed values of a recipe field (its ``choices`` metadata, a :class:`Registry`'s names
+    read now), or None when any value of its type is allowed here."""
+    choices = f.metadata.get("choices")
+    return choices.names() if isinstance(choices, Registry) else choices
+
+
+def _f(default, help: str, choices: tuple | Registry | None = None, **kw):
     meta = {"help": help}
     if choices:
         meta["choices"] = choices
@@ -60,7 +82,7 @@ class ModelConfig:
                       "(shared-prompt forward, fused RMSNorm/MLP/LM-head log-probs, packed generation weights; same "
                       "values, about a third of the activation memory); plain = the stock transformers forward; "
                       "auto = cpu where it is exact (model on CPU, one process, no LoRA), else plain",
-                      ("auto", "cpu", "plain"))
+                      Registry("grpokit.backends", "NAMES"))
     recompute_mlp: bool = _f(True, "backend cpu: the MLP backward recomputes gate(x) and up(x) (off: keeps them, "
                              "two (tokens, intermediate) tensors per layer, two matmuls fewer per MLP backward)")
 
@@ -94,15 +116,17 @@ class RolloutConfig:
     min_p: float = _f(0.0, "min-p sampling; only 0 (off) is accepted (see rollout.top_p)")
     chunk_size: int | None = _f(None, "generate at most this many rows per generate() call")
     engine: str = _f("hf", "rollout engine (grpokit.rollout.engine): hf = Hugging Face generate on the "
-                     "trained model", ("hf",))
+                     "trained model", Registry("grpokit.rollout.engine", "ENGINES"))
     sampler: str = _f("inverse_cdf", "how a token is drawn: inverse_cdf (one uniform per row, fast on CPU) or "
-                      "multinomial (generate's torch.multinomial); same distribution", ("inverse_cdf", "multinomial"))
+                      "multinomial (generate's torch.multinomial); same distribution",
+                      Registry("grpokit.rollout.engine", "SAMPLERS"))
 
 
 @dataclass
 class RewardsConfig:
-    functions: list = _f(["math_correct", "format"], "reward functions: built-in names or "
-                         "module:function")
+    functions: list = _f(["math_correct", "format"], "reward functions: built-in names, "
+                         "module:function, rm:PATH_OR_HUB_NAME (a sequence-classification reward model) "
+                         "or http(s)://HOST:PORT/PATH (a reward server)")
     weights: list | None = _f(None, "one weight per function (default 1 each)")
     on_error: str = _f("raise", "a reward function that raises or times out: stop the run, or "
                        "score it as unscorable (None)", ("raise", "none"))
@@ -111,11 +135,20 @@ class RewardsConfig:
                         "time limit (the limit always holds); thread = a thread of the trainer (for "
                         "functions that need the trainer's live memory or GPU; a call holding the GIL "
                         "cannot be cut off)", ("process", "thread"))
+    rm_device: str = _f("auto", "device of rm: reward models (auto = the policy's device)")
+    rm_dtype: str = _f("float32", "dtype of rm: reward models", ("float32", "bfloat16", "float16"))
+    rm_batch_size: int = _f(16, "completions per forward pass of an rm: reward model")
+    rm_normalize: bool = _f(False, "z-score each batch's rm: scores (so the RM's scale does not set its weight)")
+    rm_max_length: int | None = _f(None, "keep the last N tokens of an rm: text (None = the RM's positions)")
+    remote_retries: int = _f(3, "retries of a reward server after a 5xx, a connection error or a timeout, "
+                             "within rewards.timeout_s")
+    remote_backoff_s: float = _f(0.5, "wait before the first retry of a reward server, doubled each time")
 
 
 @dataclass
 class AlgoConfig:
-    estimator: str = _f("grpo", "advantage estimator and policy loss (grpokit.algorithms)", ("grpo",))
+    estimator: str = _f("grpo", "advantage estimator and policy loss (grpokit.algorithms)",
+                        Registry("grpokit.algorithms", "ALGORITHMS"))
     supervision: str = _f("outcome", "one reward per completion, or one per reasoning step",
                           ("outcome", "process"))
     beta: float = _f(0.04, "KL coefficient β (0 = no reference model is loaded)")
@@ -278,7 +311,7 @@ def _walk(recipe: Recipe):
 def validate(recipe: Recipe) -> None:
     """Check values (choices, ranges); raise ``RecipeError`` naming the key and what is allowed."""
     for key, value, f in _walk(recipe):
-        choices = f.metadata.get("choices")
+        choices = choices_of(f)
         if choices and value not in choices:
             raise RecipeError(f"{key}: {value!r} is not one of {', '.join(choices)}")
     r, t, a = recipe.rollout, recipe.train, recipe.algo
@@ -339,6 +372,11 @@ def validate(recipe: Recipe) -> None:
     if w is not None and len(w) != len(recipe.rewards.functions):
         raise RecipeError(f"rewards.weights: {len(w)} weights for {len(recipe.rewards.functions)} "
                           f"functions {recipe.rewards.functions}")
+    rw = recipe.rewards
+    for key, value, low in (("rm_batch_size", rw.rm_batch_size, 1), ("remote_retries", rw.remote_retries, 0),
+                            ("remote_backoff_s", rw.remote_backoff_s, 0)):
+        if value < low:
+            raise RecipeError(f"rewards.{key}: must be >= {low}, got {value}")
     if not recipe.rewards.functions and a.supervision == "outcome":
         raise RecipeError("rewards.functions: at least one reward function is needed")
     if t.save_total_limit < 1:
@@ -462,7 +500,7 @@ def help_text() -> str:
     """Every recipe key with its type, default and help, for ``grpokit train --help``."""
     lines = []
     for key, value, f in _walk(Recipe()):
-        choices = f.metadata.get("choices")
+        choices = choices_of(f)
         extra = f" [{' | '.join(choices)}]" if choices else ""
         lines.append(f"  {key} = {value!r}{extra}\n      {f.metadata['help']}")
     return "\n".join(lines)

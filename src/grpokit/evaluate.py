@@ -12,8 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from grpokit.rollout.engine import SamplingParams
-from grpokit.rollout.hf import generate_rollouts
+from grpokit.rollout.engine import RolloutEngine, SamplingParams
 
 
 def _score(guard, rows: list[dict], completions: list[str], per_row: int, unscorable: list[int]) -> list[bool]:
@@ -28,12 +27,10 @@ def _score(guard, rows: list[dict], completions: list[str], per_row: int, unscor
 
 
 def evaluate(
-    model: Any,
-    tokenizer: Any,
+    engine: RolloutEngine,
     prompts: list[str],
     rows: list[dict],
     *,
-    eos_token_ids: list[int],
     max_new_tokens: int,
     batch_size: int = 16,
     scorer: Callable | None = None,
@@ -47,6 +44,10 @@ def evaluate(
     """Greedy-decode each prompt once (and sample ``num_samples`` more) and score them.
 
     Args:
+        engine: generates the completions (:class:`~grpokit.rollout.engine.RolloutEngine`, e.g. the
+            run's ``eval_engine``, or ``load_engine("hf", model=..., tokenizer=..., eos_token_ids=...)``):
+            greedy with ``SamplingParams(temperature=0)`` over ``batch_size`` prompts per call,
+            samples at ``temperature`` over ``batch_size // num_samples`` prompts per call.
         prompts: ``B`` formatted prompts; rows: the matching data rows (``answer`` etc.).
         scorer: a reward function (default ``math_correct``); correct = score >= 1. It runs under
             ``GuardedReward`` with ``scorer_timeout_s`` and ``isolation``.
@@ -88,11 +89,13 @@ def evaluate(
     answers: list[list[str | None]] = []
     per_call = max(1, batch_size // max(num_samples, 1))
     unscorable = [0]
+    greedy_params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
+    sampled_params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens) if num_samples else None
     try:
         for start in range(0, len(prompts), batch_size):
             chunk_rows, chunk = rows[start : start + batch_size], prompts[start : start + batch_size]
-            ro = generate_rollouts(model, tokenizer, chunk, 1, SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens),
-                                   eos_token_ids=eos_token_ids)
+            # greedy draws no random numbers: the seed changes nothing (the engine needs one)
+            ro = engine.generate(chunk, 1, greedy_params, seed * 100003 + start)
             ok = _score(guard, chunk_rows, ro.completions, 1, unscorable)
             greedy += ok
             truncated += int(ro.truncated.sum())
@@ -100,9 +103,7 @@ def evaluate(
                          for r, c, o in zip(chunk_rows, ro.completions, ok)][: max(0, 5 - len(examples))]
         for start in range(0, len(prompts) if num_samples else 0, per_call):
             chunk_rows, chunk = rows[start : start + per_call], prompts[start : start + per_call]
-            params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
-            ro = generate_rollouts(model, tokenizer, chunk, num_samples, params, eos_token_ids=eos_token_ids,
-                                   seed=seed * 100003 + start)
+            ro = engine.generate(chunk, num_samples, sampled_params, seed * 100003 + start)
             ok = _score(guard, chunk_rows, ro.completions, num_samples, unscorable)
             for i in range(len(chunk)):
                 sampled.append(ok[i * num_samples : (i + 1) * num_samples])

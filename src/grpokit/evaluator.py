@@ -1,6 +1,7 @@
 """Held-out evaluation during a run: the eval section's rows kept apart from the training rows,
-their prompts, and :func:`grpokit.evaluate.evaluate` on the current model, saved as
-``eval_<when>.json`` and printed.
+their prompts, and :func:`grpokit.evaluate.evaluate` on the current model through a rollout
+engine (the run's ``eval_engine``, :class:`grpokit.build.Run`), saved as ``eval_<when>.json`` and
+printed.
 
 Built in two stages by :func:`grpokit.build.build_run`, so that bad input fails before anything
 slow loads: :class:`HeldOutEval` (rows and scorer, no tokenizer), then :meth:`HeldOutEval.prepare`
@@ -12,7 +13,10 @@ from __future__ import annotations
 import json
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from grpokit.rollout.engine import RolloutEngine
 
 
 class HeldOutEval:
@@ -57,17 +61,19 @@ class HeldOutEval:
             self.recipe, tokenizer, dataset=e.dataset, split=e.split, limit=e.limit, rows=self.rows,
             max_new_tokens=self.max_new_tokens, max_positions=max_positions, new_tokens_key=key, section="eval")
 
-    def run(self, model: Any, tokenizer: Any, eos_ids: list[int], out: Path, when: str) -> dict[str, Any]:
-        """Evaluate ``model`` now; writes ``out/eval_<when>.json`` and prints the summary."""
+    def run(self, engine: RolloutEngine, out: Path, when: str) -> dict[str, Any]:
+        """Evaluate the model ``engine`` generates from, now (greedy, and ``eval.num_samples``
+        samples at ``rollout.temperature``); writes ``out/eval_<when>.json``, prints the summary and
+        returns :func:`grpokit.evaluate.evaluate`'s result with ``dataset``, ``split``, ``when``,
+        ``scorer`` and ``held_out`` added."""
         from grpokit.evaluate import evaluate
         from grpokit.evalstats import format_summary
         from grpokit.heldout import answer_extractor
 
         r = self.recipe
         e = r.eval
-        res = evaluate(model, tokenizer, self.prompts, self.rows, eos_token_ids=eos_ids,
-                       max_new_tokens=self.max_new_tokens, scorer=self.scorer_fn, batch_size=e.batch_size,
-                       scorer_timeout_s=r.rewards.timeout_s, isolation=r.rewards.isolation,
+        res = evaluate(engine, self.prompts, self.rows, max_new_tokens=self.max_new_tokens, scorer=self.scorer_fn,
+                       batch_size=e.batch_size, scorer_timeout_s=r.rewards.timeout_s, isolation=r.rewards.isolation,
                        num_samples=e.num_samples, temperature=r.rollout.temperature, seed=r.train.seed,
                        extract_answer=answer_extractor(self.scorer))
         res.update(dataset=e.dataset, split=e.split, when=when, scorer=self.scorer, held_out=self.note)

@@ -5,7 +5,7 @@
 was): ``plain`` runs one forward over ``[prompt ; completion]`` per row; ``cpu``
 (:mod:`grpokit.backends.cpu`) runs each distinct prompt once and shares its KV cache with the
 group's rows, with fused memory-lean ops. Both give the same numbers (``tests/test_policy_fast.py``
-and ``tests/test_fused.py`` check log-probs, loss and gradients against each other).
+and ``tests/backends/cpu/test_fused.py`` check log-probs, loss and gradients against each other).
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ import torch
 from grpokit.build import Run, build_run
 from grpokit.checkpoint import (find_resume_checkpoint, load_model_weights, load_training_state, save_checkpoint,
                                 set_rng_state)
-from grpokit.config import Recipe
+from grpokit.config import AlgoConfig, EvalConfig, Recipe, RolloutConfig, TrainConfig
 from grpokit.curves import plot_curves
 from grpokit.evaluator import save_eval
 from grpokit.experience import Experience
@@ -71,7 +71,7 @@ class _StopFlag:
             signal.signal(sig, old)
 
 
-def optimize(run: Run, exp: Experience, t: Any, *, temperature: float, autocast_bf16: bool = False,
+def optimize(run: Run, exp: Experience, t: TrainConfig, *, temperature: float, autocast_bf16: bool = False,
              keep_rows: torch.Tensor | None = None) -> dict[str, Any]:
     """Steps 5-6 on ``exp`` (``advantages`` set): reference/old log-probs, then μ =
     ``t.num_iterations`` passes of ``run.algorithm``'s loss, each one optimizer step over
@@ -245,7 +245,7 @@ def _train(recipe: Recipe, run: Run, start: Path | None, progress: bool) -> dict
     else:
         logger.truncate_after(0)  # a fresh run replaces the metrics of an earlier run in this folder
         if ev is not None and recipe.eval.before:
-            summary["eval_before"] = ev.run(run.model, run.tokenizer, run.eos_ids, run.out, "before")
+            summary["eval_before"] = ev.run(run.eval_engine, run.out, "before")
     from tqdm.auto import tqdm
 
     bar = tqdm(total=recipe.train.max_steps, initial=run.state.step, disable=not progress, desc="grpo", unit="step",
@@ -253,7 +253,8 @@ def _train(recipe: Recipe, run: Run, start: Path | None, progress: bool) -> dict
     last: dict[str, Any] = {}
     with _StopFlag() as stop:
         while run.state.step < recipe.train.max_steps:
-            last = run_step(run, recipe, logger, memo)
+            last = run_step(run, logger, memo, rollout_cfg=recipe.rollout, algo_cfg=recipe.algo,
+                            train_cfg=recipe.train, eval_cfg=recipe.eval, autocast_bf16=recipe.model.autocast_bf16)
             bar.update(1)
             bar.set_postfix(reward=f"{last['reward_mean'] or 0:.3f}", step_s=f"{last['step_s']:.1f}")
             step = run.state.step
@@ -275,7 +276,7 @@ def _train(recipe: Recipe, run: Run, start: Path | None, progress: bool) -> dict
             done = memo.get("last_eval")  # the last step's periodic evaluation is this one
             summary["eval_after"] = (save_eval(run.out, dict(done[1], when="after"), "after")
                                      if done is not None and done[0] == run.state.step
-                                     else ev.run(run.model, run.tokenizer, run.eos_ids, run.out, "after"))
+                                     else ev.run(run.eval_engine, run.out, "after"))
         if logger.metrics_path.exists():
             before = out / "eval_before.json"  # also there when this process resumed the run
             plot_curves(logger.metrics_path, out / "curves.png", beta=recipe.algo.beta,
@@ -286,11 +287,15 @@ def _train(recipe: Recipe, run: Run, start: Path | None, progress: bool) -> dict
     return summary
 
 
-def sample_and_score(run: Run, recipe: Recipe, step: int, n_prompts: int, *, round_: int):
+def sample_and_score(run: Run, step: int, n_prompts: int, *, round_: int, rollout_cfg: RolloutConfig,
+                     train_cfg: TrainConfig) -> tuple[list[dict], Experience, dict[str, Any], float]:
     """Steps 1-4 for ``n_prompts`` new prompts: ``(rows, experience, metrics, reward_s)``; the
-    experience carries rewards and advantages. Round 0 is seeded ``seed·100003 + step`` (as
-    always); dynamic sampling's extra rounds add ``1000003·round``."""
-    seed, g = recipe.train.seed, recipe.rollout.group_size
+    experience (``n_prompts · rollout_cfg.group_size`` rows) carries rewards and advantages.
+
+    ``rollout_cfg``/``train_cfg``: the recipe's ``rollout`` and ``train`` sections (``group_size``,
+    ``seed``). Round 0 is seeded ``seed·100003 + step`` (as always); dynamic sampling's extra rounds
+    add ``1000003·round``. Raises what the engine and the reward pipeline raise."""
+    seed, g = train_cfg.seed, rollout_cfg.group_size
     idx = next_prompt_indices(run.state, len(run.data.rows), n_prompts, seed)
     rows = [run.data.rows[i] for i in idx]
     exp = run.engine.generate([run.data.prompts[i] for i in idx], g, run.sampling,
@@ -302,8 +307,9 @@ def sample_and_score(run: Run, recipe: Recipe, step: int, n_prompts: int, *, rou
     return rows, exp, metrics, time.perf_counter() - t_reward
 
 
-def refill_groups_with_signal(run: Run, recipe: Recipe, step: int, rows: list[dict], exp: Experience,
-                              metrics: dict[str, Any]):
+def refill_groups_with_signal(run: Run, step: int, rows: list[dict], exp: Experience, metrics: dict[str, Any], *,
+                              algo_cfg: AlgoConfig, rollout_cfg: RolloutConfig,
+                              train_cfg: TrainConfig) -> tuple[list[dict], Experience, dict[str, Any], float]:
     """Dynamic sampling (DAPO, arXiv 2503.14476 §3.2): groups whose rewards are all equal
     (``algo.constant_groups``: advantage 0, no signal) are dropped and replaced by groups of new
     prompts, sampled in up to ``algo.max_sampling_rounds`` extra rounds, until B groups carry
@@ -314,9 +320,12 @@ def refill_groups_with_signal(run: Run, recipe: Recipe, step: int, rows: list[di
     reward metrics stay those of round 0 (the policy's own rate on fresh prompts), except
     ``reward_failures`` and the experience's ``gen_s``, summed over every round; ``dynamic/rounds``,
     ``dynamic/groups_sampled``, ``dynamic/groups_kept`` are added.
-    Returns ``(rows, experience, metrics, extra_reward_s)``.
+
+    ``algo_cfg``/``rollout_cfg``/``train_cfg``: the recipe's ``algo`` (``max_sampling_rounds``),
+    ``rollout`` and ``train`` (``prompts_per_step`` = B, ``seed``) sections.
+    Returns ``(rows, experience, metrics, extra_reward_s)``: at most B rows and their groups.
     """
-    a, b = recipe.algo, recipe.train.prompts_per_step
+    a, b = algo_cfg, train_cfg.prompts_per_step
     kept_rows, parts, extra_s, rounds, sampled = [], [], 0.0, 0, len(rows)
     cur_rows, cur, cur_metrics = rows, exp, metrics
     gen_s, failures = 0.0, 0  # over every round, dropped ones included
@@ -330,7 +339,8 @@ def refill_groups_with_signal(run: Run, recipe: Recipe, step: int, rows: list[di
         if len(kept_rows) >= b or rounds >= a.max_sampling_rounds:
             break
         rounds += 1
-        cur_rows, cur, cur_metrics, dt = sample_and_score(run, recipe, step, b - len(kept_rows), round_=rounds)
+        cur_rows, cur, cur_metrics, dt = sample_and_score(run, step, b - len(kept_rows), round_=rounds,
+                                                          rollout_cfg=rollout_cfg, train_cfg=train_cfg)
         extra_s, sampled = extra_s + dt, sampled + len(cur_rows)
     metrics = dict(metrics, reward_failures=failures,
                    **{"dynamic/rounds": rounds, "dynamic/groups_sampled": sampled, "dynamic/groups_kept": len(kept_rows)})
@@ -343,21 +353,29 @@ def refill_groups_with_signal(run: Run, recipe: Recipe, step: int, rows: list[di
     return kept_rows, out, metrics, extra_s
 
 
-def run_step(run: Run, recipe: Recipe, logger: RunLogger, memo: dict[str, Any]) -> dict[str, Any]:
+def run_step(run: Run, logger: RunLogger, memo: dict[str, Any], *, rollout_cfg: RolloutConfig,
+             algo_cfg: AlgoConfig, train_cfg: TrainConfig, eval_cfg: EvalConfig,
+             autocast_bf16: bool = False) -> dict[str, Any]:
     """One GRPO step (1-7 in the module docstring); returns its metrics line. ``memo`` keeps what
-    lives across steps and is not checkpointed: ``warned_at`` and ``last_eval``."""
+    lives across steps and is not checkpointed: ``warned_at`` and ``last_eval``.
+
+    ``rollout_cfg``/``algo_cfg``/``train_cfg``/``eval_cfg``: the recipe's ``rollout``, ``algo``,
+    ``train`` and ``eval`` sections; ``autocast_bf16``: ``model.autocast_bf16``. Raises what
+    sampling, scoring and the update raise."""
     t_start = time.perf_counter()
     step = run.state.step + 1
-    rows, exp, scored, reward_s = sample_and_score(run, recipe, step, recipe.train.prompts_per_step, round_=0)
-    if recipe.algo.dynamic_sampling:
-        rows, exp, scored, extra_s = refill_groups_with_signal(run, recipe, step, rows, exp, scored)
+    rows, exp, scored, reward_s = sample_and_score(run, step, train_cfg.prompts_per_step, round_=0,
+                                                   rollout_cfg=rollout_cfg, train_cfg=train_cfg)
+    if algo_cfg.dynamic_sampling:
+        rows, exp, scored, extra_s = refill_groups_with_signal(run, step, rows, exp, scored, algo_cfg=algo_cfg,
+                                                               rollout_cfg=rollout_cfg, train_cfg=train_cfg)
         reward_s += extra_s
-    keep = ~exp.truncated if recipe.algo.overlong_filter else None  # DAPO overlong filtering
+    keep = ~exp.truncated if algo_cfg.overlong_filter else None  # DAPO overlong filtering
     if keep is not None:
         scored["overlong_filtered_frac"] = float(exp.truncated.float().mean())
     t_train = time.perf_counter()
-    opt = optimize(run, exp, recipe.train, temperature=recipe.rollout.temperature,
-                   autocast_bf16=recipe.model.autocast_bf16, keep_rows=keep)
+    opt = optimize(run, exp, train_cfg, temperature=rollout_cfg.temperature, autocast_bf16=autocast_bf16,
+                   keep_rows=keep)
     train_s = time.perf_counter() - t_train
     run.state.step = step
     lengths = exp.completion_mask.sum(1).float()
@@ -371,16 +389,15 @@ def run_step(run: Run, recipe: Recipe, logger: RunLogger, memo: dict[str, Any]) 
         "tokens_per_s": float(lengths.sum()) / step_s,
     }
     metrics["train_minutes"] = run.state.extra["train_s"] / 60  # training wall-clock so far, evaluations excluded
-    e = recipe.eval
-    if run.evaluator is not None and e.every_steps and step % e.every_steps == 0:
-        res = run.evaluator.run(run.model, run.tokenizer, run.eos_ids, run.out, f"step{step}")
+    if run.evaluator is not None and eval_cfg.every_steps and step % eval_cfg.every_steps == 0:
+        res = run.evaluator.run(run.eval_engine, run.out, f"step{step}")
         memo["last_eval"] = (step, res)
         for name, m in (res["metrics"] or {}).get("metrics", {}).items():
             metrics.update({f"eval/{name}": m["value"], f"eval/{name}_lo": m["lo"], f"eval/{name}_hi": m["hi"]})
     logger.log(metrics)
-    warn_if_step_did_nothing(metrics, exp.advantages, max_new_tokens=recipe.rollout.max_new_tokens,
+    warn_if_step_did_nothing(metrics, exp.advantages, max_new_tokens=rollout_cfg.max_new_tokens,
                              warned_at=memo["warned_at"])
-    every = recipe.train.sample_every
+    every = train_cfg.sample_every
     if every and (step % every == 0 or step == 1):
         logger.log_samples(step, [
             {"prompt": rows[b]["prompt"], "answer": rows[b]["answer"],

@@ -16,6 +16,7 @@ from .kl import KL_ESTIMATORS, kl_penalty
 from .logprobs import token_entropy, token_logprobs
 from .loss import AGGREGATIONS, aggregate_loss, policy_loss
 from .masks import completion_terminated, mask_completions
+from .ppo import masked_whiten, token_rewards, value_loss
 
 __all__ = [
     "AGGREGATIONS",
@@ -29,8 +30,11 @@ __all__ = [
     "group_advantages",
     "kl_penalty",
     "mask_completions",
+    "masked_whiten",
     "policy_loss",
     "process_advantages",
     "token_entropy",
     "token_logprobs",
+    "token_rewards",
+    "value_loss",
 ]

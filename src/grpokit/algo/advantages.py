@@ -288,17 +288,19 @@ def gae_advantages(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalized advantage estimation for the PPO baseline (Schulman et al. 2016, arXiv 1506.02438).
 
-    ``δ_t = r_t + γ V_{t+1} − V_t`` (``V`` past the last unmasked token is 0),
-    ``A_t = Σ_l (γλ)^l δ_{t+l}``, returns ``R_t = A_t + V_t``. Masked tokens get 0.
+    Over the unmasked tokens of each row, in order (masked tokens are skipped: the "next" token of
+    ``t`` is the next unmasked one): ``δ_t = r_t + γ V_next − V_t`` (``V_next`` = 0 after the last
+    unmasked token), ``A_t = δ_t + γλ A_next``, returns ``R_t = A_t + V_t``. Masked tokens get 0.
+    γ = λ = 1 gives ``A_t = Σ_{l≥t} r_l − V_t``; λ = 0 gives ``A_t = δ_t``.
 
     Args:
         token_rewards: ``(N, T)`` float per-token rewards (e.g. the outcome reward at the last token).
         values: ``(N, T)`` float value estimates ``V(s_t)``.
-        completion_mask: ``(N, T)`` bool; True tokens must form a prefix of each row.
+        completion_mask: ``(N, T)`` bool, True = the token counts.
         gamma: discount γ in [0, 1]. lam: λ in [0, 1].
 
     Returns:
-        ``(advantages, returns)``, both ``(N, T)``.
+        ``(advantages, returns)``, both ``(N, T)`` in ``values``' dtype.
 
     Raises:
         ValueError: mismatched shapes.
@@ -312,15 +314,15 @@ def gae_advantages(
     check_same_shape(
         "gae_advantages", token_rewards=token_rewards, values=values, completion_mask=completion_mask
     )
-    mask = completion_mask.to(values.dtype)
-    v = values * mask
-    r = token_rewards * mask
-    next_v = torch.cat([v[:, 1:], torch.zeros_like(v[:, :1])], dim=1)
-    delta = (r + gamma * next_v - v) * mask
-    adv = torch.zeros_like(delta)
-    running = torch.zeros_like(delta[:, 0])
-    for t in range(delta.shape[1] - 1, -1, -1):
-        running = delta[:, t] + gamma * lam * running
-        adv[:, t] = running
-    adv = adv * mask
-    return adv, (adv + v) * mask
+    mask = completion_mask.bool()
+    v, r = values, token_rewards.to(values.dtype)
+    adv = torch.zeros_like(v)
+    next_v = torch.zeros_like(v[:, 0])
+    next_a = torch.zeros_like(v[:, 0])
+    for t in range(v.shape[1] - 1, -1, -1):
+        m = mask[:, t]
+        a = r[:, t] + gamma * next_v - v[:, t] + gamma * lam * next_a
+        adv[:, t] = torch.where(m, a, torch.zeros_like(a))
+        next_v = torch.where(m, v[:, t], next_v)
+        next_a = torch.where(m, a, next_a)
+    return adv, torch.where(mask, adv + v, torch.zeros_like(v))

@@ -32,14 +32,14 @@ Qwen's ``<extra_0>`` both give the same ids.
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, Callable, Sequence
 
 import torch
 
+from grpokit.rewards.scoring import PositionScorer, Scores
+
 __all__ = ["TokenProbPRM", "ClassificationPRM"]
 
-Scores = list[list[float | None]]
 
 
 def _default_format_prompt(prompt: str) -> str:
@@ -73,27 +73,21 @@ def _clean_step(step: str, tag: str | int) -> str:
 
 
 class _Scorer:
-    """Shared state + batching (composition: each PRM owns one and gives it a ``read`` function)."""
+    """A PRM's row layout (prompt, steps, tags) on the shared scoring base
+    (:class:`grpokit.rewards.scoring.PositionScorer`); each PRM gives it a ``read`` function."""
 
     def __init__(self, model, tokenizer, tag, tag_what, step_suffix, format_prompt, batch_size,
                  device, dtype, padding_side, max_length):
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.model = model.to(device=device, dtype=dtype) if dtype is not None else model.to(device)
-        self.model.eval()
-        self.tokenizer, self.tag, self.device = tokenizer, tag, torch.device(device)
+        self.tokenizer, self.tag = tokenizer, tag
         self.tag_ids = _tag_ids(tokenizer, tag, tag_what)
         self.suffix_ids = tokenizer.encode(step_suffix, add_special_tokens=False) if step_suffix else []
         self.format_prompt = format_prompt or _default_format_prompt
-        self.batch_size, self.max_length = batch_size, max_length
-        self.padding_side = padding_side or getattr(tokenizer, "padding_side", None) or "right"
-        if self.padding_side not in ("left", "right"):
-            raise ValueError(f"padding_side must be 'left' or 'right', got {self.padding_side!r}")
         pad = tokenizer.pad_token_id
-        self.pad_id = pad if pad is not None else (tokenizer.eos_token_id or 0)
-        params = inspect.signature(self.model.forward).parameters
-        self.takes_positions = "position_ids" in params
-        self.takes_keep = "logits_to_keep" in params
+        side = padding_side or getattr(tokenizer, "padding_side", None) or "right"
+        self.base = PositionScorer(model, pad_id=pad if pad is not None else (tokenizer.eos_token_id or 0),
+                                   batch_size=batch_size, device=device, dtype=dtype, padding_side=side,
+                                   max_length=max_length)
+        self.model = self.base.model
 
     def build(self, prompt: str, steps: Sequence[str]) -> tuple[list[int], list[int]]:
         """``(ids, tag_positions)`` of one row, laid out as in the module docstring."""
@@ -111,45 +105,7 @@ class _Scorer:
     def score(self, prompts, steps, read: Callable[[torch.Tensor], torch.Tensor]) -> Scores:
         if len(prompts) != len(steps):
             raise ValueError(f"{len(prompts)} prompts but {len(steps)} step lists")
-        rows = [self.build(p, s) for p, s in zip(prompts, steps)]
-        limit = self.max_length
-        out: Scores = [[None] * len(pos) for _, pos in rows]
-        todo = []
-        for i, (ids, pos) in enumerate(rows):
-            keep = [k for k, p in enumerate(pos) if limit is None or p < limit]
-            if keep:
-                todo.append((i, ids[: limit] if limit else ids, keep))
-        todo.sort(key=lambda r: len(r[1]))
-        for b in range(0, len(todo), self.batch_size):
-            batch = todo[b : b + self.batch_size]
-            width = max(len(ids) for _, ids, _ in batch)
-            input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
-            attn = torch.zeros((len(batch), width), dtype=torch.long)
-            where_r, where_t, owners = [], [], []
-            for r, (i, ids, keep) in enumerate(batch):
-                off = width - len(ids) if self.padding_side == "left" else 0
-                input_ids[r, off : off + len(ids)] = torch.tensor(ids)
-                attn[r, off : off + len(ids)] = 1
-                for k in keep:
-                    where_r.append(r)
-                    where_t.append(off + rows[i][1][k])
-                    owners.append((i, k))
-            kwargs: dict[str, Any] = {"input_ids": input_ids.to(self.device),
-                                      "attention_mask": attn.to(self.device)}
-            if self.takes_positions:
-                kwargs["position_ids"] = (attn.cumsum(-1) - 1).clamp(min=0).to(self.device)
-            t_index = torch.tensor(where_t)
-            if self.takes_keep:  # only project the needed positions onto the vocab
-                cols = torch.unique(t_index)  # sorted
-                kwargs["logits_to_keep"] = cols.to(self.device)
-                t_index = torch.searchsorted(cols, t_index)
-            output = self.model(**kwargs)
-            logits = output.logits if hasattr(output, "logits") else output[0]
-            picked = logits[torch.tensor(where_r, device=logits.device), t_index.to(logits.device)]
-            probs = read(picked.float()).tolist()  # (num_positions,)
-            for (i, k), p in zip(owners, probs):
-                out[i][k] = float(p)
-        return out
+        return self.base.score([self.build(p, s) for p, s in zip(prompts, steps)], read)
 
 
 class TokenProbPRM:

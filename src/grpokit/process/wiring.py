@@ -21,14 +21,18 @@ def resolve_process_reward(recipe) -> Callable:
     the recipe's reward timeout and fault policy.
 
     Raises:
-        ValueError: unknown name, module not importable, attribute missing.
+        ValueError: unknown name, module not importable, attribute missing or not callable; every
+            message starts with ``algo.process_reward``.
     """
     name = recipe.algo.process_reward
     spec = BUILTIN_PROCESS_REWARDS.get(name, name)
     if ":" not in spec:
         raise ValueError(f"algo.process_reward: unknown {name!r}; built-in: "
                          f"{', '.join(BUILTIN_PROCESS_REWARDS)}, or module:function")
-    fn = import_object(spec, what="reward")
+    try:
+        fn = import_object(spec, what="process reward")
+    except ValueError as e:
+        raise ValueError(f"algo.process_reward: {e}") from e
     rc = recipe.rewards
     return GuardedReward(f"process:{name}", fn, timeout_s=rc.timeout_s, on_error=rc.on_error,
                          isolation=rc.isolation)

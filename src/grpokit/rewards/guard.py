@@ -183,7 +183,9 @@ class GuardedReward:
     times out, each row is scored alone (same limit per row) to find the culprit: with
     ``on_error="raise"`` a :class:`RewardError` names the function, the row, the start of the
     completion and the exception; with ``on_error="none"`` the failing rows score ``None``
-    (unscorable) and ``self.failures`` counts them.
+    (unscorable) and ``self.failures`` counts them. With ``find_row=False`` (a reward server: its
+    failures are the server's, not a row's) the failed batch is not searched row by row: the error
+    names the batch, or all its rows score ``None``.
 
     Args:
         name: the function's name in messages (the recipe's name for it).
@@ -194,6 +196,7 @@ class GuardedReward:
             the limit, so the limit holds whatever the function does (module docstring);
             ``"thread"``: in a thread of the trainer, abandoned at the limit (a call that holds
             the GIL cannot be cut off).
+        find_row: after a failed batch, score each row alone to find the culprit (default).
 
     Raises:
         ValueError: ``on_error``/``isolation`` not one of the choices, ``timeout_s <= 0``.
@@ -202,7 +205,7 @@ class GuardedReward:
     """
 
     def __init__(self, name: str, fn: Callable, *, timeout_s: float = 10.0, on_error: str = "raise",
-                 isolation: str = "process"):
+                 isolation: str = "process", find_row: bool = True):
         if on_error not in ("raise", "none"):
             raise ValueError(f"rewards.on_error: expected raise or none, got {on_error!r}")
         if isolation not in ISOLATIONS:
@@ -213,7 +216,7 @@ class GuardedReward:
             raise ValueError("rewards.isolation=process needs os.fork (Linux/macOS); use "
                              "rewards.isolation=thread on this platform")
         self.name, self.fn, self.timeout_s, self.on_error = name, fn, timeout_s, on_error
-        self.isolation = isolation
+        self.isolation, self.find_row = isolation, find_row
         self.failures = 0
         self._worker = _Worker(fn) if isolation == "process" else None
         if self._worker is not None:
@@ -231,8 +234,9 @@ class GuardedReward:
     def __call__(self, prompts: list[str], completions: list[str], **columns: Any) -> list:
         try:
             return self._call((prompts, completions), columns)
-        except Exception:  # noqa: BLE001 - find the row below
-            pass
+        except Exception as e:  # noqa: BLE001 - find the row below
+            if not self.find_row:
+                return self._batch_failed(e, len(completions))
         out = []
         for i in range(len(completions)):
             row_cols = {k: v[i : i + 1] for k, v in columns.items()}
@@ -250,6 +254,15 @@ class GuardedReward:
                 self.failures += 1
                 out.append(None)
         return out
+
+    def _batch_failed(self, e: Exception, n: int) -> list:
+        cause = str(e) if isinstance(e, RewardTimeout) else f"{type(e).__name__}: {e}"
+        if self.on_error == "raise":
+            raise RewardError(f"reward function {self.name!r} failed on a batch of {n} completions: {cause}. "
+                              "Set rewards.on_error=none to score such batches as unscorable instead.") from (
+                None if isinstance(e, RewardTimeout) else e)
+        self.failures += n
+        return [None] * n
 
     def close(self) -> None:
         """End the worker process, if any (a later call starts a new one)."""

@@ -16,6 +16,32 @@ import torch
 
 from grpokit.rewards.base import compute_rewards, get_reward_function
 from grpokit.rewards.guard import GuardedReward
+from grpokit.rewards.remote import RemoteReward, is_remote
+from grpokit.rewards.rm import RM_PREFIX
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def reward_function(name: str, rc: Any, device: torch.device | str = "cpu") -> Callable:
+    """The reward function a ``rewards.functions`` entry names: ``http(s)://...`` a
+    :class:`~grpokit.rewards.remote.RemoteReward` (``rc.timeout_s``, ``rc.remote_retries``,
+    ``rc.remote_backoff_s``); ``rm:PATH`` a loaded :class:`~grpokit.rewards.rm.RewardModel`
+    (``rc.rm_device`` — ``auto`` = ``device`` —, ``rc.rm_dtype``, ``rc.rm_batch_size``,
+    ``rc.rm_normalize``, ``rc.rm_max_length``); else a built-in name or ``module:function``
+    (:func:`~grpokit.rewards.base.get_reward_function`).
+
+    Raises:
+        ValueError: the name resolves to nothing, or the reward model cannot be loaded.
+    """
+    if is_remote(name):
+        return RemoteReward(name, timeout_s=rc.timeout_s, retries=rc.remote_retries, backoff_s=rc.remote_backoff_s)
+    if name.startswith(RM_PREFIX):
+        from grpokit.rewards.rm import load_reward_model
+
+        rm_device = device if rc.rm_device == "auto" else rc.rm_device
+        return load_reward_model(name, device=rm_device, dtype=_DTYPES[rc.rm_dtype], batch_size=rc.rm_batch_size,
+                                 normalize=rc.rm_normalize, max_length=rc.rm_max_length)
+    return get_reward_function(name)
 
 
 class StepScorer(Protocol):
@@ -41,22 +67,28 @@ class RewardPipeline:
         self.funcs, self.weights, self.step_scorer = dict(funcs), dict(weights), step_scorer
 
     @classmethod
-    def from_config(cls, rc: Any, step_scorer: StepScorer | None = None) -> "RewardPipeline":
-        """From the recipe's ``rewards`` section: each of ``rc.functions`` (a built-in name or
-        ``module:function``) wrapped with ``rc.timeout_s``/``rc.on_error``/``rc.isolation``, weights
-        ``rc.weights`` (default 1 each).
+    def from_config(cls, rc: Any, step_scorer: StepScorer | None = None,
+                    device: torch.device | str = "cpu") -> "RewardPipeline":
+        """From the recipe's ``rewards`` section: each of ``rc.functions`` (a built-in name,
+        ``module:function``, ``rm:PATH_OR_HUB_NAME`` or ``http(s)://...``; :func:`reward_function`)
+        wrapped with ``rc.timeout_s``/``rc.on_error``/``rc.isolation``, weights ``rc.weights``
+        (default 1 each). Reward models and reward servers run in a thread of the trainer (a model
+        in its memory; network I/O bounded by socket timeouts), and a failed server call is not
+        searched row by row. ``device``: where ``rm:`` models run when ``rc.rm_device`` is ``auto``.
 
         Raises:
-            ValueError: an unknown name or unimportable function (the message starts with
-                ``rewards.functions``).
+            ValueError: an unknown name, unimportable function or unloadable reward model (the
+                message starts with ``rewards.functions``).
         """
         funcs = {}
         for name in rc.functions:
             try:
-                fn = get_reward_function(name)
+                fn = reward_function(name, rc, device)
             except ValueError as e:
                 raise ValueError(f"rewards.functions: {e}") from e
-            funcs[name] = GuardedReward(name, fn, timeout_s=rc.timeout_s, on_error=rc.on_error, isolation=rc.isolation)
+            funcs[name] = GuardedReward(name, fn, timeout_s=rc.timeout_s, on_error=rc.on_error,
+                                        isolation=getattr(fn, "isolation", rc.isolation),
+                                        find_row=not isinstance(fn, RemoteReward))
         weights = dict(zip(rc.functions, rc.weights)) if rc.weights else {n: 1.0 for n in rc.functions}
         return cls(funcs, weights, step_scorer)
 

@@ -17,9 +17,14 @@ if TYPE_CHECKING:
     from grpokit.experience import Experience
 
 
+#: the values of ``SamplingParams.sampler`` (and ``rollout.sampler``)
+SAMPLERS = ("inverse_cdf", "multinomial")
+
+
 @dataclass
 class SamplingParams:
-    """How completions are sampled. ``temperature == 0`` means greedy decoding."""
+    """How completions are sampled. ``temperature == 0`` means greedy decoding (argmax at every
+    step; no random numbers drawn, so the seed does not matter)."""
 
     temperature: float = 1.0
     """Softmax temperature; 0 = greedy (argmax). The trainer divides logits by the same value."""
@@ -42,21 +47,44 @@ class SamplingParams:
     def __post_init__(self) -> None:
         self.validate()
 
+    @classmethod
+    def from_config(cls, r: Any) -> SamplingParams:
+        """From the recipe's ``rollout`` section ``r`` (``temperature``, ``top_p``, ``top_k``,
+        ``min_p``, ``max_new_tokens``, ``sampler``; no repetition penalty).
+
+        Raises:
+            ValueError: a value out of range; the message names the recipe key (``rollout.top_p``).
+        """
+        fields = dict(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, min_p=r.min_p,
+                      max_new_tokens=r.max_new_tokens, sampler=r.sampler)
+        problem = _problem(fields)
+        if problem is not None:
+            raise ValueError(f"rollout.{problem}")
+        return cls(**fields)
+
     def validate(self) -> None:
-        """Raise ``ValueError`` naming the first field out of range."""
-        checks = [
-            ("temperature", self.temperature >= 0, ">= 0"),
-            ("top_p", 0 < self.top_p <= 1, "in (0, 1]"),
-            ("top_k", isinstance(self.top_k, int) and self.top_k >= 0, "an int >= 0"),
-            ("min_p", 0 <= self.min_p <= 1, "in [0, 1]"),
-            ("max_new_tokens", isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1,
-             "an int >= 1"),
-            ("repetition_penalty", self.repetition_penalty > 0, "> 0"),
-            ("sampler", self.sampler in ("inverse_cdf", "multinomial"), "'inverse_cdf' or 'multinomial'"),
-        ]
-        for name, ok, want in checks:
-            if not ok:
-                raise ValueError(f"SamplingParams.{name} must be {want}, got {getattr(self, name)!r}")
+        """Raise ``ValueError`` naming the first field out of range (``SamplingParams.top_p must be
+        in (0, 1], got 2.0``)."""
+        problem = _problem(vars(self))
+        if problem is not None:
+            raise ValueError(f"SamplingParams.{problem}")
+
+
+def _problem(v: dict[str, Any]) -> str | None:
+    """``"<field> must be <range>, got <value>"`` for the first of ``v``'s fields out of range, or None."""
+    checks = [
+        ("temperature", lambda x: x >= 0, ">= 0"),
+        ("top_p", lambda x: 0 < x <= 1, "in (0, 1]"),
+        ("top_k", lambda x: isinstance(x, int) and x >= 0, "an int >= 0"),
+        ("min_p", lambda x: 0 <= x <= 1, "in [0, 1]"),
+        ("max_new_tokens", lambda x: isinstance(x, int) and x >= 1, "an int >= 1"),
+        ("repetition_penalty", lambda x: x > 0, "> 0"),
+        ("sampler", lambda x: x in SAMPLERS, " or ".join(repr(n) for n in SAMPLERS)),
+    ]
+    for name, ok, want in checks:
+        if name in v and not ok(v[name]):
+            return f"{name} must be {want}, got {v[name]!r}"
+    return None
 
 
 #: ``rollout.engine`` name -> ``module:class``; the module is imported by :func:`load_engine`
@@ -70,7 +98,8 @@ class RolloutEngine(Protocol):
     def generate(self, prompts: list[str], group_size: int, sampling: "SamplingParams", seed: int) -> "Experience":
         """``group_size`` completions for each of the ``B`` formatted ``prompts``: an experience of
         ``B·group_size`` grouped rows on the trained model's device, ``gen_s`` set; the same
-        ``seed`` gives the same completions."""
+        ``seed`` gives the same completions. ``sampling.temperature == 0`` asks for greedy
+        decoding (held-out evaluation, :func:`grpokit.evaluate.evaluate`)."""
         ...
 
     def sync_weights(self) -> None:
@@ -78,14 +107,25 @@ class RolloutEngine(Protocol):
         ...
 
 
+#: the methods of :class:`RolloutEngine`, each checked (present and callable) by :func:`load_engine`
+ENGINE_METHODS = ("generate", "sync_weights")
+
+
 def load_engine(name: str, **kwargs: Any) -> RolloutEngine:
     """The engine registered as ``name`` in :data:`ENGINES`, built with ``kwargs``.
 
     Raises:
         ValueError: ``name`` is not registered (the message lists the names).
+        TypeError: what the registered class built is not a :class:`RolloutEngine` (the message
+            names the engine and each missing method).
     """
     spec = ENGINES.get(name)
     if spec is None:
         raise ValueError(f"rollout.engine: unknown engine {name!r}; known: {', '.join(sorted(ENGINES))}")
     module, cls = spec.split(":")
-    return getattr(import_module(module), cls)(**kwargs)
+    engine = getattr(import_module(module), cls)(**kwargs)
+    missing = [m for m in ENGINE_METHODS if not callable(getattr(engine, m, None))]
+    if missing:
+        raise TypeError(f"rollout.engine={name!r}: {spec} is not a RolloutEngine: it has no method "
+                        f"{', '.join(m + '()' for m in missing)} (grpokit.rollout.engine.RolloutEngine)")
+    return engine

@@ -10,11 +10,11 @@
   packed once for oneDNN (:mod:`.packed`), a shared and static prompt-prefix cache
   (:mod:`.generation`).
 
-Each piece gives the plain path's numbers (``tests/test_fused.py``, ``tests/test_policy_fast.py``,
-``tests/test_ops.py``). Each steps aside, running the stock code, where it could not be exact: a
-module whose structure is not the one it replaces (a projection that is not a plain
-``nn.Linear``, e.g. a LoRA wrapper added later), tensors off the CPU, autocast (the fused
-modules), no gradient (the fused modules, which save nothing then). It refuses to run a backward
+Each piece gives the plain path's numbers (``tests/backends/cpu/test_fused.py``,
+``tests/test_policy_fast.py``, ``tests/backends/cpu/test_ops.py``). Each steps aside, running the
+stock code, where it could not be exact: a module whose structure is not the one it replaces (a
+projection that is not a plain ``nn.Linear``, e.g. a LoRA wrapper added later), tensors off the
+CPU, autocast (the fused modules), no gradient (the fused modules, which save nothing then). It refuses to run a backward
 in a process group of more than one rank (its gradient aliases add into ``.grad`` past the DDP/FSDP
 hooks, its embedding gradient is sparse).
 """

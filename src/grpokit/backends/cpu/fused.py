@@ -16,8 +16,8 @@ forward.
 
 Measured on SmolLM2-135M in bf16, one 8-row micro-batch sharing a 100-token prompt, 64 completion
 tokens: the tensors autograd keeps for the backward go from 609 MB to ~175 MB, and the benchmark's
-peak resident memory from 3.1 to 2.3 GB, at the same step time (``tests/test_fused.py`` pins the
-values, ``bench/`` the speed and memory).
+peak resident memory from 3.1 to 2.3 GB, at the same step time (``tests/backends/cpu/test_fused.py``
+pins the values, ``bench/`` the speed and memory).
 
 The replaced forwards defer to the original one when no gradient is being recorded (generation,
 reference passes: nothing would be saved), under autocast (the plain path handles its casts) and

@@ -2,8 +2,8 @@
 ops, fewer tensors kept for the backward. Imports torch only.
 
 What autograd keeps for a decoder layer, per token (SmolLM2-135M: hidden 576, MLP 1536, bf16),
-and what these functions keep instead (``tests/test_ops.py`` checks values and gradients against
-plain autograd, and the saved bytes):
+and what these functions keep instead (``tests/backends/cpu/test_ops.py`` checks values and
+gradients against plain autograd, and the saved bytes):
 
 - RMSNorm ``w · cast(x · rsqrt(mean(x²) + eps))``: a float32 copy of the input and the bf16
   normalized values (6 bytes per value, 3.4 KB/token/norm) → the input as it is (2 bytes per
