@@ -241,7 +241,7 @@ def test_a_renamed_key_says_what_replaced_it():
 @pytest.mark.parametrize("key, value, message", [
     ("rollout.engine", "vllm", "rollout.engine: 'vllm' is not one of hf"),
     ("rollout.sampler", "gumbel", "rollout.sampler: 'gumbel' is not one of inverse_cdf, multinomial"),
-    ("algo.estimator", "ppo", "algo.estimator: 'ppo' is not one of grpo"),
+    ("algo.estimator", "a2c", "algo.estimator: 'a2c' is not one of grpo, ppo"),
     ("model.backend", "gpu", "model.backend: 'gpu' is not one of auto, cpu, plain"),
 ])
 def test_a_bad_choice_names_the_key_and_the_registrys_names(key, value, message):

@@ -77,8 +77,8 @@ def test_grpo_loss_is_policy_loss_with_the_recipe(tmp_path):
 
 
 def test_unknown_estimator_is_named():
-    with pytest.raises(ValueError, match="algo.estimator: unknown 'ppo'; known: grpo"):
-        load_algorithm(SimpleNamespace(estimator="ppo"), 3)
+    with pytest.raises(ValueError, match="algo.estimator: unknown 'a2c'; known: grpo, ppo"):
+        load_algorithm(SimpleNamespace(estimator="a2c"), 3)
 
 
 # -- rollout engine -----------------------------------------------------------------------------------

@@ -10,8 +10,10 @@ The loop asks its :class:`Algorithm` for two things and never branches on which 
 
 :class:`GRPO` is DeepSeekMath's (arXiv 2402.03300): group-normalized outcome advantages (§4.1.2)
 or process advantages (§4.1.3), the clipped surrogate with β·KL (eq. 3); all math in
-:mod:`grpokit.algo`. A PPO estimator with a value model plugs in here as another entry of
-:data:`ALGORITHMS`.
+:mod:`grpokit.algo`. :class:`grpokit.ppo.PPO` (``algo.estimator=ppo``) is the baseline GRPO
+replaces: a value model, GAE and a clipped value loss, through the same seam plus four hooks the
+loop calls for every algorithm (``bind``, ``updates_policy``, ``update_auxiliary``,
+``state_dict``/``load_state_dict``).
 """
 
 from __future__ import annotations
@@ -46,6 +48,27 @@ class Algorithm(Protocol):
         """The micro-batch's scalar loss (normalized by the whole batch's ``num_sequences``/
         ``num_tokens``) and detached stats: each a token-weighted mean over the micro-batch's
         ``loss_mask`` tokens, plus ``num_tokens`` (the weight); the loop logs every stat."""
+        ...
+
+    def bind(self, model: torch.nn.Module, ref_model: torch.nn.Module | None, *, temperature: float,
+             train_cfg: Any, autocast_bf16: bool) -> None:
+        """Called once the models are loaded (the builder): PPO builds its value model here."""
+        ...
+
+    def updates_policy(self, step: int) -> bool:
+        """Whether step ``step`` (1-based) updates the policy (False during PPO's critic warm-up)."""
+        ...
+
+    def update_auxiliary(self, exp: "Experience", loss_mask: torch.Tensor, train_cfg: Any) -> dict[str, float]:
+        """The algorithm's own updates after the policy's (PPO: the value model); their metrics."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint must keep of the algorithm (PPO: value model and its optimizer)."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s output (an empty dict: nothing to restore)."""
         ...
 
 
@@ -86,8 +109,34 @@ class GRPO:
             num_sequences=num_sequences, num_tokens=num_tokens)
 
 
-#: ``algo.estimator`` name -> class built with ``(algo section, max_completion_length)``
-ALGORITHMS = {"grpo": GRPO}
+    def bind(self, model, ref_model, *, temperature: float, train_cfg: Any, autocast_bf16: bool) -> None:
+        """Nothing to build."""
+
+    def updates_policy(self, step: int) -> bool:
+        """Always."""
+        return True
+
+    def update_auxiliary(self, exp: Any, loss_mask: torch.Tensor, train_cfg: Any) -> dict[str, float]:
+        """Nothing beyond the policy."""
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """No state of its own."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Nothing to restore."""
+
+
+def _ppo():
+    from grpokit.ppo import PPO
+
+    return PPO
+
+
+#: ``algo.estimator`` name -> class built with ``(algo section, max_completion_length)`` (or a
+#: function returning the class: imported when chosen)
+ALGORITHMS = {"grpo": GRPO, "ppo": _ppo}
 
 
 def load_algorithm(a: Any, max_completion_length: int) -> Algorithm:
@@ -99,4 +148,6 @@ def load_algorithm(a: Any, max_completion_length: int) -> Algorithm:
     cls = ALGORITHMS.get(a.estimator)
     if cls is None:
         raise ValueError(f"algo.estimator: unknown {a.estimator!r}; known: {', '.join(ALGORITHMS)}")
+    if not isinstance(cls, type):
+        cls = cls()
     return cls(a, max_completion_length)

@@ -185,6 +185,8 @@ def build_run(recipe: Recipe) -> Run:
         eval_engine = engine if all(v is None for v in options.values()) else load_engine(r.engine, **on_model)
     sampling = SamplingParams.from_config(r)
     optimizer, scheduler = make_optimizer(model, recipe.train)
+    algorithm.bind(model, ref_model, temperature=r.temperature, train_cfg=recipe.train,
+                   autocast_bf16=m.autocast_bf16)  # PPO builds its value model here
     out = Path(recipe.train.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     print(f"[grpokit] {len(rows)} prompts ({skipped} skipped as too long) from {d.dataset}/{d.split}; "

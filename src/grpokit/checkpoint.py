@@ -76,8 +76,12 @@ def save_checkpoint(
     trainer_state: dict[str, Any],
     recipe: dict[str, Any],
     keep: int,
+    algorithm_state: dict[str, Any] | None = None,
 ) -> Path:
     """Write ``output_dir/checkpoint-<step>`` atomically, then keep only the newest ``keep``.
+
+    ``algorithm_state``: the algorithm's own state (PPO: its value model and optimizer), saved in
+    ``training_state.pt`` under ``"algorithm"``.
 
     Raises:
         ValueError: a parameter is not finite (no checkpoint ever holds NaN weights).
@@ -94,7 +98,8 @@ def save_checkpoint(
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         torch.save(
-            {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state()},
+            {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state(),
+             "algorithm": algorithm_state or {}},
             tmp / "training_state.pt",
         )
         (tmp / "recipe.json").write_text(json.dumps(recipe, indent=1))

@@ -152,6 +152,12 @@ class AlgoConfig:
     supervision: str = _f("outcome", "one reward per completion, or one per reasoning step",
                           ("outcome", "process"))
     beta: float = _f(0.04, "KL coefficient β (0 = no reference model is loaded)")
+    gamma: float = _f(1.0, "PPO: discount γ of GAE")
+    lam: float = _f(0.95, "PPO: λ of GAE (1 = Monte-Carlo returns, 0 = one-step TD)")
+    kl_in_reward: bool = _f(False, "PPO: the KL penalty β·(log π − log π_ref) per token in the reward "
+                            "instead of in the loss")
+    value_clip_eps: float = _f(0.2, "PPO: ε_v of the clipped value loss")
+    whiten_advantages: bool = _f(True, "PPO: advantages to mean 0, std 1 over the batch's completion tokens")
     kl_estimator: str = _f("k3", "KL estimator in the loss", ("k1", "k2", "k3"))
     clip_eps_low: float = _f(0.2, "ε_low: ratio clipped below at 1 - ε_low")
     clip_eps_high: float = _f(0.2, "ε_high: ratio clipped above at 1 + ε_high (clip-higher)")
@@ -181,6 +187,8 @@ class TrainConfig:
     max_steps: int = _f(20, "number of GRPO steps (batches)")
     num_iterations: int = _f(1, "μ: gradient passes over each batch (one optimizer step each)")
     micro_batch_size: int = _f(8, "sequences per forward/backward (gradient accumulation)")
+    critic_learning_rate: float = _f(1e-5, "PPO: learning rate of the value model (constant)")
+    critic_warmup_steps: int = _f(0, "PPO: steps at the start that train only the value model")
     learning_rate: float = _f(1e-6, "peak AdamW learning rate")
     optimizer: str = _f("adamw", "adamw: torch AdamW (fused), states in the parameter dtype; adamw_bf16_sr: "
                         "AdamW for bf16 parameters (model.dtype=bfloat16) with stochastic rounding (grpokit.optim), "
@@ -372,6 +380,13 @@ def validate(recipe: Recipe) -> None:
     if w is not None and len(w) != len(recipe.rewards.functions):
         raise RecipeError(f"rewards.weights: {len(w)} weights for {len(recipe.rewards.functions)} "
                           f"functions {recipe.rewards.functions}")
+    for key, value in (("algo.gamma", a.gamma), ("algo.lam", a.lam)):
+        if not 0 <= value <= 1:
+            raise RecipeError(f"{key}: must be in [0, 1], got {value}")
+    if a.value_clip_eps <= 0:
+        raise RecipeError(f"algo.value_clip_eps: must be > 0, got {a.value_clip_eps}")
+    if recipe.train.critic_warmup_steps < 0 or recipe.train.critic_learning_rate <= 0:
+        raise RecipeError("train.critic_warmup_steps must be >= 0 and train.critic_learning_rate > 0")
     rw = recipe.rewards
     for key, value, low in (("rm_batch_size", rw.rm_batch_size, 1), ("remote_retries", rw.remote_retries, 0),
                             ("remote_backoff_s", rw.remote_backoff_s, 0)):

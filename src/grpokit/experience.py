@@ -10,7 +10,8 @@
 - filled in by the loop as it goes: ``rewards`` ``(N,)`` float64 (NaN = unscorable); with
   process supervision ``step_rewards`` ``(N, T)`` float64 (a step's score on its last token, 0
   elsewhere, NaN on unscored steps) and ``step_ends`` ``(N, T)`` bool; ``advantages`` ``(N,)`` or
-  ``(N, T)`` float32; ``old_logprobs``/``ref_logprobs`` ``(N, T)`` float32.
+  ``(N, T)`` float32; ``old_logprobs``/``ref_logprobs`` ``(N, T)`` float32; with a value model
+  (PPO) ``old_values``/``returns`` ``(N, T)`` float32 (its estimates at sampling, the GAE targets).
 
 Slicing (:meth:`Experience.rows`) cuts the columns that are padding in every selected row, per-token
 fields along with the ids, so a micro-batch carries exactly the width it needs. Imports only torch.
@@ -25,7 +26,7 @@ from typing import Iterator, Sequence
 import torch
 
 #: per-token fields (N, T) besides the ids: sliced and padded along with ``completion_ids``
-TOKEN_FIELDS = ("step_rewards", "step_ends", "old_logprobs", "ref_logprobs")
+TOKEN_FIELDS = ("step_rewards", "step_ends", "old_logprobs", "ref_logprobs", "old_values", "returns")
 
 
 @dataclass
@@ -46,6 +47,8 @@ class Experience:
     advantages: torch.Tensor | None = None
     old_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
+    old_values: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
     gen_s: float = 0.0
     """Wall-clock seconds the rollout engine spent generating these rows."""
 

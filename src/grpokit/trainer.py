@@ -80,14 +80,17 @@ def optimize(run: Run, exp: Experience, t: TrainConfig, *, temperature: float, a
     ``t``: the recipe's ``train`` section. ``keep_rows`` ``(N,)`` bool (overlong filtering): rows
     False are left out of the loss (their tokens are masked, and the sequence and token counts are
     those of the kept rows); they are still fed to the model, so attention masks stay as sampled.
+    The algorithm may hold the policy still this step (``updates_policy``: PPO's critic warm-up:
+    no pass, ``policy_updated`` 0, loss and grad norm 0) and runs its own updates after the
+    policy's (``update_auxiliary``: PPO's value model; its metrics are added).
     Returns the update's metrics (loss, kl, clip fractions, ratio, entropy, grad norm, lr, skipped
-    and zero-gradient updates, ``ref_s``)."""
+    and zero-gradient updates, ``ref_s``, ``policy_updated``)."""
     mbs = t.micro_batch_size
     t0 = time.perf_counter()
-    if run.ref_model is not None:
+    if run.ref_model is not None and exp.ref_logprobs is None:  # (an algorithm may have set them)
         exp.ref_logprobs = batch_logprobs(run.ref_model, exp, temperature=temperature, micro_batch_size=mbs,
                                           autocast_bf16=autocast_bf16)
-    if t.num_iterations > 1:
+    if t.num_iterations > 1 and exp.old_logprobs is None:
         exp.old_logprobs = batch_logprobs(run.model, exp, temperature=temperature, micro_batch_size=mbs,
                                           autocast_bf16=autocast_bf16)
     release_memory()  # heap pages freed by the no-grad passes go back to the OS (grpokit.memory)
@@ -99,7 +102,8 @@ def optimize(run: Run, exp: Experience, t: TrainConfig, *, temperature: float, a
     stat_keys: set[str] = set()  # the algorithm's loss stats (GRPO: kl, clip fractions, ratio_mean)
     grad_norms, lrs, skipped, zero_grad = [], [], 0, 0
     state = run.state
-    for it in range(t.num_iterations):
+    passes = t.num_iterations if run.algorithm.updates_policy(state.step + 1) else 0  # 0: PPO's critic warm-up
+    for it in range(passes):
         run.optimizer.zero_grad(set_to_none=True)
         loss_total = 0.0
         for sl, mb in exp.micro_batches(mbs):
@@ -136,11 +140,14 @@ def optimize(run: Run, exp: Experience, t: TrainConfig, *, temperature: float, a
             warnings.filterwarnings("ignore", message=".*lr_scheduler.step.*optimizer.step")
             run.scheduler.step()
     run.optimizer.zero_grad(set_to_none=True)
+    aux = run.algorithm.update_auxiliary(exp, loss_mask, t)  # PPO: the value model
     run.engine.sync_weights()
-    mu = t.num_iterations
+    mu = max(passes, 1)
     out = {k: sum(sums.get(f"{k}@{i}", 0.0) for i in range(mu)) / mu for k in ("loss", *sorted(stat_keys))}
-    out.update(entropy=sums.get("entropy"), grad_norm=sum(grad_norms) / len(grad_norms),
-               lr=sum(lrs) / len(lrs), skipped_updates=skipped, zero_grad_updates=zero_grad, ref_s=ref_s)
+    out.update(entropy=sums.get("entropy"), grad_norm=sum(grad_norms) / mu,
+               lr=sum(lrs) / len(lrs) if lrs else float(run.optimizer.param_groups[0]["lr"]),
+               skipped_updates=skipped, zero_grad_updates=zero_grad, ref_s=ref_s, policy_updated=int(passes > 0),
+               **aux)
     return out
 
 
@@ -199,7 +206,7 @@ def save_run_checkpoint(run: Run, recipe: Recipe) -> Path:
         run.out, st.step, model=run.model, tokenizer=run.tokenizer, optimizer=run.optimizer, scheduler=run.scheduler,
         trainer_state={"epoch": st.epoch, "position": st.position, "consecutive_skips": st.consecutive_skips,
                        "extra": st.extra},
-        recipe=recipe.to_dict(), keep=recipe.train.save_total_limit,
+        recipe=recipe.to_dict(), keep=recipe.train.save_total_limit, algorithm_state=run.algorithm.state_dict(),
     )
 
 
@@ -209,6 +216,7 @@ def resume(run: Run, ckpt: Path) -> None:
     load_model_weights(run.model, ckpt)
     run.optimizer.load_state_dict(blob["optimizer"])
     run.scheduler.load_state_dict(blob["scheduler"])
+    run.algorithm.load_state_dict(blob.get("algorithm", {}))
     set_rng_state(blob["rng"])
     run.state = TrainState(step=state["step"], epoch=state["epoch"], position=state["position"],
                            consecutive_skips=state.get("consecutive_skips", 0), extra=state.get("extra", {}))

@@ -1,0 +1,179 @@
+"""PPO with a value model and GAE: the baseline GRPO replaces (``algo.estimator=ppo``).
+
+DeepSeekMath §4.1 (arXiv 2402.03300) introduces GRPO as PPO (Ouyang et al. 2022, arXiv
+2203.02155) without the value model. This is that PPO, in the same loop through the algorithm seam
+(:mod:`grpokit.algorithms`):
+
+1. ``advantages(exp)`` (after the rewards): the policy's log-probs at sampling (π_old), the
+   reference's when the KL is in the reward, and the value model's ``V_old`` — all without gradient;
+   per-token rewards (the outcome reward on the last completion token, or the process rewards at
+   step ends; minus ``β · (log π_old − log π_ref)`` per token with ``algo.kl_in_reward``);
+   GAE(``algo.gamma``, ``algo.lam``) skipping masked tokens; advantages whitened over the batch's
+   unmasked tokens (``algo.whiten_advantages``; across ranks when a process group is up).
+   Every group has signal (the value model is the baseline, not the group mean).
+2. ``loss``: the clipped surrogate on those per-token advantages, with ``β · KL`` in the loss unless
+   the KL is in the reward (as GRPO: :func:`grpokit.algo.policy_loss`).
+3. ``update_auxiliary``: ``train.num_iterations`` passes of the clipped value loss
+   (:func:`grpokit.algo.value_loss`, ``algo.value_clip_eps``) over the same micro-batches, one
+   step of the value model's own AdamW (``train.critic_learning_rate``, no schedule) per pass.
+4. ``updates_policy(step)``: False for the first ``train.critic_warmup_steps`` steps (the value
+   model learns, the policy is not touched).
+
+The value model (:class:`grpokit.value.ValueModel`) is a copy of the policy's decoder with a zero
+scalar head; it and its optimizer are in every checkpoint (``state_dict``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from grpokit import algo
+from grpokit.policy import batch_logprobs
+from grpokit.value import ValueModel
+
+
+def _all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    import torch.distributed as dist
+
+    dist.all_reduce(t)
+    return t
+
+
+class PPO:
+    """PPO from the recipe's ``algo`` section ``a`` (module docstring)."""
+
+    def __init__(self, a: Any, max_completion_length: int):
+        self.cfg, self.max_completion_length = a, max_completion_length
+        self.needs_reference = a.beta > 0
+        self.critic: ValueModel | None = None
+        self.critic_optimizer: torch.optim.Optimizer | None = None
+
+    # -- set-up ------------------------------------------------------------------------------
+
+    def bind(self, model: torch.nn.Module, ref_model: torch.nn.Module | None, *, temperature: float,
+             train_cfg: Any, autocast_bf16: bool) -> None:
+        """Build the value model from ``model``'s decoder and its AdamW (``train.critic_learning_rate``,
+        ``train.adam_betas``, ``train.weight_decay``)."""
+        self.model, self.ref_model, self.temperature = model, ref_model, temperature
+        self.micro_batch_size, self.autocast_bf16 = train_cfg.micro_batch_size, autocast_bf16
+        self.critic = ValueModel.from_policy(model)
+        self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=train_cfg.critic_learning_rate,
+                                                  betas=tuple(train_cfg.adam_betas),
+                                                  weight_decay=train_cfg.weight_decay)
+        self.warmup_steps = train_cfg.critic_warmup_steps
+
+    def _bound(self) -> ValueModel:
+        if self.critic is None:
+            raise RuntimeError("PPO: bind() the models before use (grpokit.build.build_run does)")
+        return self.critic
+
+    # -- the seam ----------------------------------------------------------------------------
+
+    def updates_policy(self, step: int) -> bool:
+        """False during the value model's warm-up (the first ``train.critic_warmup_steps`` steps)."""
+        return step > self.warmup_steps
+
+    def groups_with_signal(self, exp: Any) -> list[int]:
+        """Every group: the value model, not the group, is the baseline."""
+        return sorted(set(exp.group_index.tolist()))
+
+    @torch.no_grad()
+    def values(self, exp: Any) -> torch.Tensor:
+        """``(N, T)`` float32 values of ``exp``'s completion tokens, micro-batched, no gradient."""
+        critic = self._bound()
+        out = torch.zeros(exp.completion_mask.shape, dtype=torch.float32, device=exp.device)
+        for sl, mb in exp.micro_batches(self.micro_batch_size):
+            v = critic.values(mb, autocast_bf16=self.autocast_bf16)
+            out[sl, : v.shape[1]] = v
+        return out * exp.completion_mask
+
+    @torch.no_grad()
+    def advantages(self, exp: Any) -> torch.Tensor:
+        """``(N, T)`` float32 GAE advantages (module docstring, step 1). Also sets
+        ``exp.old_logprobs``, ``exp.old_values``, ``exp.returns`` and, with the KL in the reward,
+        ``exp.ref_logprobs``."""
+        a, mask = self.cfg, exp.completion_mask
+        self._bound()
+        kw = dict(temperature=self.temperature, micro_batch_size=self.micro_batch_size,
+                  autocast_bf16=self.autocast_bf16)
+        exp.old_logprobs = batch_logprobs(self.model, exp, **kw)
+        kl = None
+        if a.kl_in_reward and a.beta > 0 and self.ref_model is not None:
+            exp.ref_logprobs = batch_logprobs(self.ref_model, exp, **kw)
+            kl = (exp.old_logprobs - exp.ref_logprobs) * mask  # k1, per token (Ouyang et al. 2022 eq. 2)
+        rewards = exp.rewards if exp.rewards is not None else torch.zeros(len(exp), dtype=torch.float64)
+        per_token = algo.token_rewards(rewards.to(exp.device), mask, step_rewards=exp.step_rewards,
+                                       step_ends=exp.step_ends, kl=kl, kl_coef=a.beta)
+        exp.old_values = self.values(exp)
+        adv, returns = algo.gae_advantages(per_token, exp.old_values.double(), mask, gamma=a.gamma, lam=a.lam)
+        exp.returns = returns.float()
+        if a.whiten_advantages:
+            import torch.distributed as dist
+
+            reduce = _all_reduce_sum if dist.is_available() and dist.is_initialized() else None
+            adv = algo.masked_whiten(adv, mask, all_reduce=reduce)
+        return adv.float()
+
+    def loss(self, logp: torch.Tensor, mb: Any, loss_mask: torch.Tensor, *, num_sequences: int,
+             num_tokens: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The clipped surrogate on ``mb``'s per-token advantages (β·KL in the loss unless
+        ``algo.kl_in_reward``)."""
+        a = self.cfg
+        old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()
+        beta = 0.0 if a.kl_in_reward else a.beta
+        return algo.policy_loss(
+            logp, old, mb.advantages, loss_mask, ref_logp=mb.ref_logprobs if beta > 0 else None, beta=beta,
+            clip_eps_low=a.clip_eps_low, clip_eps_high=a.clip_eps_high, kl_estimator=a.kl_estimator,
+            aggregation=a.loss_aggregation, max_completion_length=self.max_completion_length,
+            num_sequences=num_sequences, num_tokens=num_tokens)
+
+    def update_auxiliary(self, exp: Any, loss_mask: torch.Tensor, train_cfg: Any) -> dict[str, float]:
+        """``train.num_iterations`` passes of the clipped value loss (module docstring, step 3).
+
+        Returns ``value_loss`` (mean over passes of the batch loss), ``value_clip_frac``,
+        ``critic_grad_norm`` (mean over passes) and ``value_mean`` (V_old over unmasked tokens)."""
+        critic, opt = self._bound(), self.critic_optimizer
+        n_tok = max(int(loss_mask.sum()), 1)
+        losses, fracs, norms = [], [], []
+        critic.train(False)
+        for _ in range(train_cfg.num_iterations):
+            opt.zero_grad(set_to_none=True)
+            total, frac = 0.0, 0.0
+            for sl, mb in exp.micro_batches(train_cfg.micro_batch_size):
+                v = critic.values(mb, autocast_bf16=self.autocast_bf16)
+                m = loss_mask[sl, : v.shape[1]]
+                loss, f = algo.value_loss(v, mb.old_values, mb.returns, m, clip_eps=self.cfg.value_clip_eps,
+                                          num_tokens=n_tok)
+                loss.backward()
+                total += loss.item()
+                frac += f.item() * int(m.sum()) / n_tok
+            clip = train_cfg.max_grad_norm if train_cfg.max_grad_norm > 0 else float("inf")
+            gn = float(torch.nn.utils.clip_grad_norm_(critic.parameters(), clip))
+            if math.isfinite(gn) and math.isfinite(total) and gn > 0:
+                opt.step()
+            losses.append(total), fracs.append(frac), norms.append(gn)
+        opt.zero_grad(set_to_none=True)
+        m = exp.completion_mask
+        return {"value_loss": sum(losses) / len(losses), "value_clip_frac": sum(fracs) / len(fracs),
+                "critic_grad_norm": sum(norms) / len(norms),
+                "value_mean": float((exp.old_values * m).sum() / m.sum().clamp(min=1))}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The value model's weights and its optimizer's state."""
+        critic = self._bound()
+        return {"critic": critic.state_dict(), "critic_optimizer": self.critic_optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s output.
+
+        Raises:
+            ValueError: a checkpoint without a value model (written by another estimator).
+        """
+        if "critic" not in state:
+            raise ValueError("algo.estimator=ppo: the checkpoint holds no value model (written by another "
+                             "estimator?); start a new run (train.resume=none)")
+        self._bound().load_state_dict(state["critic"])
+        self.critic_optimizer.load_state_dict(state["critic_optimizer"])

@@ -1,0 +1,64 @@
+"""The value model of the PPO baseline: a copy of the policy's backbone with a scalar head.
+
+``V(s_t)`` for completion token ``t`` is read where the policy's logits for token ``t`` are read:
+the hidden state at the position before it (the prompt and the completion up to ``t − 1``), from one
+``[prompt ; completion]`` pass with the same masks and position ids as
+:func:`grpokit.policy.completion_logprobs` (``grpokit.backends.base.plain_forward``). The head starts
+at zero (weight and bias), so the first values are 0 and the first advantages are the returns.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+from grpokit.backends.base import plain_forward
+
+
+def _backbone(model: torch.nn.Module) -> torch.nn.Module:
+    """The decoder of a causal LM (``model.base_model``, e.g. ``LlamaModel``)."""
+    base = getattr(model, "base_model", None)
+    if not isinstance(base, torch.nn.Module) or base is model:
+        raise ValueError(f"value model: {type(model).__name__} has no separate decoder (base_model) to copy")
+    return base
+
+
+class ValueModel(torch.nn.Module):
+    """``backbone`` (a decoder returning ``last_hidden_state``) and a ``Linear(H, 1)`` head.
+
+    Build it with :meth:`from_policy`. Parameters are float32 unless the backbone's are not.
+    """
+
+    def __init__(self, backbone: torch.nn.Module, hidden_size: int):
+        super().__init__()
+        self.backbone = backbone
+        p = next(backbone.parameters())
+        self.head = torch.nn.Linear(hidden_size, 1, device=p.device, dtype=p.dtype)
+        torch.nn.init.zeros_(self.head.weight)
+        torch.nn.init.zeros_(self.head.bias)
+
+    @classmethod
+    def from_policy(cls, policy: torch.nn.Module) -> "ValueModel":
+        """A deep copy of ``policy``'s decoder (its current weights; trainable) and a zero head, in
+        eval mode (no dropout), on the policy's device.
+
+        Raises:
+            ValueError: ``policy`` has no decoder to copy or no ``config.hidden_size``.
+        """
+        backbone = copy.deepcopy(_backbone(policy))
+        hidden = getattr(getattr(policy, "config", None), "hidden_size", None)
+        if not hidden:
+            raise ValueError(f"value model: {type(policy).__name__}.config has no hidden_size")
+        backbone.requires_grad_(True)
+        return cls(backbone, hidden).eval()
+
+    def values(self, batch: Any, *, autocast_bf16: bool = False) -> torch.Tensor:
+        """``(N, T)`` float32 values of ``batch``'s completion tokens (an Experience or a
+        micro-batch of one: ids and masks are read). Gradients flow unless called under no_grad."""
+        hidden = plain_forward(self, self.backbone, batch, autocast_bf16)  # (N, T, H)
+        return self.head(hidden.to(self.head.weight.dtype)).squeeze(-1).float()
+
+    def forward(self, batch: Any) -> torch.Tensor:  # noqa: D401 - nn.Module protocol
+        return self.values(batch)
