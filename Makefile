@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup lock demo long long-arith process test bench efficacy-vs-trl clean
+.PHONY: setup lock demo long long-arith process test bench efficacy-vs-trl ppo ppo-vs-grpo clean
 
 # pyproject.toml states ranges (a library must not replace its user's torch); the demo and the tests
 # run on the exact versions of requirements/lock.txt (`make lock` rewrites it from .venv), with
@@ -72,6 +72,12 @@ bench: $(STAMP) $(BENCH_STAMP)
 # BENCH_ARGS="--quick" checks the script in minutes, "--seeds 0" runs one seed).
 efficacy-vs-trl: $(STAMP) $(BENCH_STAMP)
 	$(BIN)/python bench/efficacy_vs_trl.py $(BENCH_ARGS)
+
+ppo: $(STAMP)
+	$(BIN)/grpokit train recipes/ppo.yaml
+
+ppo-vs-grpo: $(STAMP)
+	$(BIN)/python bench/ppo_vs_grpo.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV)
