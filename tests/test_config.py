@@ -239,7 +239,7 @@ def test_a_renamed_key_says_what_replaced_it():
 
 
 @pytest.mark.parametrize("key, value, message", [
-    ("rollout.engine", "vllm", "rollout.engine: 'vllm' is not one of hf"),
+    ("rollout.engine", "sglang", "rollout.engine: 'sglang' is not one of hf, vllm"),
     ("rollout.sampler", "gumbel", "rollout.sampler: 'gumbel' is not one of inverse_cdf, multinomial"),
     ("algo.estimator", "a2c", "algo.estimator: 'a2c' is not one of grpo, ppo"),
     ("model.backend", "gpu", "model.backend: 'gpu' is not one of auto, cpu, plain"),
@@ -256,16 +256,16 @@ def test_registry_choices_have_one_source(monkeypatch):
     from grpokit.algorithms import ALGORITHMS
     from grpokit.rollout.engine import ENGINES, SAMPLERS
 
-    monkeypatch.setitem(ENGINES, "vllm", "somewhere:VLLMEngine")
+    monkeypatch.setitem(ENGINES, "sglang", "somewhere:SGLangEngine")
     monkeypatch.setitem(ALGORITHMS, "ppo", object)
     monkeypatch.setattr(grpokit.backends, "NAMES", (*grpokit.backends.NAMES, "cuda_fast"))
     monkeypatch.setattr("grpokit.rollout.engine.SAMPLERS", (*SAMPLERS, "gumbel"))
-    r = recipe_from_dict({"rollout": {"engine": "vllm", "sampler": "gumbel"}, "algo": {"estimator": "ppo"},
+    r = recipe_from_dict({"rollout": {"engine": "sglang", "sampler": "gumbel"}, "algo": {"estimator": "ppo"},
                           "model": {"backend": "cuda_fast"}})
-    assert (r.rollout.engine, r.rollout.sampler, r.algo.estimator, r.model.backend) == ("vllm", "gumbel", "ppo",
+    assert (r.rollout.engine, r.rollout.sampler, r.algo.estimator, r.model.backend) == ("sglang", "gumbel", "ppo",
                                                                                         "cuda_fast")
     text = help_text()
-    for line in ("rollout.engine = 'hf' [hf | vllm]",
+    for line in ("rollout.engine = 'hf' [hf | vllm | sglang]",
                  "rollout.sampler = 'inverse_cdf' [inverse_cdf | multinomial | gumbel]",
                  "algo.estimator = 'grpo' [grpo | ppo]",
                  "model.backend = 'auto' [auto | cpu | plain | cuda_fast]"):

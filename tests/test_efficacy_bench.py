@@ -41,15 +41,17 @@ def test_accuracy_at(minute, acc):
 
 
 def test_time_to_accuracy_summary():
+    """Each seed's target is TRL's final accuracy on that seed (its own held-out draw)."""
     grpokit = {0: [(0.0, 0.1), (1.0, 0.3), (2.0, 0.5)], 1: [(0.0, 0.1), (2.0, 0.5)]}
-    trl = {0: [(0.0, 0.1), (5.0, 0.3), (10.0, 0.5)], 1: [(0.0, 0.1), (10.0, 0.3)]}
+    trl = {0: [(0.0, 0.1), (5.0, 0.3), (10.0, 0.5)], 1: [(0.0, 0.1), (4.0, 0.3), (10.0, 0.3)]}
     s = bench.time_to_accuracy_summary(grpokit, trl)
-    assert s["target"] == pytest.approx(0.4)  # (0.5 + 0.3) / 2
-    assert s["grpokit_minutes"][0] == pytest.approx(1.5)  # 1 + (0.1 / 0.2) · 1
-    assert s["grpokit_minutes"][1] == pytest.approx(1.5)  # 0 + (0.3 / 0.4) · 2
-    assert s["trl_minutes"][0] == pytest.approx(7.5)  # 5 + (0.1 / 0.2) · 5
-    assert s["trl_minutes"][1] == pytest.approx(10.0) and s["trl_reached"] == {0: True, 1: False}  # full time
-    assert s["ratio"] == pytest.approx(1.5 / 8.75)
+    assert s["target"] == {0: pytest.approx(0.5), 1: pytest.approx(0.3)}
+    assert s["grpokit_minutes"][0] == pytest.approx(2.0)
+    assert s["grpokit_minutes"][1] == pytest.approx(1.0)  # 0 + (0.2 / 0.4) · 2
+    assert s["trl_minutes"][0] == pytest.approx(10.0)
+    assert s["trl_minutes"][1] == pytest.approx(4.0)  # reached before its end
+    assert s["ratios"] == {0: pytest.approx(0.2), 1: pytest.approx(0.25)}
+    assert s["ratio"] == pytest.approx(1.5 / 7.0)
     assert s["ratio_vs_trl_total"] == pytest.approx(0.15)
     assert s["met"] is True
 

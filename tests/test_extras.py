@@ -29,6 +29,7 @@ EXTRAS = {  # extra -> the modules it installs (as imported)
     "plots": ["matplotlib"],
     "tensorboard": ["tensorboard"],
     "datasets": ["datasets", "pyarrow"],
+    "lora": ["peft"],
 }
 OPTIONAL = [m for mods in EXTRAS.values() for m in mods] + ["pandas", "peft", "vllm"]
 
@@ -90,7 +91,7 @@ def test_lock_pins_every_package_exactly():
     lines = [l for l in lock.read_text().splitlines() if l and not l.startswith("#")]
     assert all("==" in l and "+" not in l for l in lines), [l for l in lines if "==" not in l or "+" in l]
     pinned = {l.split("==")[0].lower().replace("_", "-") for l in lines}
-    assert {"torch", "transformers", "reasoning-gym", "torchao", "matplotlib", "tensorboard", "datasets"} <= pinned
+    assert {"torch", "transformers", "reasoning-gym", "torchao", "matplotlib", "tensorboard", "datasets", "peft"} <= pinned
     assert "-c requirements/lock.txt" in (ROOT / "Makefile").read_text().replace("$(LOCK)", "requirements/lock.txt")
 
 

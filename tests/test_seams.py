@@ -86,8 +86,9 @@ def test_unknown_estimator_is_named():
 
 def test_engine_registry_is_lazy_and_errors_name_the_key():
     assert ENGINES["hf"].startswith("grpokit.rollout.hf_engine:")
-    with pytest.raises(ValueError, match="rollout.engine: unknown engine 'vllm'; known: hf"):
-        load_engine("vllm")
+    assert ENGINES["vllm"].startswith("grpokit.rollout.vllm_engine:")
+    with pytest.raises(ValueError, match="rollout.engine: unknown engine 'sglang'; known: hf, vllm"):
+        load_engine("sglang")
     eng = load_engine("hf", model=None, tokenizer=None, eos_token_ids=[2])
     assert isinstance(eng, RolloutEngine)
 

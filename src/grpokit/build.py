@@ -70,6 +70,9 @@ class Run:
     kind (``rollout.engine``) on the same model, built with the engine's defaults, so that evaluation
     does not move with ``rollout.chunk_size`` or ``model.autocast_bf16`` (the hf engine's bf16
     sampler copy): each evaluation batch in one ``generate`` call from the model's own weights.
+
+    ``ref_model`` is None when the algorithm needs no reference (β = 0) and with LoRA
+    (``model.lora``), where π_ref is ``model`` with its adapters disabled.
     """
 
     model: torch.nn.Module
@@ -111,7 +114,9 @@ def build_rewards(recipe: Recipe, device: torch.device | str = "cpu") -> RewardP
 def load_policy(recipe: Recipe, device: torch.device, *, reference: bool = False) -> torch.nn.Module:
     """The model of ``model.name_or_path`` in ``model.dtype`` on ``device``, in eval mode (no
     dropout: sampler and trainer see the same π), with its speed backend; the reference model
-    frozen (no gradients)."""
+    frozen (no gradients). With ``model.lora`` the policy is wrapped with LoRA adapters
+    (:func:`grpokit.lora.apply_lora`: base frozen, adapters trainable) before the backend is
+    chosen, so ``model.backend=auto`` sees them and steps aside (``cpu`` refuses)."""
     from grpokit.models import load_model
 
     m = recipe.model
@@ -119,6 +124,10 @@ def load_policy(recipe: Recipe, device: torch.device, *, reference: bool = False
     model.eval()
     if reference:
         model.requires_grad_(False)
+    elif m.lora is not None:
+        from grpokit.lora import apply_lora
+
+        model = apply_lora(model, m.lora)
     from grpokit.backends import install_backend
 
     install_backend(model, m.backend, announce=not reference,
@@ -153,6 +162,10 @@ def build_run(recipe: Recipe) -> Run:
         from grpokit.importing import require
 
         require("torchao.optim", extra="torchao", why="train.optimizer=adamw_8bit")
+    if m.lora is not None:
+        from grpokit.lora import require_peft
+
+        require_peft()
     rows = section_rows(recipe, "data")
     evaluator = None
     if recipe.eval.dataset:
@@ -174,7 +187,8 @@ def build_run(recipe: Recipe) -> Run:
         rewards.step_scorer.tokenizer = tokenizer
     # 3. models, engine, optimizer
     model = load_policy(recipe, device)
-    ref_model = load_policy(recipe, device, reference=True) if algorithm.needs_reference else None
+    # with LoRA, π_ref is the policy with its adapters disabled (grpokit.policy.reference_logprobs)
+    ref_model = load_policy(recipe, device, reference=True) if algorithm.needs_reference and m.lora is None else None
     eos_ids = eos_token_ids(model, tokenizer)
     # with bf16 autocast the trainer scores in bf16, so sampling from a bf16 copy matches it
     on_model = dict(model=model, tokenizer=tokenizer, eos_token_ids=eos_ids)

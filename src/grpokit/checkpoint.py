@@ -1,5 +1,10 @@
 """Atomic checkpoints: HF-format model (safetensors), optimizer, scheduler, RNG and data position.
 
+With LoRA (``model.lora``) the model part is the adapter alone (peft's ``save_pretrained``:
+``adapter_model.safetensors`` + ``adapter_config.json``; the frozen base weights are the run's
+``model.name_or_path``) and the optimizer state is that of the adapter parameters
+(:mod:`grpokit.lora`).
+
 A checkpoint is written to a hidden temporary folder in ``output_dir`` and renamed to
 ``checkpoint-<step>`` only when complete, so a crash mid-write leaves the previous one intact.
 Only complete checkpoints (named ``checkpoint-<step>`` with a ``trainer_state.json``) are ever read;
@@ -20,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from grpokit.lora import is_adapter_checkpoint, is_peft_model, load_adapter_weights
 from grpokit.textio import NotUtf8Error, read_utf8
 
 _NAME = re.compile(r"^checkpoint-(\d+)$")
@@ -95,7 +101,10 @@ def save_checkpoint(
     tmp = out / f".tmp-checkpoint-{step}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
+        # a peft model writes its adapter; the vocabulary is never resized, so no embedding layers
+        # (peft's "auto" would look the base model up on the Hub at every save)
+        model.save_pretrained(tmp, safe_serialization=True, **({"save_embedding_layers": False}
+                                                                 if is_peft_model(model) else {}))
         tokenizer.save_pretrained(tmp)
         torch.save(
             {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state(),
@@ -189,14 +198,22 @@ def find_resume_checkpoint(output_dir: str | Path, resume: str) -> Path | None:
 def load_model_weights(model: torch.nn.Module, ckpt: str | Path) -> None:
     """Load the ``*.safetensors`` weights of checkpoint folder ``ckpt`` into ``model`` (in place,
     onto the parameters' devices). A missing ``lm_head.weight`` is accepted (tied embeddings).
+    A LoRA (peft) model loads the checkpoint's adapter (:func:`grpokit.lora.load_adapter_weights`).
 
     Raises:
         ValueError: a weight file cannot be read, or keys are missing/unexpected (names the file
-            or the first keys, and how to go on).
+            or the first keys, and how to go on); an adapter checkpoint for a model without LoRA
+            or the other way round.
     """
     from safetensors.torch import load_file
 
     ckpt = Path(ckpt)
+    if is_peft_model(model):
+        load_adapter_weights(model, ckpt)
+        return
+    if is_adapter_checkpoint(ckpt):
+        raise ValueError(f"checkpoint {ckpt}: holds a LoRA adapter (adapter_config.json) but model.lora is off; "
+                         "resume with the run's model.lora, or start over (train.resume=none)")
     state = {}
     for f in sorted(ckpt.glob("*.safetensors")):
         try:

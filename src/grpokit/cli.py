@@ -1,4 +1,5 @@
-"""``grpokit train [RECIPE.yaml] [section.key=value ...]`` and ``grpokit eval MODEL --dataset NAME``.
+"""``grpokit train [RECIPE.yaml] [section.key=value ...]``, ``grpokit eval MODEL --dataset NAME`` and
+``grpokit export CHECKPOINT OUT [--merge]``.
 
 Exit status of ``grpokit train``: 0 when the run ends, including a run stopped by SIGTERM/SIGINT
 (it finishes the step and writes a checkpoint first; ``train.resume=auto`` continues it); 1 for an
@@ -190,19 +191,47 @@ def _eval(argv: list[str]) -> int:
     return 0
 
 
+def _export(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="grpokit export", description="Write a checkpoint's model without its training state. A LoRA "
+        "checkpoint (model.lora): --merge writes a full Hugging Face model (the base model with the adapter merged "
+        "into a copy of its weights; AutoModelForCausalLM.from_pretrained(OUT) loads it); without --merge the "
+        "adapter (adapter_model.safetensors, adapter_config.json) and the tokenizer are copied. A full checkpoint: "
+        "its model and tokenizer files are copied.")
+    p.add_argument("checkpoint", help="a checkpoint-<step> folder")
+    p.add_argument("out", help="the folder to write (must not exist, or be empty)")
+    p.add_argument("--merge", action="store_true", help="merge the LoRA adapter into the base model's weights")
+    ns = p.parse_args(argv)
+    from grpokit.lora import export_checkpoint
+    from grpokit.models import load_model
+
+    def load_base(name: str, dtype, trust_remote_code: bool):
+        return load_model(name, dtype=dtype, device="cpu", trust_remote_code=trust_remote_code)
+
+    try:
+        print(export_checkpoint(ns.checkpoint, ns.out, merge=ns.merge, load_base=load_base))
+    except (ValueError, FileNotFoundError, FileExistsError, ImportError) as e:
+        print(f"grpokit export: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: grpokit {train,eval} ...\n  train [RECIPE.yaml] [key=value ...]  run GRPO "
-              "(default: the demo)\n  eval MODEL --dataset NAME [--split test --limit N]")
+        print("usage: grpokit {train,eval,export} ...\n  train [RECIPE.yaml] [key=value ...]  run GRPO "
+              "(default: the demo)\n  eval MODEL --dataset NAME [--split test --limit N]\n"
+              "  export CHECKPOINT OUT [--merge]  the model of a checkpoint (LoRA: --merge = a full model)")
         return 0
     cmd, rest = argv[0], argv[1:]
     if cmd == "train":
         return _train(rest)
     if cmd == "eval":
         return _eval(rest)
-    print(f"grpokit: unknown command {cmd!r}; use train or eval", file=sys.stderr)
+    if cmd == "export":
+        return _export(rest)
+    print(f"grpokit: unknown command {cmd!r}; use train, eval or export", file=sys.stderr)
     return 2
 
 

@@ -67,6 +67,47 @@ def _f(default, help: str, choices: tuple | Registry | None = None, **kw):
     return field(default=default, metadata=meta, **kw)
 
 
+#: the keys of ``model.lora`` and their defaults (``target_modules``: a list of module names, or
+#: ``all-linear``: every linear layer but the output head)
+LORA_DEFAULTS: dict[str, Any] = {"r": 16, "alpha": 32, "target_modules": "all-linear", "dropout": 0.0}
+
+
+def lora_options(value: Any, key: str = "model.lora") -> dict[str, Any] | None:
+    """``model.lora`` checked and completed with :data:`LORA_DEFAULTS` (None stays None: off).
+
+    Raises:
+        RecipeError: not a mapping, an unknown key, ``r`` < 1 or not an integer, ``alpha`` <= 0,
+            ``dropout`` outside [0, 1), ``target_modules`` neither a non-empty list of names nor
+            ``all-linear``; the message names ``model.lora.<key>``.
+
+    >>> lora_options({"r": 4})["alpha"], lora_options(None)
+    (32, None)
+    """
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise RecipeError(f"{key}: expected a mapping {{r, alpha, target_modules, dropout}} or null, got {value!r}")
+    unknown = sorted(set(value) - set(LORA_DEFAULTS))
+    if unknown:
+        raise RecipeError(f"unknown recipe key {key}.{unknown[0]}; allowed in {key}: {', '.join(LORA_DEFAULTS)}")
+    out = {**LORA_DEFAULTS, **value}
+    r, alpha, dropout, tm = out["r"], out["alpha"], out["dropout"], out["target_modules"]
+    if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+        raise RecipeError(f"{key}.r: the adapter rank must be an integer >= 1, got {r!r}")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0 or alpha == float("inf"):
+        raise RecipeError(f"{key}.alpha: must be a number > 0 (the adapter scale is alpha / r), got {alpha!r}")
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+        raise RecipeError(f"{key}.dropout: must be in [0, 1), got {dropout!r}")
+    if isinstance(tm, str):
+        if tm != "all-linear":
+            raise RecipeError(f"{key}.target_modules: a list of module names (e.g. [q_proj, v_proj]) or "
+                              f"all-linear, got {tm!r}")
+    elif not isinstance(tm, list) or not tm or not all(isinstance(n, str) and n for n in tm):
+        raise RecipeError(f"{key}.target_modules: a non-empty list of module names or all-linear, got {tm!r}")
+    out["dropout"] = float(dropout)
+    return out
+
+
 @dataclass
 class ModelConfig:
     name_or_path: str = _f("smollm2-135m-instruct", "HF model path or hub name; alias "
@@ -85,6 +126,10 @@ class ModelConfig:
                       Registry("grpokit.backends", "NAMES"))
     recompute_mlp: bool = _f(True, "backend cpu: the MLP backward recomputes gate(x) and up(x) (off: keeps them, "
                              "two (tokens, intermediate) tensors per layer, two matmuls fewer per MLP backward)")
+    lora: dict | None = _f(None, "LoRA adapters (peft, extra grpokit[lora]): {r, alpha, target_modules, dropout}, "
+                           f"each optional (defaults {LORA_DEFAULTS}); only the adapters train, the reference model is "
+                           "the base model (adapters disabled, no second copy), checkpoints hold the adapter "
+                           "(grpokit export --merge: a full model); None = off (full fine-tuning)")
 
 
 @dataclass
@@ -116,7 +161,8 @@ class RolloutConfig:
     min_p: float = _f(0.0, "min-p sampling; only 0 (off) is accepted (see rollout.top_p)")
     chunk_size: int | None = _f(None, "generate at most this many rows per generate() call")
     engine: str = _f("hf", "rollout engine (grpokit.rollout.engine): hf = Hugging Face generate on the "
-                     "trained model", Registry("grpokit.rollout.engine", "ENGINES"))
+                     "trained model; vllm = in-process vLLM synced with it (extra vllm)",
+                     Registry("grpokit.rollout.engine", "ENGINES"))
     sampler: str = _f("inverse_cdf", "how a token is drawn: inverse_cdf (one uniform per row, fast on CPU) or "
                       "multinomial (generate's torch.multinomial); same distribution",
                       Registry("grpokit.rollout.engine", "SAMPLERS"))
@@ -359,6 +405,7 @@ def validate(recipe: Recipe) -> None:
     if t.optimizer == "adamw_bf16_sr" and recipe.model.dtype != "bfloat16":
         raise RecipeError("train.optimizer: adamw_bf16_sr rounds bf16 parameters stochastically; it needs "
                           f"model.dtype=bfloat16, got model.dtype={recipe.model.dtype}")
+    recipe.model.lora = lora_options(recipe.model.lora)  # checked, defaults filled in (recipe.json records them)
     if recipe.model.dtype == "bfloat16" and recipe.model.autocast_bf16:
         raise RecipeError("model.autocast_bf16: the parameters are already bfloat16 (model.dtype); "
                           "autocast is for float32 parameters")

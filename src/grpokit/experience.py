@@ -11,7 +11,9 @@
   process supervision ``step_rewards`` ``(N, T)`` float64 (a step's score on its last token, 0
   elsewhere, NaN on unscored steps) and ``step_ends`` ``(N, T)`` bool; ``advantages`` ``(N,)`` or
   ``(N, T)`` float32; ``old_logprobs``/``ref_logprobs`` ``(N, T)`` float32; with a value model
-  (PPO) ``old_values``/``returns`` ``(N, T)`` float32 (its estimates at sampling, the GAE targets).
+  (PPO) ``old_values``/``returns`` ``(N, T)`` float32 (its estimates at sampling, the GAE targets);
+- set by rollout engines that report them (``vllm``): ``sampler_logprobs`` ``(N, T)`` float32, the
+  sampler's own log-probs of the sampled tokens at the sampling temperature (0 on masked tokens).
 
 Slicing (:meth:`Experience.rows`) cuts the columns that are padding in every selected row, per-token
 fields along with the ids, so a micro-batch carries exactly the width it needs. Imports only torch.
@@ -26,7 +28,8 @@ from typing import Iterator, Sequence
 import torch
 
 #: per-token fields (N, T) besides the ids: sliced and padded along with ``completion_ids``
-TOKEN_FIELDS = ("step_rewards", "step_ends", "old_logprobs", "ref_logprobs", "old_values", "returns")
+TOKEN_FIELDS = ("step_rewards", "step_ends", "old_logprobs", "ref_logprobs", "old_values", "returns",
+                "sampler_logprobs")
 
 
 @dataclass
@@ -49,6 +52,7 @@ class Experience:
     ref_logprobs: torch.Tensor | None = None
     old_values: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+    sampler_logprobs: torch.Tensor | None = None
     gen_s: float = 0.0
     """Wall-clock seconds the rollout engine spent generating these rows."""
 
@@ -231,4 +235,5 @@ class Experience:
             rewards=cat("rewards"), advantages=cat("advantages"), gen_s=sum(e.gen_s for e in parts),
             step_rewards=cat("step_rewards", t, 0.0), step_ends=cat("step_ends", t, False),
             old_logprobs=cat("old_logprobs", t), ref_logprobs=cat("ref_logprobs", t),
+            sampler_logprobs=cat("sampler_logprobs", t),
         )

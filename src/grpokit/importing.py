@@ -6,7 +6,7 @@ Recipes name reward functions (``rewards.functions``) and process reward functio
 Used by :mod:`grpokit.rewards.base` and :mod:`grpokit.process.wiring`.
 
 Optional packages (the extras of ``pyproject.toml``: ``reasoning-gym``, ``torchao``, ``plots``,
-``tensorboard``, ``datasets``) are imported only where they are used, through :func:`require`,
+``tensorboard``, ``datasets``, ``lora``) are imported only where they are used, through :func:`require`,
 which turns a missing one into an ``ImportError`` naming the extra that installs it; where a run
 can go on without one (the plot, the TensorBoard mirror), :func:`warn_missing` says so once.
 Imports the standard library only.

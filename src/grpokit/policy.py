@@ -14,10 +14,11 @@ import torch
 
 from grpokit.backends import autocast_context, checkpointing_active, distinct_rows, get_backend
 from grpokit.experience import Experience
+from grpokit.lora import adapters_disabled, is_peft_model
 
 __all__ = [
     "autocast_context", "batch_logprobs", "checkpointing_active", "completion_logprobs",
-    "distinct_rows", "enable_gradient_checkpointing",
+    "distinct_rows", "enable_gradient_checkpointing", "reference_logprobs",
 ]
 
 
@@ -111,3 +112,25 @@ def batch_logprobs(
                                     share_prompt=share_prompt)
         out[sl, : lp.shape[1]] = lp
     return out
+
+
+def reference_logprobs(
+    model: torch.nn.Module, ref_model: torch.nn.Module | None, batch: Experience, *, temperature: float,
+    micro_batch_size: int, autocast_bf16: bool = False,
+) -> torch.Tensor:
+    """``(N, T)`` log-probs under π_ref, without gradient: ``ref_model``'s when one is loaded, else,
+    for a LoRA policy (``model.lora``: no reference model is loaded), ``model``'s with its adapters
+    disabled (the frozen base model, :func:`grpokit.lora.adapters_disabled`). The one place that
+    decides where π_ref comes from: the loop and the algorithms call this.
+
+    Raises:
+        ValueError: no ``ref_model`` and ``model`` has no adapters.
+    """
+    kw = dict(temperature=temperature, micro_batch_size=micro_batch_size, autocast_bf16=autocast_bf16)
+    if ref_model is not None:
+        return batch_logprobs(ref_model, batch, **kw)
+    if not is_peft_model(model):
+        raise ValueError("π_ref: no reference model was loaded and the policy has no LoRA adapters to disable "
+                         "(grpokit.build.build_run loads one when algo.beta > 0)")
+    with adapters_disabled(model):
+        return batch_logprobs(model, batch, **kw)

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from grpokit import algo
-from grpokit.policy import batch_logprobs
+from grpokit.policy import batch_logprobs, reference_logprobs
 from grpokit.value import ValueModel
 
 
@@ -101,8 +101,8 @@ class PPO:
                   autocast_bf16=self.autocast_bf16)
         exp.old_logprobs = batch_logprobs(self.model, exp, **kw)
         kl = None
-        if a.kl_in_reward and a.beta > 0 and self.ref_model is not None:
-            exp.ref_logprobs = batch_logprobs(self.ref_model, exp, **kw)
+        if a.kl_in_reward and a.beta > 0:  # π_ref: the reference model, or the policy with LoRA adapters off
+            exp.ref_logprobs = reference_logprobs(self.model, self.ref_model, exp, **kw)
             kl = (exp.old_logprobs - exp.ref_logprobs) * mask  # k1, per token (Ouyang et al. 2022 eq. 2)
         rewards = exp.rewards if exp.rewards is not None else torch.zeros(len(exp), dtype=torch.float64)
         per_token = algo.token_rewards(rewards.to(exp.device), mask, step_rewards=exp.step_rewards,

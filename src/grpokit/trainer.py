@@ -7,7 +7,9 @@ Per step:
      :class:`~grpokit.rollout.engine.RolloutEngine`): an :class:`~grpokit.experience.Experience`;
   3. score them (``run.rewards``: outcome, one reward per completion; process, one per step);
   4. advantages (``run.algorithm``, the :mod:`grpokit.algorithms` seam);
-  5. π_ref log-probs when β > 0; π_old log-probs only when μ > 1 (else π_old = π_θ by value);
+  5. π_ref log-probs when β > 0 (with LoRA: the policy with its adapters disabled,
+     :func:`grpokit.policy.reference_logprobs`); π_old log-probs only when μ > 1 (else π_old = π_θ
+     by value);
   6. μ = ``train.num_iterations`` passes, each one optimizer step over micro-batches whose losses
      are normalized by the whole batch's counts (so accumulation equals one big batch); then the
      engine is told the weights changed;
@@ -31,6 +33,7 @@ from typing import Any
 
 import torch
 
+from grpokit.algo import LogprobGap
 from grpokit.build import Run, build_run
 from grpokit.checkpoint import (find_resume_checkpoint, load_model_weights, load_training_state, save_checkpoint,
                                 set_rng_state)
@@ -38,9 +41,10 @@ from grpokit.config import AlgoConfig, EvalConfig, Recipe, RolloutConfig, TrainC
 from grpokit.curves import plot_curves
 from grpokit.evaluator import save_eval
 from grpokit.experience import Experience
+from grpokit.lora import adapter_dropout
 from grpokit.memory import release_memory
 from grpokit.metrics import TRUNCATED_WARN_FRAC, RunLogger, RunWarning
-from grpokit.policy import batch_logprobs, completion_logprobs
+from grpokit.policy import batch_logprobs, completion_logprobs, reference_logprobs
 from grpokit.state import TrainState, next_prompt_indices
 
 
@@ -87,9 +91,9 @@ def optimize(run: Run, exp: Experience, t: TrainConfig, *, temperature: float, a
     and zero-gradient updates, ``ref_s``, ``policy_updated``)."""
     mbs = t.micro_batch_size
     t0 = time.perf_counter()
-    if run.ref_model is not None and exp.ref_logprobs is None:  # (an algorithm may have set them)
-        exp.ref_logprobs = batch_logprobs(run.ref_model, exp, temperature=temperature, micro_batch_size=mbs,
-                                          autocast_bf16=autocast_bf16)
+    if run.algorithm.needs_reference and exp.ref_logprobs is None:  # (an algorithm may have set them)
+        exp.ref_logprobs = reference_logprobs(run.model, run.ref_model, exp, temperature=temperature,
+                                              micro_batch_size=mbs, autocast_bf16=autocast_bf16)  # LoRA: adapters off
     if t.num_iterations > 1 and exp.old_logprobs is None:
         exp.old_logprobs = batch_logprobs(run.model, exp, temperature=temperature, micro_batch_size=mbs,
                                           autocast_bf16=autocast_bf16)
@@ -101,17 +105,21 @@ def optimize(run: Run, exp: Experience, t: TrainConfig, *, temperature: float, a
     sums: dict[str, float] = {}
     stat_keys: set[str] = set()  # the algorithm's loss stats (GRPO: kl, clip fractions, ratio_mean)
     grad_norms, lrs, skipped, zero_grad = [], [], 0, 0
+    gap = LogprobGap()  # the sampler's log-probs against π_old's (engines that report them: vllm)
     state = run.state
     passes = t.num_iterations if run.algorithm.updates_policy(state.step + 1) else 0  # 0: PPO's critic warm-up
     for it in range(passes):
         run.optimizer.zero_grad(set_to_none=True)
         loss_total = 0.0
         for sl, mb in exp.micro_batches(mbs):
-            logp, ent = completion_logprobs(run.model, mb, temperature=temperature, with_entropy=it == 0,
-                                            autocast_bf16=autocast_bf16)
-            loss, st = run.algorithm.loss(logp, mb, loss_mask[sl, : mb.completion_ids.shape[1]],
-                                          num_sequences=n, num_tokens=n_tok)
-            loss.backward()
+            with adapter_dropout(run.model):  # model.lora.dropout: in the gradient passes only (grpokit.lora)
+                logp, ent = completion_logprobs(run.model, mb, temperature=temperature, with_entropy=it == 0,
+                                                autocast_bf16=autocast_bf16)
+                loss, st = run.algorithm.loss(logp, mb, loss_mask[sl, : mb.completion_ids.shape[1]],
+                                              num_sequences=n, num_tokens=n_tok)
+                loss.backward()  # inside: a checkpointed layer recomputes with the same dropout
+            if it == 0:  # before the first update logp is π_old's
+                gap.add(mb.sampler_logprobs, logp, mb.completion_mask)
             release_memory()
             loss_total += loss.item()
             w = st["num_tokens"].item() / max(n_tok, 1)  # token-weighted means over the batch
@@ -147,7 +155,7 @@ def optimize(run: Run, exp: Experience, t: TrainConfig, *, temperature: float, a
     out.update(entropy=sums.get("entropy"), grad_norm=sum(grad_norms) / mu,
                lr=sum(lrs) / len(lrs) if lrs else float(run.optimizer.param_groups[0]["lr"]),
                skipped_updates=skipped, zero_grad_updates=zero_grad, ref_s=ref_s, policy_updated=int(passes > 0),
-               **aux)
+               **aux, **gap.metrics())
     return out
 
 
@@ -214,6 +222,7 @@ def resume(run: Run, ckpt: Path) -> None:
     """Load ``ckpt``'s weights, optimizer, schedule, RNG and loop state into ``run``."""
     state, blob = load_training_state(ckpt)
     load_model_weights(run.model, ckpt)
+    run.engine.sync_weights()  # an engine with its own copy of the weights (vllm) must not sample the old ones
     run.optimizer.load_state_dict(blob["optimizer"])
     run.scheduler.load_state_dict(blob["scheduler"])
     run.algorithm.load_state_dict(blob.get("algorithm", {}))

@@ -5,6 +5,10 @@ the hidden state at the position before it (the prompt and the completion up to 
 ``[prompt ; completion]`` pass with the same masks and position ids as
 :func:`grpokit.policy.completion_logprobs` (``grpokit.backends.base.plain_forward``). The head starts
 at zero (weight and bias), so the first values are 0 and the first advantages are the returns.
+
+A LoRA policy (a peft model, ``model.lora``) gives a plain decoder: its weights with the adapters
+folded in, copied (:func:`grpokit.lora.merged_copy`; the policy keeps its adapters, nothing is merged
+in place). The value model is then trained in full, as without LoRA.
 """
 
 from __future__ import annotations
@@ -15,10 +19,12 @@ from typing import Any
 import torch
 
 from grpokit.backends.base import plain_forward
+from grpokit.lora import is_peft_model, merged_copy
 
 
 def _backbone(model: torch.nn.Module) -> torch.nn.Module:
-    """The decoder of a causal LM (``model.base_model``, e.g. ``LlamaModel``)."""
+    """The decoder of a causal LM (``model.base_model``, e.g. ``LlamaModel``). Not for a peft
+    model, whose ``base_model`` is peft's ``LoraModel`` (:meth:`ValueModel.from_policy` merges a copy)."""
     base = getattr(model, "base_model", None)
     if not isinstance(base, torch.nn.Module) or base is model:
         raise ValueError(f"value model: {type(model).__name__} has no separate decoder (base_model) to copy")
@@ -42,12 +48,16 @@ class ValueModel(torch.nn.Module):
     @classmethod
     def from_policy(cls, policy: torch.nn.Module) -> "ValueModel":
         """A deep copy of ``policy``'s decoder (its current weights; trainable) and a zero head, in
-        eval mode (no dropout), on the policy's device.
+        eval mode (no dropout), on the policy's device. A LoRA (peft) policy: the decoder of a
+        merged copy (base weights plus the adapters' current delta; no adapter layers in it).
 
         Raises:
             ValueError: ``policy`` has no decoder to copy or no ``config.hidden_size``.
         """
-        backbone = copy.deepcopy(_backbone(policy))
+        if is_peft_model(policy):
+            backbone = _backbone(merged_copy(policy))  # already a copy: the policy keeps its adapters
+        else:
+            backbone = copy.deepcopy(_backbone(policy))
         hidden = getattr(getattr(policy, "config", None), "hidden_size", None)
         if not hidden:
             raise ValueError(f"value model: {type(policy).__name__}.config has no hidden_size")

@@ -12,6 +12,7 @@ from .advantages import (
     group_advantages,
     process_advantages,
 )
+from .gap import LogprobGap, logprob_gap
 from .kl import KL_ESTIMATORS, kl_penalty
 from .logprobs import token_entropy, token_logprobs
 from .loss import AGGREGATIONS, aggregate_loss, policy_loss
@@ -21,6 +22,7 @@ from .ppo import masked_whiten, token_rewards, value_loss
 __all__ = [
     "AGGREGATIONS",
     "KL_ESTIMATORS",
+    "LogprobGap",
     "ROUNDING_ULPS",
     "SCALES",
     "aggregate_loss",
@@ -29,6 +31,7 @@ __all__ = [
     "gae_advantages",
     "group_advantages",
     "kl_penalty",
+    "logprob_gap",
     "mask_completions",
     "masked_whiten",
     "policy_loss",

@@ -88,7 +88,10 @@ def _problem(v: dict[str, Any]) -> str | None:
 
 
 #: ``rollout.engine`` name -> ``module:class``; the module is imported by :func:`load_engine`
-ENGINES = {"hf": "grpokit.rollout.hf_engine:HFRolloutEngine"}
+ENGINES = {
+    "hf": "grpokit.rollout.hf_engine:HFRolloutEngine",
+    "vllm": "grpokit.rollout.vllm_engine:VLLMRolloutEngine",  # extra `vllm`; docs in the module
+}
 
 
 @runtime_checkable

@@ -1,0 +1,265 @@
+"""LoRA adapters through peft (the optional extra ``grpokit[lora]``): ``model.lora``.
+
+With ``model.lora`` set, :func:`apply_lora` wraps the loaded policy with peft's ``get_peft_model``
+(a ``LoraConfig`` with ``task_type=CAUSAL_LM``): the base weights are frozen, only the adapters
+train, and the optimizer holds state for the adapters alone. What changes elsewhere, each in one
+place:
+
+- **reference model** (π_ref): the policy itself with its adapters switched off
+  (:func:`adapters_disabled`, ``PeftModel.disable_adapter``): the frozen base model, without a
+  second copy in memory. :func:`grpokit.policy.reference_logprobs` picks it; the builder loads no
+  reference model when LoRA is on.
+- **dropout** (``model.lora.dropout``): the loop keeps the model in ``eval()`` (no dropout, so the
+  sampler and the trainer see the same π); the adapters' dropout acts in the gradient passes only
+  (:func:`adapter_dropout`), never in sampling or in the no-grad scoring of π_old and π_ref.
+- **checkpoints**: ``save_pretrained`` of the peft model writes ``adapter_model.safetensors`` and
+  ``adapter_config.json``; :func:`load_adapter_weights` reads them back (resume).
+- **export**: :func:`merged_copy` folds the adapters into a *copy* of the weights (the training
+  model is never merged or unmerged in place); :func:`export_checkpoint` writes a merged Hugging
+  Face model or copies the adapter (``grpokit export``).
+- the ``cpu`` speed backend steps aside under ``model.backend=auto`` and refuses under ``cpu``
+  (:mod:`grpokit.backends`: peft's forward is the exact one).
+
+peft is imported only here and only when asked for (:func:`require_peft`); a missing one raises an
+``ImportError`` naming the extra.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import shutil
+import sys
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grpokit.importing import require
+
+__all__ = [
+    "ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "adapter_dropout", "adapters_disabled", "apply_lora", "export_checkpoint",
+    "is_adapter_checkpoint", "is_peft_model", "load_adapter_weights", "merged_copy", "require_peft",
+]
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+#: what a copied adapter folder holds besides the adapter (the tokenizer, so that it is usable as is)
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                    "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json")
+#: training state in a checkpoint folder, left out of an export
+_TRAINING_FILES = ("training_state.pt", "trainer_state.json", "recipe.json")
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """peft asks a transformers 5 model a deprecated question (``is_gradient_checkpointing``)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        yield
+
+
+def require_peft(why: str = "model.lora") -> Any:
+    """Import peft, or raise ``ImportError`` naming the extra (``pip install 'grpokit[lora]'``)."""
+    return require("peft", extra="lora", why=why)
+
+
+def is_peft_model(model: Any) -> bool:
+    """True if ``model`` is a peft ``PeftModel`` (looked up only if peft is already imported: a
+    model cannot be one otherwise)."""
+    peft = sys.modules.get("peft")
+    cls = getattr(peft, "PeftModel", None)
+    return cls is not None and isinstance(model, cls)
+
+
+def apply_lora(model: torch.nn.Module, options: dict[str, Any], *, announce: bool = True) -> torch.nn.Module:
+    """Wrap ``model`` with LoRA adapters (``options``: the checked ``model.lora`` mapping: ``r``,
+    ``alpha``, ``target_modules``, ``dropout``); the base weights are frozen, the adapters trainable.
+    Returned in eval mode (the loop's convention; :func:`adapter_dropout` turns the adapters'
+    dropout on where it applies).
+
+    Raises:
+        ImportError: peft is missing (names the extra).
+        ValueError: no module of ``model`` matches ``target_modules`` (peft's message, prefixed
+            with ``model.lora.target_modules``).
+    """
+    peft = require_peft()
+    tm = options["target_modules"]
+    config = peft.LoraConfig(r=int(options["r"]), lora_alpha=options["alpha"], lora_dropout=float(options["dropout"]),
+                             target_modules=tm if isinstance(tm, str) else list(tm), task_type="CAUSAL_LM",
+                             bias="none")
+    try:
+        with _quiet():
+            wrapped = peft.get_peft_model(model, config)
+    except ValueError as e:
+        raise ValueError(f"model.lora.target_modules={tm!r}: {e}") from e
+    wrapped.eval()  # peft's new modules (the wrapper, the dropout layers) start in training mode
+    if announce:
+        trainable = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
+        total = sum(p.numel() for p in wrapped.parameters())
+        n = sum(1 for m in wrapped.modules() if hasattr(m, "lora_A"))
+        print(f"[grpokit] LoRA r={options['r']} alpha={options['alpha']} dropout={options['dropout']} on "
+              f"{n} modules: {trainable:,} trainable parameters of {total:,} "
+              f"({100 * trainable / max(total, 1):.2f}%); π_ref = the base model (adapters disabled)",
+              flush=True)
+    return wrapped
+
+
+@contextlib.contextmanager
+def adapters_disabled(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """Inside the block ``model`` computes with its LoRA adapters off: the frozen base model, π_ref
+    of a LoRA run. Nothing is merged or copied.
+
+    Raises:
+        ValueError: ``model`` has no adapters.
+    """
+    if not is_peft_model(model):
+        raise ValueError(f"{type(model).__name__} has no LoRA adapters to disable (model.lora is off)")
+    with model.disable_adapter():
+        yield model
+
+
+def _dropout_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    return [m for name, m in model.named_modules()
+            if isinstance(m, torch.nn.Dropout) and ".lora_dropout." in f".{name}." and m.p > 0]
+
+
+@contextlib.contextmanager
+def adapter_dropout(model: torch.nn.Module) -> Iterator[None]:
+    """Inside the block the adapters' dropout layers (``model.lora.dropout`` > 0) are in training
+    mode, the rest of ``model`` stays as it is (eval); restored on exit. A no-op without them."""
+    layers = [m for m in _dropout_layers(model) if not m.training] if is_peft_model(model) else []
+    for m in layers:
+        m.train(True)
+    try:
+        yield
+    finally:
+        for m in layers:
+            m.train(False)
+
+
+def merged_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A plain transformers model whose weights are ``model``'s with its adapters folded in
+    (``W + scale·B·A``), made from a deep copy: ``model`` itself is left as it is (adapters kept,
+    nothing merged in place). The copy has no speed backend installed (the stock forward). A model
+    without adapters is deep-copied as it is."""
+    with torch.inference_mode(False), torch.no_grad():
+        dup = copy.deepcopy(model)
+        return dup.merge_and_unload() if is_peft_model(dup) else dup
+
+
+def is_adapter_checkpoint(folder: str | Path) -> bool:
+    """True if ``folder`` holds a LoRA adapter (``adapter_config.json``)."""
+    return (Path(folder) / ADAPTER_CONFIG).is_file()
+
+
+def load_adapter_weights(model: torch.nn.Module, folder: str | Path) -> None:
+    """Load the adapter of ``folder`` (``adapter_model.safetensors``) into peft model ``model``, in
+    place, onto the parameters' devices; every adapter parameter must be in the file.
+
+    Raises:
+        ValueError: the file is missing or unreadable, or its keys do not match ``model``'s
+            adapters (a different ``model.lora``); the message names the folder.
+    """
+    peft = require_peft("resuming a LoRA checkpoint")
+    from peft.utils import load_peft_weights
+
+    folder = Path(folder)
+    hint = "resume with the model.lora of the run that wrote it, or start over (train.resume=none)"
+    if not (folder / ADAPTER_WEIGHTS).is_file():
+        raise ValueError(f"checkpoint {folder}: no {ADAPTER_WEIGHTS} (model.lora is on); {hint}")
+    try:
+        weights = load_peft_weights(str(folder), device=str(next(model.parameters()).device))
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own error types
+        raise ValueError(f"checkpoint {folder}: {ADAPTER_WEIGHTS} cannot be read ({type(e).__name__}: {e}); "
+                         f"{hint}") from e
+    want = peft.get_peft_model_state_dict(model)  # the keys and shapes the file must have
+    missing, unexpected = sorted(set(want) - set(weights)), sorted(set(weights) - set(want))
+    shapes = [k for k in sorted(set(want) & set(weights)) if weights[k].shape != want[k].shape]
+    if missing or unexpected or shapes:
+        raise ValueError(f"checkpoint {folder}: the adapter does not fit model.lora: missing {missing[:3]}, "
+                         f"unexpected {unexpected[:3]}, other shapes {shapes[:3]}; {hint}")
+    result = peft.set_peft_model_state_dict(model, weights)
+    if result.unexpected_keys:
+        raise ValueError(f"checkpoint {folder}: adapter keys not loaded {result.unexpected_keys[:3]}; {hint}")
+
+
+def export_checkpoint(ckpt: str | Path, out: str | Path, *, merge: bool,
+                      load_base: Callable[[str, torch.dtype, bool], torch.nn.Module]) -> str:
+    """Write ``out`` from checkpoint folder ``ckpt`` without its training state; returns what was done.
+
+    - LoRA checkpoint, ``merge``: the base model of the run (``model.name_or_path``,
+      ``model.dtype`` and ``model.trust_remote_code`` of its ``recipe.json``, else the adapter's
+      ``base_model_name_or_path``), loaded by ``load_base(name_or_path, dtype, trust_remote_code)``
+      (:func:`grpokit.models.load_model`: ``grpokit export`` passes it), with the adapter loaded and
+      merged into its weights: a plain Hugging Face model folder (weights, config, generation
+      config, tokenizer) that ``AutoModelForCausalLM.from_pretrained(out)`` loads.
+    - LoRA checkpoint, no ``merge``: the adapter (``adapter_model.safetensors``,
+      ``adapter_config.json``) and the tokenizer, copied (load with peft's
+      ``PeftModel.from_pretrained(base, out)``).
+    - full checkpoint: its model and tokenizer files, copied (they are already a full model).
+
+    Raises:
+        FileNotFoundError: ``ckpt`` is not a checkpoint folder.
+        FileExistsError: ``out`` exists and is not empty.
+        ImportError: ``merge`` without peft (names the extra).
+    """
+    ckpt, out = Path(ckpt), Path(out)
+    if not ckpt.is_dir() or not any((ckpt / f).is_file() for f in (ADAPTER_CONFIG, "config.json")):
+        raise FileNotFoundError(f"{ckpt}: not a checkpoint folder (no {ADAPTER_CONFIG} and no config.json)")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise FileExistsError(f"{out}: exists and is not an empty folder")
+    if not is_adapter_checkpoint(ckpt):
+        _copy_files(ckpt, out, [f.name for f in ckpt.iterdir() if f.is_file() and f.name not in _TRAINING_FILES])
+        return f"{ckpt} holds a full model (no LoRA adapter): copied its model and tokenizer files to {out}"
+    if not merge:
+        _copy_files(ckpt, out, [ADAPTER_CONFIG, ADAPTER_WEIGHTS, *_TOKENIZER_FILES])
+        return f"copied the LoRA adapter of {ckpt} to {out} (load it with peft: PeftModel.from_pretrained(base, out))"
+    peft = require_peft("grpokit export --merge")
+    from transformers import AutoTokenizer
+
+    name, dtype, trust = _base_of(ckpt)
+    base = load_base(name, dtype, trust)
+    with _quiet():
+        model = peft.PeftModel.from_pretrained(base, str(ckpt)).eval()
+    merged = model.merge_and_unload()  # a model loaded for the export only, not a training model
+    tmp = out.parent / f".{out.name}.tmp-export"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        merged.save_pretrained(tmp, safe_serialization=True)
+        if any((ckpt / f).is_file() for f in _TOKENIZER_FILES):
+            AutoTokenizer.from_pretrained(str(ckpt), trust_remote_code=trust).save_pretrained(tmp)
+        _move_into(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return f"merged the LoRA adapter of {ckpt} into {name} -> {out}"
+
+
+def _base_of(ckpt: Path) -> tuple[str, torch.dtype, bool]:
+    """``(model name or path, dtype, trust_remote_code)`` of the base model a checkpoint was trained on."""
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+    recipe_file = ckpt / "recipe.json"
+    if recipe_file.is_file():
+        m = json.loads(recipe_file.read_text(encoding="utf-8")).get("model", {})
+        if m.get("name_or_path"):
+            return m["name_or_path"], dtypes.get(m.get("dtype"), torch.float32), bool(m.get("trust_remote_code"))
+    name = json.loads((ckpt / ADAPTER_CONFIG).read_text(encoding="utf-8")).get("base_model_name_or_path")
+    if not name:
+        raise ValueError(f"{ckpt}: neither recipe.json nor {ADAPTER_CONFIG} names the base model")
+    return name, torch.float32, False
+
+
+def _copy_files(src: Path, out: Path, names: list[str]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        if (src / name).is_file():
+            shutil.copy2(src / name, out / name)
+
+
+def _move_into(tmp: Path, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for f in tmp.iterdir():
+        shutil.move(str(f), str(out / f.name))
