@@ -147,7 +147,7 @@ def value_loss(
 
     Example:
         >>> m = torch.ones(1, 1, dtype=torch.bool)
-        >>> value_loss(torch.tensor([[0.5]]), torch.zeros(1, 1), torch.ones(1, 1), m)[0].item()
+        >>> round(value_loss(torch.tensor([[0.5]]), torch.zeros(1, 1), torch.ones(1, 1), m)[0].item(), 6)
         0.32
     """
     fn = "value_loss"
