@@ -9,6 +9,7 @@ by runs that do not use it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import import_module
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -92,6 +93,24 @@ ENGINES = {
     "hf": "grpokit.rollout.hf_engine:HFRolloutEngine",
     "vllm": "grpokit.rollout.vllm_engine:VLLMRolloutEngine",  # extra `vllm`; docs in the module
 }
+
+
+def check_prompts(prompts: Any, group_size: Any) -> None:
+    """What every engine's ``generate`` needs of its arguments.
+
+    Raises:
+        ValueError: ``prompts`` not a list of strings, empty, or holding an empty/non-string entry
+            (names its index); ``group_size`` not an int >= 1.
+    """
+    if isinstance(prompts, str) or not isinstance(prompts, Sequence):
+        raise ValueError(f"prompts must be a list of strings, got {type(prompts).__name__}")
+    if len(prompts) == 0:
+        raise ValueError("prompts is empty; pass at least one prompt")
+    for i, p in enumerate(prompts):
+        if not isinstance(p, str) or not p:
+            raise ValueError(f"prompts[{i}] must be a non-empty string, got {p!r}")
+    if not isinstance(group_size, int) or group_size < 1:
+        raise ValueError(f"group_size must be an int >= 1, got {group_size!r}")
 
 
 @runtime_checkable

@@ -56,7 +56,7 @@ import torch
 
 from grpokit.algo import completion_terminated, mask_completions
 from grpokit.experience import Experience
-from grpokit.rollout.engine import SamplingParams
+from grpokit.rollout.engine import SamplingParams, check_prompts
 from grpokit.backends import get_backend, model_device
 
 # Fields that transformers only switches off when they are ``None`` -- which it then fills from
@@ -194,15 +194,7 @@ def generate_rollouts(
             empty prompt; ``params.max_new_tokens < 1`` (or another field out of range);
             ``eos_token_ids`` empty; ``chunk_size < 1``; the tokenizer has no pad token.
     """
-    if isinstance(prompts, str) or not isinstance(prompts, Sequence):
-        raise ValueError(f"prompts must be a list of strings, got {type(prompts).__name__}")
-    if len(prompts) == 0:
-        raise ValueError("prompts is empty; pass at least one prompt")
-    for i, p in enumerate(prompts):
-        if not isinstance(p, str) or not p:
-            raise ValueError(f"prompts[{i}] must be a non-empty string, got {p!r}")
-    if not isinstance(group_size, int) or group_size < 1:
-        raise ValueError(f"group_size must be an int >= 1, got {group_size!r}")
+    check_prompts(prompts, group_size)
     params.validate()
     eos = [int(i) for i in eos_token_ids]
     if not eos:

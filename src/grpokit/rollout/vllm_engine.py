@@ -58,7 +58,7 @@ import torch
 
 from grpokit.algo import mask_completions
 from grpokit.experience import Experience
-from grpokit.rollout.engine import SamplingParams
+from grpokit.rollout.engine import SamplingParams, check_prompts
 
 #: the extra of pyproject.toml that installs vLLM
 EXTRA = "vllm"
@@ -311,13 +311,7 @@ class VLLMRolloutEngine:
         """
         from grpokit.rollout.hf import left_padded_prompts
 
-        if isinstance(prompts, str) or not isinstance(prompts, Sequence) or not prompts:
-            raise ValueError("prompts must be a non-empty list of strings")
-        for i, p in enumerate(prompts):
-            if not isinstance(p, str) or not p:
-                raise ValueError(f"prompts[{i}] must be a non-empty string, got {p!r}")
-        if not isinstance(group_size, int) or group_size < 1:
-            raise ValueError(f"group_size must be an int >= 1, got {group_size!r}")
+        check_prompts(prompts, group_size)
         check_sampling(sampling)
         t0 = time.perf_counter()
         self._push_weights_if_stale()
