@@ -34,7 +34,10 @@ def _memo(text: str) -> Path:
 
 
 def length_reward(prompts, completions, **_):
-    """Characters of the completion / 100: varies within a group, so advantages are non-zero."""
+    """Characters of the completion / 100: varies within a group, so advantages are non-zero.
+    With ``FAKE_REWARD_SLEEP_S`` set, each call first sleeps that long (a run slow enough to be
+    killed between two checkpoints)."""
+    time.sleep(float(os.environ.get("FAKE_REWARD_SLEEP_S", "0")))
     return [len(c) / 100.0 for c in completions]
 
 

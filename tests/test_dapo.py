@@ -14,6 +14,7 @@ import grpokit.trainer as trainer
 from grpokit import algo
 from grpokit.algorithms import GRPO
 from grpokit.build import TrainData
+from grpokit.distributed import SINGLE
 from grpokit.experience import Experience
 from grpokit.rewards.pipeline import RewardPipeline
 from grpokit.state import TrainState
@@ -28,7 +29,7 @@ def _setup(model, recipe):
     opt = torch.optim.SGD(model.parameters(), lr=recipe.train.learning_rate)
     return SimpleNamespace(model=model, ref_model=None, optimizer=opt, algorithm=GRPO(recipe.algo, 5),
                            scheduler=torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0), state=TrainState(),
-                           engine=SimpleNamespace(sync_weights=lambda: None))
+                           engine=SimpleNamespace(sync_weights=lambda: None), ranks=SINGLE)
 
 
 def _optimize(run, recipe, tensors, advantages, keep_rows=None):
@@ -69,7 +70,7 @@ def test_overlong_filter_trains_as_if_the_cut_rows_were_absent(tiny_model_v64, t
 
 
 def _fake_generate(seeds):
-    def generate(prompts, group_size, sampling, seed):
+    def generate(prompts, group_size, sampling, seed, first_prompt=0):
         seeds.append(seed)
         n, t = len(prompts) * group_size, 2 + len(seeds)  # each round has another completion width
         p = 1 + len(prompts)
@@ -93,7 +94,7 @@ def _fake_setup(names, tmp_path, **algo_kw):
     run = SimpleNamespace(data=TrainData(rows, list(names), ["answer"], 0), state=TrainState(),
                           rewards=RewardPipeline({"r": _by_name}, {}), algorithm=GRPO(recipe.algo, 8),
                           tokenizer=SimpleNamespace(pad_token_id=0), sampling=None,
-                          engine=SimpleNamespace(generate=_fake_generate(seeds)))
+                          engine=SimpleNamespace(generate=_fake_generate(seeds)), ranks=SINGLE)
     return (run, recipe), seeds
 
 

@@ -21,8 +21,8 @@ class _Spy:
     def __init__(self, engine):
         self.engine, self.calls = engine, []
 
-    def generate(self, prompts, group_size, sampling, seed):
-        exp = self.engine.generate(prompts, group_size, sampling, seed)
+    def generate(self, prompts, group_size, sampling, seed, first_prompt=0):
+        exp = self.engine.generate(prompts, group_size, sampling, seed, first_prompt=first_prompt)
         self.calls.append((list(prompts), group_size, sampling, seed, exp))
         return exp
 

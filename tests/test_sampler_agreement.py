@@ -22,8 +22,8 @@ def _sampler_logprobs(model, tokenizer, prompts, params, monkeypatch):
     steps = []
     real = sampling.sample_inverse_cdf
 
-    def spy(scores, generator=None):
-        tokens = real(scores, generator)
+    def spy(scores, generator=None, u=None):
+        tokens = real(scores, generator, u)
         steps.append(torch.log_softmax(scores.float(), -1).gather(1, tokens[:, None]).squeeze(1))
         return tokens
 

@@ -99,7 +99,7 @@ class _NoSync:
     def __init__(self, **kw):
         self.kw = kw
 
-    def generate(self, prompts, group_size, sampling, seed):
+    def generate(self, prompts, group_size, sampling, seed, first_prompt=0):
         return None
 
 

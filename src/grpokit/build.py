@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from grpokit.config import Recipe
+from grpokit.distributed import SINGLE, GatheredEngine, Ranks, barrier, rank_device
 from grpokit.rows import load_prompts, section_rows
 
 if TYPE_CHECKING:  # the parts' types; their modules are imported where the parts are built
@@ -91,6 +92,8 @@ class Run:
     evaluator: HeldOutEval | None
     eval_engine: RolloutEngine | None
     out: Path
+    ranks: Ranks = SINGLE
+    """This process's rank and the data-parallel mode (:mod:`grpokit.distributed`)."""
 
 
 def build_rewards(recipe: Recipe, device: torch.device | str = "cpu") -> RewardPipeline:
@@ -111,12 +114,14 @@ def build_rewards(recipe: Recipe, device: torch.device | str = "cpu") -> RewardP
     return RewardPipeline.from_config(recipe.rewards, step_scorer, device)
 
 
-def load_policy(recipe: Recipe, device: torch.device, *, reference: bool = False) -> torch.nn.Module:
+def load_policy(recipe: Recipe, device: torch.device, *, reference: bool = False,
+                ranks: Ranks = SINGLE) -> torch.nn.Module:
     """The model of ``model.name_or_path`` in ``model.dtype`` on ``device``, in eval mode (no
     dropout: sampler and trainer see the same π), with its speed backend; the reference model
     frozen (no gradients). With ``model.lora`` the policy is wrapped with LoRA adapters
     (:func:`grpokit.lora.apply_lora`: base frozen, adapters trainable) before the backend is
-    chosen, so ``model.backend=auto`` sees them and steps aside (``cpu`` refuses)."""
+    chosen, so ``model.backend=auto`` sees them and steps aside (``cpu`` refuses); likewise with
+    ``train.parallel=fsdp2`` the model is sharded (:func:`grpokit.distributed.shard_model`) first."""
     from grpokit.models import load_model
 
     m = recipe.model
@@ -128,6 +133,10 @@ def load_policy(recipe: Recipe, device: torch.device, *, reference: bool = False
         from grpokit.lora import apply_lora
 
         model = apply_lora(model, m.lora)
+    if ranks.parallel == "fsdp2":  # shard before the backend is chosen: auto sees DTensors and steps aside
+        from grpokit.distributed import shard_model
+
+        model = shard_model(model)
     from grpokit.backends import install_backend
 
     install_backend(model, m.backend, announce=not reference,
@@ -156,6 +165,8 @@ def build_run(recipe: Recipe) -> Run:
     seed_everything(recipe.train.seed)
     # 1. what can be checked without the tokenizer or the model: rewards, step rule, data, device
     device = resolve_device(m.device)
+    ranks = start_ranks(recipe, device)
+    device = rank_device(device, ranks)
     rewards = build_rewards(recipe, device)
     algorithm = load_algorithm(recipe.algo, r.max_new_tokens)
     if recipe.train.optimizer == "adamw_8bit":  # an optional package: say so before the model loads
@@ -186,9 +197,10 @@ def build_run(recipe: Recipe) -> Run:
     if rewards.step_scorer is not None:
         rewards.step_scorer.tokenizer = tokenizer
     # 3. models, engine, optimizer
-    model = load_policy(recipe, device)
+    model = load_policy(recipe, device, ranks=ranks)
     # with LoRA, π_ref is the policy with its adapters disabled (grpokit.policy.reference_logprobs)
-    ref_model = load_policy(recipe, device, reference=True) if algorithm.needs_reference and m.lora is None else None
+    ref_model = (load_policy(recipe, device, reference=True, ranks=ranks)
+                 if algorithm.needs_reference and m.lora is None else None)
     eos_ids = eos_token_ids(model, tokenizer)
     # with bf16 autocast the trainer scores in bf16, so sampling from a bf16 copy matches it
     on_model = dict(model=model, tokenizer=tokenizer, eos_token_ids=eos_ids)
@@ -197,14 +209,52 @@ def build_run(recipe: Recipe) -> Run:
     eval_engine = None
     if evaluator is not None:  # evaluation generates with the engine's defaults (Run's docstring)
         eval_engine = engine if all(v is None for v in options.values()) else load_engine(r.engine, **on_model)
+    if ranks.parallel == "fsdp2":  # generation on the gathered weights (evaluation gathers them itself)
+        engine = GatheredEngine(engine, model)
     sampling = SamplingParams.from_config(r)
     optimizer, scheduler = make_optimizer(model, recipe.train)
     algorithm.bind(model, ref_model, temperature=r.temperature, train_cfg=recipe.train,
                    autocast_bf16=m.autocast_bf16)  # PPO builds its value model here
     out = Path(recipe.train.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    print(f"[grpokit] {len(rows)} prompts ({skipped} skipped as too long) from {d.dataset}/{d.split}; "
-          f"model {m.name_or_path} on {device}; β={recipe.algo.beta}; G={r.group_size}", flush=True)
+    if ranks.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        where = f" on {ranks.world_size} ranks ({ranks.parallel})" if ranks.active else ""
+        print(f"[grpokit] {len(rows)} prompts ({skipped} skipped as too long) from {d.dataset}/{d.split}; "
+              f"model {m.name_or_path} on {device}{where}; β={recipe.algo.beta}; G={r.group_size}", flush=True)
+    barrier(ranks)
     return Run(model=model, ref_model=ref_model, tokenizer=tokenizer, eos_ids=eos_ids, device=device, engine=engine,
                sampling=sampling, rewards=rewards, algorithm=algorithm, optimizer=optimizer, scheduler=scheduler,
-               state=TrainState(), data=data, evaluator=evaluator, eval_engine=eval_engine, out=out)
+               state=TrainState(), data=data, evaluator=evaluator, eval_engine=eval_engine, out=out, ranks=ranks)
+
+
+def start_ranks(recipe: Recipe, device: torch.device) -> Ranks:
+    """Join the process group of a data-parallel launch (:func:`grpokit.distributed.init_ranks`)
+    after checking the recipe can run on it.
+
+    Raises:
+        ValueError: ``train.prompts_per_step`` not divisible by the number of processes, or, with
+            more than one process, a setting whose samples or updates would depend on the rank
+            split (names the key): ``algo.dynamic_sampling``, a value model (``algo.estimator=ppo``),
+            ``rollout.sampler=multinomial``, ``rollout.engine=vllm``; ``model.lora`` with fsdp2.
+    """
+    from grpokit.distributed import init_ranks, launched_world_size, resolve_parallel
+
+    t, world = recipe.train, launched_world_size()
+    mode = resolve_parallel(t.parallel, world)
+    if world > 1:
+        if t.prompts_per_step % world:
+            raise ValueError(f"train.prompts_per_step={t.prompts_per_step} is not divisible by the {world} "
+                             "processes launched: each rank takes whole groups")
+        refused = {
+            "algo.dynamic_sampling": recipe.algo.dynamic_sampling,
+            "algo.estimator=ppo": recipe.algo.estimator == "ppo",
+            "rollout.sampler=multinomial": recipe.rollout.sampler == "multinomial",
+            "rollout.engine=vllm": recipe.rollout.engine == "vllm",
+        }
+        for key, on in refused.items():
+            if on:
+                raise ValueError(f"{key} is not supported with {world} processes yet (train.parallel={mode}); "
+                                 "run it in one process")
+    if mode == "fsdp2" and recipe.model.lora is not None:
+        raise ValueError("model.lora with train.parallel=fsdp2 is not supported yet; use train.parallel=ddp")
+    return init_ranks(t.parallel, device)

@@ -83,17 +83,24 @@ def save_checkpoint(
     recipe: dict[str, Any],
     keep: int,
     algorithm_state: dict[str, Any] | None = None,
+    rng_ranks: list[dict[str, Any]] | None = None,
+    model_state: dict[str, torch.Tensor] | None = None,
+    optimizer_state: dict[str, Any] | None = None,
 ) -> Path:
     """Write ``output_dir/checkpoint-<step>`` atomically, then keep only the newest ``keep``.
 
     ``algorithm_state``: the algorithm's own state (PPO: its value model and optimizer), saved in
-    ``training_state.pt`` under ``"algorithm"``.
+    ``training_state.pt`` under ``"algorithm"``. ``rng_ranks``: every rank's :func:`rng_state`
+    (data parallel), saved under ``"rng_ranks"`` beside this process's ``"rng"``.
+    ``model_state``/``optimizer_state``: full state dicts to save instead of ``model``'s and
+    ``optimizer``'s own (a sharded FSDP2 model, gathered by :func:`grpokit.distributed.full_state`).
 
     Raises:
         ValueError: a parameter is not finite (no checkpoint ever holds NaN weights).
     """
-    for name, p in model.named_parameters():
-        if not torch.isfinite(p).all():
+    named = model_state.items() if model_state is not None else model.named_parameters()
+    for name, p in named:
+        if p.is_floating_point() and not torch.isfinite(p).all():
             raise ValueError(f"save_checkpoint: parameter {name} has non-finite values; not saved")
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -104,13 +111,14 @@ def save_checkpoint(
         # a peft model writes its adapter; the vocabulary is never resized, so no embedding layers
         # (peft's "auto" would look the base model up on the Hub at every save)
         model.save_pretrained(tmp, safe_serialization=True, **({"save_embedding_layers": False}
-                                                                 if is_peft_model(model) else {}))
+                                                                 if is_peft_model(model) else {}),
+                              **({"state_dict": model_state} if model_state is not None else {}))
         tokenizer.save_pretrained(tmp)
-        torch.save(
-            {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state(),
-             "algorithm": algorithm_state or {}},
-            tmp / "training_state.pt",
-        )
+        blob = {"optimizer": optimizer.state_dict() if optimizer_state is None else optimizer_state,
+                "scheduler": scheduler.state_dict(), "rng": rng_state(), "algorithm": algorithm_state or {}}
+        if rng_ranks is not None:
+            blob["rng_ranks"] = rng_ranks
+        torch.save(blob, tmp / "training_state.pt")
         (tmp / "recipe.json").write_text(json.dumps(recipe, indent=1))
         (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **trainer_state}))
         for f in tmp.iterdir():  # durable before the rename makes it visible
@@ -195,6 +203,26 @@ def find_resume_checkpoint(output_dir: str | Path, resume: str) -> Path | None:
     return p
 
 
+def read_model_state(ckpt: str | Path) -> dict[str, torch.Tensor]:
+    """The weights of checkpoint folder ``ckpt`` (its ``*.safetensors``) as one state dict on the CPU.
+
+    Raises:
+        ValueError: a weight file cannot be read (names it and how to go on).
+    """
+    from safetensors.torch import load_file
+
+    ckpt = Path(ckpt)
+    state = {}
+    for f in sorted(ckpt.glob("*.safetensors")):
+        try:
+            state.update(load_file(f))
+        except Exception as e:  # noqa: BLE001 - safetensors raises its own error types
+            raise ValueError(f"checkpoint {ckpt}: {f.name} cannot be read ({type(e).__name__}: {e}); "
+                             "resume from another checkpoint (train.resume=<folder>) or start over "
+                             "(train.resume=none)") from e
+    return state
+
+
 def load_model_weights(model: torch.nn.Module, ckpt: str | Path) -> None:
     """Load the ``*.safetensors`` weights of checkpoint folder ``ckpt`` into ``model`` (in place,
     onto the parameters' devices). A missing ``lm_head.weight`` is accepted (tied embeddings).
@@ -205,8 +233,6 @@ def load_model_weights(model: torch.nn.Module, ckpt: str | Path) -> None:
             or the first keys, and how to go on); an adapter checkpoint for a model without LoRA
             or the other way round.
     """
-    from safetensors.torch import load_file
-
     ckpt = Path(ckpt)
     if is_peft_model(model):
         load_adapter_weights(model, ckpt)
@@ -214,14 +240,7 @@ def load_model_weights(model: torch.nn.Module, ckpt: str | Path) -> None:
     if is_adapter_checkpoint(ckpt):
         raise ValueError(f"checkpoint {ckpt}: holds a LoRA adapter (adapter_config.json) but model.lora is off; "
                          "resume with the run's model.lora, or start over (train.resume=none)")
-    state = {}
-    for f in sorted(ckpt.glob("*.safetensors")):
-        try:
-            state.update(load_file(f))
-        except Exception as e:  # noqa: BLE001 - safetensors raises its own error types
-            raise ValueError(f"checkpoint {ckpt}: {f.name} cannot be read ({type(e).__name__}: {e}); "
-                             "resume from another checkpoint (train.resume=<folder>) or start over "
-                             "(train.resume=none)") from e
+    state = read_model_state(ckpt)
     missing, unexpected = model.load_state_dict(state, strict=False)
     real_missing = [k for k in missing if not k.endswith("lm_head.weight")]  # tied embeddings
     if real_missing or unexpected:

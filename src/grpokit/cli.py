@@ -28,7 +28,7 @@ def _train(argv: list[str]) -> int:
     )
     p.add_argument("args", nargs="*", metavar="RECIPE.yaml | section.key=value")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    ns = p.parse_args(argv)
+    ns = p.parse_intermixed_args(argv)  # overrides may come after --no-progress
     recipe_path = None
     overrides = []
     for a in ns.args:
@@ -67,7 +67,8 @@ def _train(argv: list[str]) -> int:
         return 1
     finally:
         warnings.showwarning = show
-    print(_report(summary))
+    if summary.get("rank", 0) == 0:  # data parallel: rank 0 reports
+        print(_report(summary))
     return 0
 
 

@@ -38,6 +38,27 @@ def _step_of(line: str) -> int | None:
         return None
 
 
+class NullLogger:
+    """The logger of a rank other than 0 in a data-parallel run: the same methods, no files."""
+
+    def __init__(self, output_dir: str | Path):
+        self.dir = Path(output_dir)
+        self.metrics_path = self.dir / "metrics.jsonl"  # rank 0's file (read after the run)
+        self.samples_path = self.dir / "samples.jsonl"
+
+    def truncate_after(self, step: int) -> None:
+        """Nothing (rank 0 truncates)."""
+
+    def log(self, metrics: dict) -> None:
+        """Nothing (rank 0 logs)."""
+
+    def log_samples(self, step: int, samples: list) -> None:
+        """Nothing (rank 0 logs)."""
+
+    def close(self) -> None:
+        """Nothing to close."""
+
+
 class RunLogger:
     """Appends one JSON line per step to ``metrics.jsonl`` and mirrors scalars to TensorBoard.
 

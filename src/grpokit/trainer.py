@@ -35,16 +35,19 @@ import torch
 
 from grpokit.algo import LogprobGap
 from grpokit.build import Run, build_run
-from grpokit.checkpoint import (find_resume_checkpoint, load_model_weights, load_training_state, save_checkpoint,
-                                set_rng_state)
+from grpokit.checkpoint import (find_resume_checkpoint, load_model_weights, load_training_state, read_model_state,
+                                rng_state, save_checkpoint, set_rng_state)
 from grpokit.config import AlgoConfig, EvalConfig, Recipe, RolloutConfig, TrainConfig
 from grpokit.curves import plot_curves
+from grpokit.distributed import (any_rank, full_state, gather_objects, gather_scored, gathered, is_sharded,
+                                 load_full_state, reduce_gradients, shutdown, sum_over_ranks)
 from grpokit.evaluator import save_eval
 from grpokit.experience import Experience
 from grpokit.lora import adapter_dropout
 from grpokit.memory import release_memory
-from grpokit.metrics import TRUNCATED_WARN_FRAC, RunLogger, RunWarning
+from grpokit.metrics import TRUNCATED_WARN_FRAC, NullLogger, RunLogger, RunWarning
 from grpokit.policy import batch_logprobs, completion_logprobs, reference_logprobs
+from grpokit.rewards.pipeline import reward_metrics
 from grpokit.state import TrainState, next_prompt_indices
 
 
@@ -100,8 +103,10 @@ def optimize(run: Run, exp: Experience, t: TrainConfig, *, temperature: float, a
     release_memory()  # heap pages freed by the no-grad passes go back to the OS (grpokit.memory)
     ref_s = time.perf_counter() - t0
     loss_mask = exp.completion_mask if keep_rows is None else exp.completion_mask & keep_rows[:, None]
-    n = len(exp) if keep_rows is None else max(int(keep_rows.sum()), 1)
-    n_tok, n_all = int(loss_mask.sum()), int(exp.completion_mask.sum())
+    ranks = run.ranks  # with several ranks, exp is this rank's share and the counts are the batch's
+    counts = sum_over_ranks([len(exp) if keep_rows is None else int(keep_rows.sum()), int(loss_mask.sum()),
+                             int(exp.completion_mask.sum())], ranks)
+    n, n_tok, n_all = max(int(counts[0]), 1), int(counts[1]), int(counts[2])
     sums: dict[str, float] = {}
     stat_keys: set[str] = set()  # the algorithm's loss stats (GRPO: kl, clip fractions, ratio_mean)
     grad_norms, lrs, skipped, zero_grad = [], [], 0, 0
@@ -131,8 +136,11 @@ def optimize(run: Run, exp: Experience, t: TrainConfig, *, temperature: float, a
                 m = mb.completion_mask.float()
                 sums["entropy"] = sums.get("entropy", 0.0) + float((ent * m).sum()) / max(n_all, 1)
         sums[f"loss@{it}"] = loss_total
+        if ranks.parallel == "ddp":  # fsdp2 reduce-scatters in backward; then every rank has the same gradient
+            reduce_gradients([p for p in run.model.parameters() if p.requires_grad], ranks)
+        loss_total = sum_over_ranks([loss_total], ranks)[0]  # the same skip decision on every rank
         clip = t.max_grad_norm if t.max_grad_norm > 0 else float("inf")
-        gn = float(torch.nn.utils.clip_grad_norm_(run.model.parameters(), clip))
+        gn = _grad_norm(torch.nn.utils.clip_grad_norm_(run.model.parameters(), clip))
         grad_norms.append(gn)
         lrs.append(float(run.optimizer.param_groups[0]["lr"]))  # the rate this update uses (before the schedule moves)
         if gn == 0.0:  # nothing to learn from (no signal, or every row filtered): an optimizer step
@@ -148,6 +156,9 @@ def optimize(run: Run, exp: Experience, t: TrainConfig, *, temperature: float, a
             warnings.filterwarnings("ignore", message=".*lr_scheduler.step.*optimizer.step")
             run.scheduler.step()
     run.optimizer.zero_grad(set_to_none=True)
+    if ranks.active:  # the stats are sums of this rank's share: add the other ranks'
+        keys = sorted(sums)
+        sums = dict(zip(keys, sum_over_ranks([sums[k] for k in keys], ranks)))
     aux = run.algorithm.update_auxiliary(exp, loss_mask, t)  # PPO: the value model
     run.engine.sync_weights()
     mu = max(passes, 1)
@@ -157,6 +168,12 @@ def optimize(run: Run, exp: Experience, t: TrainConfig, *, temperature: float, a
                skipped_updates=skipped, zero_grad_updates=zero_grad, ref_s=ref_s, policy_updated=int(passes > 0),
                **aux, **gap.metrics())
     return out
+
+
+def _grad_norm(total: torch.Tensor) -> float:
+    """The norm ``clip_grad_norm_`` returns, as a float (a DTensor under FSDP2: its full value)."""
+    full = getattr(total, "full_tensor", None)
+    return float(full() if callable(full) else total)
 
 
 #: a kind of warning repeats at most once per this many steps (each step's metrics say it anyway)
@@ -207,26 +224,43 @@ def warn_if_step_did_nothing(metrics: dict[str, Any], advantages: torch.Tensor, 
     return list(found)
 
 
-def save_run_checkpoint(run: Run, recipe: Recipe) -> Path:
-    """``checkpoint-<step>`` of the run (weights, tokenizer, optimizer, schedule, RNG, data position)."""
-    st = run.state
+def save_run_checkpoint(run: Run, recipe: Recipe) -> Path | None:
+    """``checkpoint-<step>`` of the run (weights, tokenizer, optimizer, schedule, RNG, data position).
+
+    With several ranks every rank must call it: each rank's RNG state is gathered (and, under
+    FSDP2, the full model and optimizer state); rank 0 writes and returns the path, the others
+    return None."""
+    st, ranks = run.state, run.ranks
+    rng = gather_objects(rng_state(), ranks) if ranks.active else None
+    model_state = optimizer_state = None
+    if is_sharded(run.model):
+        model_state, optimizer_state = full_state(run.model, run.optimizer)
+    if not ranks.is_main:
+        return None
     return save_checkpoint(
         run.out, st.step, model=run.model, tokenizer=run.tokenizer, optimizer=run.optimizer, scheduler=run.scheduler,
         trainer_state={"epoch": st.epoch, "position": st.position, "consecutive_skips": st.consecutive_skips,
-                       "extra": st.extra},
+                       "extra": st.extra, "world_size": ranks.world_size},
         recipe=recipe.to_dict(), keep=recipe.train.save_total_limit, algorithm_state=run.algorithm.state_dict(),
+        rng_ranks=rng, model_state=model_state, optimizer_state=optimizer_state,
     )
 
 
 def resume(run: Run, ckpt: Path) -> None:
-    """Load ``ckpt``'s weights, optimizer, schedule, RNG and loop state into ``run``."""
+    """Load ``ckpt``'s weights, optimizer, schedule, RNG and loop state into ``run`` (on every rank:
+    each reads the checkpoint and takes its own RNG state; a checkpoint of another world size
+    resumes with rank 0's, and sampling, seeded per row, is unchanged)."""
     state, blob = load_training_state(ckpt)
-    load_model_weights(run.model, ckpt)
+    if is_sharded(run.model):
+        load_full_state(run.model, run.optimizer, read_model_state(ckpt), blob["optimizer"])
+    else:
+        load_model_weights(run.model, ckpt)
+        run.optimizer.load_state_dict(blob["optimizer"])
     run.engine.sync_weights()  # an engine with its own copy of the weights (vllm) must not sample the old ones
-    run.optimizer.load_state_dict(blob["optimizer"])
     run.scheduler.load_state_dict(blob["scheduler"])
     run.algorithm.load_state_dict(blob.get("algorithm", {}))
-    set_rng_state(blob["rng"])
+    per_rank = blob.get("rng_ranks")
+    set_rng_state(per_rank[run.ranks.rank] if per_rank and len(per_rank) == run.ranks.world_size else blob["rng"])
     run.state = TrainState(step=state["step"], epoch=state["epoch"], position=state["position"],
                            consecutive_skips=state.get("consecutive_skips", 0), extra=state.get("extra", {}))
 
@@ -246,27 +280,30 @@ def train(recipe: Recipe, *, progress: bool = True, run: Run | None = None) -> d
         return _train(recipe, run, start, progress)
     finally:
         run.rewards.close()  # the reward worker processes
+        shutdown(run.ranks)  # the process group build_run joined (torchrun)
 
 
 def _train(recipe: Recipe, run: Run, start: Path | None, progress: bool) -> dict[str, Any]:
     out = Path(recipe.train.output_dir)
-    logger = RunLogger(out)
-    summary: dict[str, Any] = {"output_dir": str(out)}
+    main = run.ranks.is_main  # with several ranks only rank 0 writes files and prints
+    logger = RunLogger(out) if main else NullLogger(out)
+    summary: dict[str, Any] = {"output_dir": str(out), "rank": run.ranks.rank}
     memo: dict[str, Any] = {"warned_at": {}}  # warnings said, the last periodic evaluation
     ev = run.evaluator
     if start is not None:
         resume(run, start)
         logger.truncate_after(run.state.step)
         summary["resumed_from"] = str(start)
-        print(f"[grpokit] resumed from {start} at step {run.state.step}", flush=True)
+        if main:
+            print(f"[grpokit] resumed from {start} at step {run.state.step}", flush=True)
     else:
         logger.truncate_after(0)  # a fresh run replaces the metrics of an earlier run in this folder
         if ev is not None and recipe.eval.before:
-            summary["eval_before"] = ev.run(run.eval_engine, run.out, "before")
+            summary["eval_before"] = evaluate_on_main(run, "before")
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=recipe.train.max_steps, initial=run.state.step, disable=not progress, desc="grpo", unit="step",
-               dynamic_ncols=True)
+    bar = tqdm(total=recipe.train.max_steps, initial=run.state.step, disable=not (progress and main), desc="grpo",
+               unit="step", dynamic_ncols=True)
     last: dict[str, Any] = {}
     with _StopFlag() as stop:
         while run.state.step < recipe.train.max_steps:
@@ -281,27 +318,38 @@ def _train(recipe: Recipe, run: Run, start: Path | None, progress: bool) -> dict
                                    f"(train.max_consecutive_skips={recipe.train.max_consecutive_skips}). "
                                    "See metrics.jsonl.")
             every = recipe.train.save_steps
-            if (every and step % every == 0) or stop.requested or step == recipe.train.max_steps:
+            stopping = any_rank(stop.requested, run.ranks)  # a signal to any rank stops all after this step
+            if (every and step % every == 0) or stopping or step == recipe.train.max_steps:
                 save_run_checkpoint(run, recipe)
-            if stop.requested:
+            if stopping:
                 summary["stopped_at"] = step
                 break
     bar.close()
     summary["last_metrics"] = last
-    if not stop.requested:
+    if "stopped_at" not in summary:
         if ev is not None and recipe.eval.after:
             done = memo.get("last_eval")  # the last step's periodic evaluation is this one
-            summary["eval_after"] = (save_eval(run.out, dict(done[1], when="after"), "after")
-                                     if done is not None and done[0] == run.state.step
-                                     else ev.run(run.eval_engine, run.out, "after"))
-        if logger.metrics_path.exists():
+            if done is not None and done[0] == run.state.step:
+                summary["eval_after"] = save_eval(run.out, dict(done[1], when="after"), "after") if main else None
+            else:
+                summary["eval_after"] = evaluate_on_main(run, "after")
+        if main and logger.metrics_path.exists():
             before = out / "eval_before.json"  # also there when this process resumed the run
             plot_curves(logger.metrics_path, out / "curves.png", beta=recipe.algo.beta,
                         num_iterations=recipe.train.num_iterations,
                         before=json.loads(before.read_text()) if before.exists() else None)
     logger.close()
-    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    if main:
+        (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     return summary
+
+
+def evaluate_on_main(run: Run, when: str) -> dict[str, Any] | None:
+    """Held-out evaluation ``when`` (``before``, ``after``, ``step<k>``) on rank 0, written to the
+    run folder; the other ranks return None (under FSDP2 they take part in gathering the model
+    first, then wait at their next collective)."""
+    with gathered(run.model):
+        return run.evaluator.run(run.eval_engine, run.out, when) if run.ranks.is_main else None
 
 
 def sample_and_score(run: Run, step: int, n_prompts: int, *, round_: int, rollout_cfg: RolloutConfig,
@@ -312,14 +360,20 @@ def sample_and_score(run: Run, step: int, n_prompts: int, *, round_: int, rollou
     ``rollout_cfg``/``train_cfg``: the recipe's ``rollout`` and ``train`` sections (``group_size``,
     ``seed``). Round 0 is seeded ``seed·100003 + step`` (as always); dynamic sampling's extra rounds
     add ``1000003·round``. Raises what the engine and the reward pipeline raise."""
-    seed, g = train_cfg.seed, rollout_cfg.group_size
-    idx = next_prompt_indices(run.state, len(run.data.rows), n_prompts, seed)
+    seed, g, ranks = train_cfg.seed, rollout_cfg.group_size, run.ranks
+    idx = next_prompt_indices(run.state, len(run.data.rows), n_prompts, seed)  # the same on every rank
     rows = [run.data.rows[i] for i in idx]
-    exp = run.engine.generate([run.data.prompts[i] for i in idx], g, run.sampling,
-                              seed * 100003 + step + 1000003 * round_)
+    per = n_prompts // ranks.world_size  # this rank samples and scores prompts first … first+per-1
+    first = ranks.rank * per
+    mine = idx[first: first + per]
+    exp = run.engine.generate([run.data.prompts[i] for i in mine], g, run.sampling,
+                              seed * 100003 + step + 1000003 * round_, first_prompt=first)
     release_memory()
     t_reward = time.perf_counter()
-    metrics = run.rewards.score(exp, rows, run.data.columns)
+    scored = run.rewards.score_rows(exp, rows[first: first + per], run.data.columns)
+    if ranks.active:  # the whole batch on every rank: advantages and metrics as one process has them
+        exp, scored = gather_scored(exp, scored, ranks, run.tokenizer.pad_token_id)
+    metrics = dict(reward_metrics(exp, scored.per_function), reward_failures=scored.failures)
     exp.advantages = run.algorithm.advantages(exp)
     return rows, exp, metrics, time.perf_counter() - t_reward
 
@@ -391,8 +445,14 @@ def run_step(run: Run, logger: RunLogger, memo: dict[str, Any], *, rollout_cfg: 
     if keep is not None:
         scored["overlong_filtered_frac"] = float(exp.truncated.float().mean())
     t_train = time.perf_counter()
-    opt = optimize(run, exp, train_cfg, temperature=rollout_cfg.temperature, autocast_bf16=autocast_bf16,
-                   keep_rows=keep)
+    ranks = run.ranks
+    mine, keep_mine = exp, keep  # this rank trains on its share of the whole batch's groups
+    if ranks.world_size > 1:
+        mine = exp.shard(ranks.rank, ranks.world_size)
+        if keep is not None:
+            keep_mine = keep.view(ranks.world_size, -1)[ranks.rank]
+    opt = optimize(run, mine, train_cfg, temperature=rollout_cfg.temperature, autocast_bf16=autocast_bf16,
+                   keep_rows=keep_mine)
     train_s = time.perf_counter() - t_train
     run.state.step = step
     lengths = exp.completion_mask.sum(1).float()
@@ -407,11 +467,13 @@ def run_step(run: Run, logger: RunLogger, memo: dict[str, Any], *, rollout_cfg: 
     }
     metrics["train_minutes"] = run.state.extra["train_s"] / 60  # training wall-clock so far, evaluations excluded
     if run.evaluator is not None and eval_cfg.every_steps and step % eval_cfg.every_steps == 0:
-        res = run.evaluator.run(run.eval_engine, run.out, f"step{step}")
+        res = evaluate_on_main(run, f"step{step}")
         memo["last_eval"] = (step, res)
-        for name, m in (res["metrics"] or {}).get("metrics", {}).items():
+        for name, m in ((res or {}).get("metrics") or {}).get("metrics", {}).items():
             metrics.update({f"eval/{name}": m["value"], f"eval/{name}_lo": m["lo"], f"eval/{name}_hi": m["hi"]})
     logger.log(metrics)
+    if not ranks.is_main:
+        return metrics
     warn_if_step_did_nothing(metrics, exp.advantages, max_new_tokens=rollout_cfg.max_new_tokens,
                              warned_at=memo["warned_at"])
     every = train_cfg.sample_every

@@ -89,6 +89,19 @@ def test_sampler_top_p_keeps_the_smallest_nucleus():
     _assert_frequencies(tokens, [0.5 / 0.8, 0.3 / 0.8, 0.0, 0.0])
 
 
+def test_given_uniforms_draw_what_the_generator_draws():
+    """``u`` ``(N,)`` or ``(N, 1)`` replaces the N uniform numbers the sampler would draw (one and two
+    levels of the search)."""
+    for v in (300, 5000):
+        logits = 3 * torch.randn(64, v, generator=torch.Generator().manual_seed(v))
+        drawn = sample_inverse_cdf(logits, generator=torch.Generator().manual_seed(7))
+        u = torch.rand(64, 1, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+        assert torch.equal(sample_inverse_cdf(logits, u=u), drawn)
+        assert torch.equal(sample_inverse_cdf(logits, u=u.squeeze(1)), drawn)
+    with pytest.raises(ValueError, match=r"u must be \(2,\) or \(2, 1\) for 2 rows of scores, got shape \(3,\)"):
+        sample_inverse_cdf(torch.zeros(2, 4), u=torch.rand(3))
+
+
 def test_sample_inverse_cdf_errors_name_the_problem():
     with pytest.raises(ValueError, match=r"scores must be \(N, V\)"):
         sample_inverse_cdf(torch.zeros(3))

@@ -18,6 +18,7 @@ import torch
 from grpokit.algo import LogprobGap, mask_completions
 from grpokit.rollout import SamplingParams, load_engine
 from grpokit.rollout import vllm_engine as ve
+from grpokit.rollout.engine import request_seed
 
 RAW_PROMPTS = ["The cat sat on", "Hello world, this is"]
 
@@ -29,6 +30,7 @@ def test_request_seed_depends_on_seed_prompt_and_sample_only():
     assert len(set(grid.values())) == len(grid)  # no two rows share a seed
     assert all(0 <= v < 2**63 for v in grid.values())
     assert ve.request_seed(1, 3, 2) == grid[(1, 3, 2)]  # nothing else enters it
+    assert ve.request_seed is request_seed  # the engine seam's, re-exported
     with pytest.raises(ValueError, match=r"indices must be >= 0, got \(-1, 0\)"):
         ve.request_seed(0, -1, 0)
 
@@ -262,6 +264,12 @@ def test_row_seeds_do_not_depend_on_the_batch(fake_vllm, tiny_model, smollm2_tok
     assert torch.equal(vllm.generate(RAW_PROMPTS, 4, p, 7).completion_ids, both.completion_ids)
     assert not torch.equal(vllm.generate(RAW_PROMPTS, 4, p, 8).completion_ids, both.completion_ids)
     assert len({tuple(r) for r in both.completion_ids.tolist()}) == 8  # every row its own draws
+    # a batch split across calls (or ranks): prompt b of the second call is prompt 1 + b of the batch
+    tail = vllm.generate(RAW_PROMPTS[1:], 4, p, 7, first_prompt=1)
+    assert torch.equal(tail.completion_ids, both.completion_ids[4:, : tail.completion_ids.shape[1]])
+    assert not torch.equal(vllm.generate(RAW_PROMPTS[1:], 4, p, 7).completion_ids, tail.completion_ids)
+    with pytest.raises(ValueError, match="first_prompt must be an int >= 0, got -1"):
+        vllm.generate(RAW_PROMPTS, 4, p, 7, first_prompt=-1)
 
 
 def test_sampler_logprobs_are_the_trainers_at_the_temperature(fake_vllm, tiny_model, smollm2_tokenizer):

@@ -13,6 +13,7 @@ from typing import Any, Callable
 import torch
 
 from grpokit.process.steps import scatter_step_rewards, split_steps, step_end_masks, step_texts
+from grpokit.rewards.pipeline import step_metrics
 
 
 class ProcessScorer:
@@ -71,15 +72,7 @@ class ProcessScorer:
         ends, spans = step_end_masks(ids, mask, exp.completions, self.step_rule, self.tokenizer)
         steps = [step_texts(text, sp) for text, sp in zip(exp.completions, spans)]
         scores = self.reward(prompts, exp.completions, steps=steps, **columns)
-        step_rewards, num_steps = scatter_step_rewards(scores, ends, dtype=torch.float64)
-        scored_mask = ends.bool() & torch.isfinite(step_rewards)  # (N, T)
-        scored = step_rewards[scored_mask]  # (S,) float64
-        total = int(num_steps.sum())
-        metrics: dict[str, Any] = {
-            "step_count_mean": float(num_steps.float().mean()),
-            "step_reward_mean": float(scored.mean()) if len(scored) else None,
-            "step_reward_std": float(scored.std()) if len(scored) > 1 else 0.0,  # sample std (ddof=1)
-            "steps_scored_frac": len(scored) / total if total else 0.0,
-            "process_unscorable_frac": float((scored_mask.sum(dim=1) == 0).double().mean()),
-        }
+        step_rewards, _ = scatter_step_rewards(scores, ends, dtype=torch.float64)
+        metrics = step_metrics(step_rewards, ends)
         return step_rewards.to(exp.device), ends.bool().to(exp.device), metrics
+

@@ -10,7 +10,8 @@ into the experience and returns the step's reward metrics.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping, Protocol
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import torch
 
@@ -103,35 +104,29 @@ class RewardPipeline:
         unscorable) and, with a step scorer, ``exp.step_rewards``/``exp.step_ends`` ``(N, T)``.
 
         Returns:
-            metrics: ``rewards/<name>`` (mean of the scorable values, None if none),
-            ``unscorable_frac``, ``frac_zero_std`` (groups whose rewards are equal or have < 2
-            scorable values), ``reward_mean``/``reward_std`` (over the scorable rewards),
-            ``reward_failures`` (rows that raised or timed out in this call, scored None), and the
-            step scorer's metrics.
+            metrics (:func:`reward_metrics`): ``rewards/<name>`` (mean of the scorable values, None
+            if none), ``unscorable_frac``, ``frac_zero_std`` (groups whose rewards are equal or
+            have < 2 scorable values), ``reward_mean``/``reward_std`` (over the scorable rewards),
+            the step scorer's metrics, and ``reward_failures`` (rows that raised or timed out in
+            this call, scored None).
         """
-        from grpokit import algo
+        scored = self.score_rows(exp, rows, columns)
+        return dict(reward_metrics(exp, scored.per_function), reward_failures=scored.failures)
 
+    def score_rows(self, exp: Any, rows: list[dict], columns: list[str]) -> "ScoredRows":
+        """:meth:`score` without the metrics: sets ``exp.rewards`` (and the step rewards) and
+        returns each function's value per row and the failures of this call (a data-parallel
+        loop gathers these from every rank and computes :func:`reward_metrics` over the batch)."""
         g, group = exp.group_size, exp.group_index.tolist()
         prompts = [rows[b]["prompt"] for b in group]
         cols = {k: [rows[b].get(k) for b in group] for k in columns}
         failures_before = self._failures()
         total, per_fn = compute_rewards(self.funcs, self.weights, prompts, exp.completions, cols)
         rewards = torch.tensor([math.nan if r is None else r for r in total], dtype=torch.float64)
-        metrics: dict[str, Any] = {}
-        for name, vals in per_fn.items():
-            ok = [v for v in vals if v is not None]
-            metrics[f"rewards/{name}"] = sum(ok) / len(ok) if ok else None
-        metrics["unscorable_frac"] = float((~torch.isfinite(rewards)).float().mean())
-        metrics["frac_zero_std"] = float(algo.constant_groups(rewards, g).float().mean())
-        ok = rewards[torch.isfinite(rewards)]
-        metrics["reward_mean"] = float(ok.mean()) if len(ok) else None
-        metrics["reward_std"] = float(ok.std()) if len(ok) > 1 else 0.0
         exp.rewards = rewards.to(exp.device)
         if self.step_scorer is not None:
-            exp.step_rewards, exp.step_ends, step_metrics = self.step_scorer.score(exp, prompts, cols)
-            metrics.update(step_metrics)
-        metrics["reward_failures"] = self._failures() - failures_before
-        return metrics
+            exp.step_rewards, exp.step_ends, _ = self.step_scorer.score(exp, prompts, cols)
+        return ScoredRows({k: list(v) for k, v in per_fn.items()}, self._failures() - failures_before)
 
     def close(self) -> None:
         """Stop the worker processes of the reward functions and of the step scorer's reward."""
@@ -139,3 +134,56 @@ class RewardPipeline:
         for f in [*self.funcs.values(), step_reward]:
             if isinstance(f, GuardedReward):
                 f.close()
+
+
+@dataclass
+class ScoredRows:
+    """What :meth:`RewardPipeline.score_rows` returns besides the rewards it sets:
+    ``per_function`` (name -> one value or None per row) and ``failures`` (rows that raised or
+    timed out in the call)."""
+
+    per_function: dict[str, list]
+    failures: int
+
+
+def reward_metrics(exp: Any, per_function: Mapping[str, Sequence]) -> dict[str, Any]:
+    """The reward metrics of a scored experience (``exp.rewards`` set; ``exp.step_rewards`` and
+    ``exp.step_ends`` with process supervision): ``rewards/<name>`` (mean of the function's
+    non-None values, None if none), ``unscorable_frac``, ``frac_zero_std``, ``reward_mean`` /
+    ``reward_std`` (over the finite rewards; None / 0.0 with fewer than 1 / 2), and with step
+    rewards :func:`step_metrics`."""
+    from grpokit import algo
+
+    metrics: dict[str, Any] = {}
+    for name, vals in per_function.items():
+        ok = [v for v in vals if v is not None]
+        metrics[f"rewards/{name}"] = sum(ok) / len(ok) if ok else None
+    rewards = exp.rewards.double().cpu()
+    metrics["unscorable_frac"] = float((~torch.isfinite(rewards)).float().mean())
+    metrics["frac_zero_std"] = float(algo.constant_groups(rewards, exp.group_size).float().mean())
+    ok = rewards[torch.isfinite(rewards)]
+    metrics["reward_mean"] = float(ok.mean()) if len(ok) else None
+    metrics["reward_std"] = float(ok.std()) if len(ok) > 1 else 0.0
+    if exp.step_rewards is not None:
+        metrics.update(step_metrics(exp.step_rewards.cpu(), exp.step_ends.cpu()))
+    return metrics
+
+
+def step_metrics(step_rewards: torch.Tensor, step_ends: torch.Tensor) -> dict[str, Any]:
+    """Metrics of a batch's step rewards ``(N, T)`` float (NaN: unscored) at ``step_ends``
+    ``(N, T)`` bool: ``step_count_mean`` (steps per completion), ``step_reward_mean`` /
+    ``step_reward_std`` (over the scored steps; None / 0.0 when fewer than 1 / 2; sample std),
+    ``steps_scored_frac`` (scored steps / steps), ``process_unscorable_frac`` (completions with no
+    scored step / N)."""
+    ends = step_ends.bool()
+    num_steps = ends.sum(dim=1)
+    scored_mask = ends & torch.isfinite(step_rewards)  # (N, T)
+    scored = step_rewards[scored_mask]  # (S,)
+    total = int(num_steps.sum())
+    return {
+        "step_count_mean": float(num_steps.float().mean()),
+        "step_reward_mean": float(scored.mean()) if len(scored) else None,
+        "step_reward_std": float(scored.std()) if len(scored) > 1 else 0.0,  # sample std (ddof=1)
+        "steps_scored_frac": len(scored) / total if total else 0.0,
+        "process_unscorable_frac": float((scored_mask.sum(dim=1) == 0).double().mean()),
+    }

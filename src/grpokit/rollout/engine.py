@@ -1,14 +1,20 @@
 """The rollout-engine seam: prompts in, grouped completions out as an :class:`~grpokit.experience.Experience`.
 
-An engine is anything with ``generate(prompts, group_size, sampling, seed) -> Experience``
-(:class:`RolloutEngine`) plus ``sync_weights()``, called by the loop after every update (a no-op for
-engines that sample from the trained model itself). Engines are named in ``rollout.engine`` and
-imported only when chosen (:func:`load_engine`), so a heavy engine's dependencies are never imported
-by runs that do not use it.
+An engine is anything with ``generate(prompts, group_size, sampling, seed, first_prompt=0) ->
+Experience`` (:class:`RolloutEngine`) plus ``sync_weights()``, called by the loop after every update (a
+no-op for engines that sample from the trained model itself). Engines are named in ``rollout.engine``
+and imported only when chosen (:func:`load_engine`), so a heavy engine's dependencies are never
+imported by runs that do not use it.
+
+Seeding: row ``(b, g)`` of a call (sample ``g`` of prompt ``b``) is row ``(first_prompt + b, g)`` of
+the step's batch and draws its random numbers from :func:`request_seed` ``(seed, first_prompt + b,
+g)`` alone, so a batch split across calls (chunks, or the ranks of a data-parallel run, each passing
+the index of its first prompt) samples the same completions as one call over the whole batch.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import import_module
@@ -41,9 +47,11 @@ class SamplingParams:
     """CTRL repetition penalty (> 0); 1 = off."""
     sampler: str = "inverse_cdf"
     """How a token is drawn from the warped distribution: ``inverse_cdf`` (one uniform number per
-    row, :mod:`grpokit.rollout.sampling`) or ``multinomial`` (``generate``'s own
-    ``torch.multinomial``). Same distribution; inverse_cdf is ~30 ms per decode step cheaper on
-    CPU for a 49k vocabulary."""
+    row, :mod:`grpokit.rollout.sampling`; with a seed, row ``(b, g)``'s numbers come from
+    :func:`request_seed`, so they do not depend on the batch) or ``multinomial`` (``generate``'s own
+    ``torch.multinomial`` on torch's global RNG seeded by ``seed``: a row's draws depend on which
+    rows share the call, so they change when a batch is split). Same distribution; inverse_cdf is
+    ~30 ms per decode step cheaper on CPU for a 49k vocabulary."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -88,6 +96,26 @@ def _problem(v: dict[str, Any]) -> str | None:
     return None
 
 
+def request_seed(seed: int, prompt_index: int, sample_index: int) -> int:
+    """The seed of row ``(prompt_index, sample_index)`` of a ``generate(…, seed)`` call: a 63-bit
+    hash of the three numbers, so it depends on nothing else (not ``B``, ``G``, nor the batch the
+    row is sampled in). ``prompt_index`` counts from the step's first prompt (``first_prompt + b``).
+
+    Raises:
+        ValueError: an index < 0.
+
+    >>> request_seed(7, 0, 0) == request_seed(7, 0, 0) != request_seed(7, 0, 1)
+    True
+    >>> 0 <= request_seed(-3, 2, 5) < 2**63
+    True
+    """
+    if prompt_index < 0 or sample_index < 0:
+        raise ValueError(f"request_seed: indices must be >= 0, got ({prompt_index}, {sample_index})")
+    digest = hashlib.blake2b(f"grpokit:{int(seed)}:{int(prompt_index)}:{int(sample_index)}".encode(),
+                             digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
 #: ``rollout.engine`` name -> ``module:class``; the module is imported by :func:`load_engine`
 ENGINES = {
     "hf": "grpokit.rollout.hf_engine:HFRolloutEngine",
@@ -95,12 +123,12 @@ ENGINES = {
 }
 
 
-def check_prompts(prompts: Any, group_size: Any) -> None:
+def check_prompts(prompts: Any, group_size: Any, first_prompt: Any = 0) -> None:
     """What every engine's ``generate`` needs of its arguments.
 
     Raises:
         ValueError: ``prompts`` not a list of strings, empty, or holding an empty/non-string entry
-            (names its index); ``group_size`` not an int >= 1.
+            (names its index); ``group_size`` not an int >= 1; ``first_prompt`` not an int >= 0.
     """
     if isinstance(prompts, str) or not isinstance(prompts, Sequence):
         raise ValueError(f"prompts must be a list of strings, got {type(prompts).__name__}")
@@ -111,17 +139,31 @@ def check_prompts(prompts: Any, group_size: Any) -> None:
             raise ValueError(f"prompts[{i}] must be a non-empty string, got {p!r}")
     if not isinstance(group_size, int) or group_size < 1:
         raise ValueError(f"group_size must be an int >= 1, got {group_size!r}")
+    if not isinstance(first_prompt, int) or isinstance(first_prompt, bool) or first_prompt < 0:
+        raise ValueError(f"first_prompt must be an int >= 0, got {first_prompt!r}")
 
 
 @runtime_checkable
 class RolloutEngine(Protocol):
     """What the loop needs from a generator."""
 
-    def generate(self, prompts: list[str], group_size: int, sampling: "SamplingParams", seed: int) -> "Experience":
+    def generate(self, prompts: list[str], group_size: int, sampling: "SamplingParams", seed: int,
+                 first_prompt: int = 0) -> "Experience":
         """``group_size`` completions for each of the ``B`` formatted ``prompts``: an experience of
         ``B·group_size`` grouped rows on the trained model's device, ``gen_s`` set; the same
         ``seed`` gives the same completions. ``sampling.temperature == 0`` asks for greedy
-        decoding (held-out evaluation, :func:`grpokit.evaluate.evaluate`)."""
+        decoding (held-out evaluation, :func:`grpokit.evaluate.evaluate`).
+
+        Prompt ``b`` of this call is prompt ``first_prompt + b`` of the step's batch, and row
+        ``(b, g)`` draws all its random numbers from :func:`request_seed` ``(seed, first_prompt + b,
+        g)``: ``generate(P[:2], G, s, seed, first_prompt=0)`` followed by ``generate(P[2:], G, s,
+        seed, first_prompt=2)`` gives the rows of ``generate(P, G, s, seed)``, whatever the engine's
+        chunking. (Exception: the hf engine's ``sampler="multinomial"`` draws from torch's global RNG
+        seeded by ``seed``, so its draws depend on the batch.)
+
+        Raises:
+            ValueError: ``first_prompt`` not an int >= 0 (and what :func:`check_prompts` refuses).
+        """
         ...
 
     def sync_weights(self) -> None:

@@ -37,6 +37,15 @@ packed weights are the model's backend's (:func:`grpokit.backends.get_backend`):
   processor with one uniform number per row (:mod:`grpokit.rollout.sampling`) instead of
   ``torch.multinomial`` (one exponential number per vocabulary entry: ~33 ms of a ~130 ms decode
   step for 32 rows × 49k entries). Same distribution, different draws for a seed.
+
+Seeding: with ``seed`` and the inverse-CDF sampler, row ``(b, g)`` draws its ``max_new_tokens``
+uniform numbers from a generator seeded :func:`grpokit.rollout.engine.request_seed` ``(seed,
+first_prompt + b, g)`` (a table made once per call, :func:`grpokit.rollout.sampling.request_uniforms`),
+so its completion does not depend on ``chunk_size`` or on which prompts share the call: a batch split
+across calls (or ranks) with ``first_prompt`` offsets samples what one call samples. With
+``sampler="multinomial"`` ``generate`` draws from torch's global RNG seeded by ``seed`` once per
+call, so its draws depend on the batch and its chunking.
+
 The model's own ``generation_config`` (which may carry ``top_p``, ``temperature``, ``top_k``,
 ``max_length`` from the hub) never overrides the recipe: transformers fills every field left
 ``None`` from it, so :func:`build_generation_config` sets each sampling field explicitly, including
@@ -132,16 +141,21 @@ def build_generation_config(
     )
 
 
-def sampling_processors(params: SamplingParams) -> list[Any]:
-    """The ``logits_processor`` list ``generate`` needs for ``params`` with the config of
+def sampling_processors(params: SamplingParams, uniforms: torch.Tensor | None = None) -> list[Any]:
+    """The ``logits_processor`` list one ``generate`` call needs for ``params`` with the config of
     :func:`build_generation_config`: ``[InverseCDFSampler]`` when it samples by inverse CDF, else
-    empty (``generate`` samples or decodes greedily by itself)."""
-    if params.temperature > 0 and params.sampler == "inverse_cdf":
+    empty (``generate`` samples or decodes greedily by itself). ``uniforms``: the call's rows of
+    the uniform-number table (``(n, max_new_tokens)``), or None for torch's global RNG."""
+    if _inverse_cdf(params):
         from grpokit.rollout.sampling import InverseCDFSampler
 
         return [InverseCDFSampler(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
-                                  min_p=params.min_p)]
+                                  min_p=params.min_p, uniforms=uniforms)]
     return []
+
+
+def _inverse_cdf(params: SamplingParams) -> bool:
+    return params.temperature > 0 and params.sampler == "inverse_cdf"
 
 
 def generate_rollouts(
@@ -154,6 +168,7 @@ def generate_rollouts(
     eos_token_ids: Sequence[int],
     chunk_size: int | None = None,
     seed: int | None = None,
+    first_prompt: int = 0,
     share_prompt: bool = True,
     static_cache: bool = True,
     sampler_dtype: torch.dtype | None = None,
@@ -173,9 +188,15 @@ def generate_rollouts(
         eos_token_ids: every id that ends a completion (``grpokit.models.eos_token_ids``).
         chunk_size: generate at most this many rows per ``generate`` call (memory bound); the
             chunks are right-padded with the pad id to a common ``T``. ``None`` = all ``N`` rows.
-        seed: if given, sampling is seeded with ``torch.manual_seed(seed)`` inside
-            ``torch.random.fork_rng``, so the output is reproducible and the caller's global RNG
-            state is left untouched. Pass a different seed per step.
+        seed: if given, the output is reproducible and the caller's global RNG state is left
+            untouched. Inverse CDF: row ``(b, g)`` draws from a generator seeded
+            ``request_seed(seed, first_prompt + b, g)`` (module docstring), whatever the chunking
+            or the other prompts of the call. Multinomial: torch's global RNG is seeded with
+            ``torch.manual_seed(seed)`` inside ``torch.random.fork_rng`` (draws depend on the
+            batch). Pass a different seed per step. None: torch's global RNG as it is.
+        first_prompt: the index of ``prompts[0]`` in the step's batch (``>= 0``): prompt ``b`` is
+            seeded as prompt ``first_prompt + b``, so calls over consecutive slices of a batch give
+            the rows of one call over all of it.
         share_prompt: prefill each distinct prompt once and repeat its KV cache to its G rows
             (module docstring; cpu backend); False = plain ``generate`` over all rows.
         static_cache: preallocated KV cache written in place (module docstring; cpu backend);
@@ -192,9 +213,10 @@ def generate_rollouts(
     Raises:
         ValueError: ``group_size < 1``; ``prompts`` empty, not a list of strings, or containing an
             empty prompt; ``params.max_new_tokens < 1`` (or another field out of range);
-            ``eos_token_ids`` empty; ``chunk_size < 1``; the tokenizer has no pad token.
+            ``eos_token_ids`` empty; ``chunk_size < 1``; ``first_prompt`` not an int >= 0; the
+            tokenizer has no pad token.
     """
-    check_prompts(prompts, group_size)
+    check_prompts(prompts, group_size, first_prompt)
     params.validate()
     eos = [int(i) for i in eos_token_ids]
     if not eos:
@@ -218,13 +240,13 @@ def generate_rollouts(
     gen_config = build_generation_config(
         params, eos_token_ids=eos, pad_token_id=pad_id, bos_token_id=tokenizer.bos_token_id
     )
-    processors = sampling_processors(params)
-    if processors:
-        from transformers import LogitsProcessorList
+    from transformers import LogitsProcessorList
 
-        extra_gen = {"logits_processor": LogitsProcessorList(processors)}
-    else:
-        extra_gen = {}
+    uniforms = None  # (N, max_new_tokens): row (b, g) from request_seed(seed, first_prompt + b, g)
+    if seed is not None and _inverse_cdf(params):
+        from grpokit.rollout.sampling import request_uniforms
+
+        uniforms = request_uniforms(seed, first_prompt, len(prompts), G, params.max_new_tokens).to(device)
     backend = get_backend(model)  # the sampler copy runs under the policy's backend
     chunks: list[torch.Tensor] = []
     t0 = time.perf_counter()
@@ -236,6 +258,9 @@ def generate_rollouts(
                 mask = prompt_mask[start : start + rows]
                 extra = backend.prefill(sampler, ids, mask, share=share_prompt, static=static_cache,
                                         max_len=P + params.max_new_tokens)
+                # a fresh sampler per generate call (it counts its calls: decode steps), with its rows' uniforms
+                processors = sampling_processors(params, None if uniforms is None else uniforms[start : start + rows])
+                extra_gen = {"logits_processor": LogitsProcessorList(processors)} if processors else {}
                 out = sampler.generate(
                     input_ids=ids, attention_mask=mask.long(), generation_config=gen_config, **extra, **extra_gen
                 )
@@ -323,7 +348,8 @@ def _sampler_copy(model: Any, dtype: torch.dtype) -> Any:
 
 @contextlib.contextmanager
 def _seeded(seed: int | None, device: torch.device) -> Iterator[None]:
-    """Seed torch's RNGs for the block and restore the caller's RNG state afterwards."""
+    """Seed torch's RNGs for the block and restore the caller's RNG state afterwards (the
+    multinomial sampler draws from them; the inverse-CDF one, given a seed, from its table)."""
     if seed is None:
         yield
         return

@@ -1,5 +1,8 @@
 """The ``hf`` rollout engine: Hugging Face ``model.generate`` on the trained model itself
-(:func:`grpokit.rollout.hf.generate_rollouts`), CPU or one GPU."""
+(:func:`grpokit.rollout.hf.generate_rollouts`), CPU or one GPU. With the inverse-CDF sampler (the
+default) row ``(b, g)`` is seeded ``request_seed(seed, first_prompt + b, g)``, so a batch split across
+calls or ranks samples what one call samples; ``sampler="multinomial"`` does not (its draws depend on
+the batch)."""
 
 from __future__ import annotations
 
@@ -29,10 +32,16 @@ class HFRolloutEngine:
         self.model, self.tokenizer = model, tokenizer
         self.eos_token_ids, self.chunk_size, self.sampler_dtype = list(eos_token_ids), chunk_size, sampler_dtype
 
-    def generate(self, prompts: list[str], group_size: int, sampling: SamplingParams, seed: int) -> Experience:
+    def generate(self, prompts: list[str], group_size: int, sampling: SamplingParams, seed: int,
+                 first_prompt: int = 0) -> Experience:
+        """:func:`~grpokit.rollout.hf.generate_rollouts`: prompt ``b`` is prompt ``first_prompt + b`` of
+        the step's batch, and with the inverse-CDF sampler row ``(b, g)`` draws from
+        ``request_seed(seed, first_prompt + b, g)`` whatever ``chunk_size``
+        (:class:`~grpokit.rollout.engine.RolloutEngine`; ``sampler="multinomial"``'s draws depend on
+        the batch)."""
         return hf.generate_rollouts(self.model, self.tokenizer, prompts, group_size, sampling,
                                     eos_token_ids=self.eos_token_ids, chunk_size=self.chunk_size, seed=seed,
-                                    sampler_dtype=self.sampler_dtype)
+                                    first_prompt=first_prompt, sampler_dtype=self.sampler_dtype)
 
     def sync_weights(self) -> None:
         """Nothing to do: ``generate`` runs the trained model (a bf16 sampler copy is refreshed per call)."""

@@ -14,6 +14,14 @@ different draws for the same seed).
 one token per row, and returns scores that are 0 at the drawn token and ``-inf`` elsewhere, so the
 greedy ``argmax`` picks the drawn token. Everything else in ``generate`` (EOS handling, padding of
 finished rows, caches, stopping) is unchanged.
+
+Where the uniform numbers come from: given a table ``uniforms`` ``(N, max_new_tokens)``, the
+sampler's k-th call (``generate``'s k-th decode step, every row of the call at once, finished rows
+included) uses column k, so each row draws from its own stream.
+:func:`grpokit.rollout.hf.generate_rollouts` fills row ``(b, g)`` from a generator seeded
+:func:`grpokit.rollout.engine.request_seed` ``(seed, first_prompt + b, g)``, which makes a row's
+draws independent of the other rows of its call or chunk. Without a table the numbers come from
+torch's global RNG (one per row per step, so a row's draws depend on the batch).
 """
 
 from __future__ import annotations
@@ -23,15 +31,21 @@ from typing import Any
 import torch
 from transformers import LogitsProcessor
 
+from grpokit.rollout.engine import request_seed
 
-def sample_inverse_cdf(scores: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+
+def sample_inverse_cdf(scores: torch.Tensor, generator: torch.Generator | None = None,
+                       u: torch.Tensor | None = None) -> torch.Tensor:
     """One token per row of ``scores``, drawn from ``softmax(scores)``.
 
     Args:
         scores: ``(N, V)`` float logits (already temperature-scaled / filtered; ``-inf`` entries
             are never drawn). Each row needs at least one finite entry.
         generator: optional ``torch.Generator`` for the ``N`` uniform numbers (default: torch's
-            global RNG, so ``torch.manual_seed`` makes draws reproducible).
+            global RNG, so ``torch.manual_seed`` makes draws reproducible). Unused with ``u``.
+        u: optional precomputed uniform numbers in ``[0, 1)``, ``(N,)`` or ``(N, 1)``, one per row
+            (used in float64); row ``i`` draws the first token whose cumulative probability
+            exceeds ``u[i]``.
 
     Returns:
         ``(N,)`` long token ids.
@@ -42,12 +56,15 @@ def sample_inverse_cdf(scores: torch.Tensor, generator: torch.Generator | None =
     the chosen block.
 
     Raises:
-        ValueError: ``scores`` is not 2-D, or a row has no finite entry or holds a NaN or +inf.
+        ValueError: ``scores`` is not 2-D, or a row has no finite entry or holds a NaN or +inf;
+            ``u`` is not ``(N,)`` or ``(N, 1)``.
 
     >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
     <torch._C.Generator object at ...>
     >>> sample_inverse_cdf(torch.tensor([[0.0, float("-inf")], [float("-inf"), 3.0]])).tolist()
     [0, 1]
+    >>> sample_inverse_cdf(torch.zeros(2, 4), u=torch.tensor([0.3, 0.8])).tolist()  # 4 equal tokens
+    [1, 3]
     """
     if scores.dim() != 2:
         raise ValueError(f"sample_inverse_cdf: scores must be (N, V), got shape {tuple(scores.shape)}")
@@ -56,9 +73,15 @@ def sample_inverse_cdf(scores: torch.Tensor, generator: torch.Generator | None =
         row = int((~drawable).nonzero()[0])
         raise ValueError(f"sample_inverse_cdf: row {row} of scores has no finite entry, a NaN or a +inf "
                          "(nothing to draw)")
+    n, v = scores.shape
+    if u is None:
+        u = torch.rand(n, 1, dtype=torch.float64, device=scores.device, generator=generator)
+    else:
+        if tuple(u.shape) not in ((n,), (n, 1)):
+            raise ValueError(f"sample_inverse_cdf: u must be ({n},) or ({n}, 1) for {n} rows of scores, "
+                             f"got shape {tuple(u.shape)}")
+        u = u.to(device=scores.device, dtype=torch.float64).reshape(n, 1)
     probs = torch.softmax(scores.float(), dim=-1)  # (N, V) float32
-    n, v = probs.shape
-    u = torch.rand(n, 1, dtype=torch.float64, device=scores.device, generator=generator)
     if v <= 2 * _BLOCK:
         cdf = probs.cumsum(dim=-1, dtype=torch.float64)  # (N, V)
         idx = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)  # (N, 1)
@@ -85,18 +108,39 @@ def sample_inverse_cdf(scores: torch.Tensor, generator: torch.Generator | None =
 _BLOCK = 256
 
 
+def request_uniforms(seed: int, first_prompt: int, num_prompts: int, group_size: int, steps: int) -> torch.Tensor:
+    """The uniform numbers of a call's ``N = num_prompts · group_size`` rows: ``(N, steps)`` float64 on
+    the CPU, row ``b·G + g`` = ``torch.rand(steps, dtype=float64)`` from a ``torch.Generator`` seeded
+    :func:`grpokit.rollout.engine.request_seed` ``(seed, first_prompt + b, g)``, so each row's
+    numbers depend on nothing but ``(seed, first_prompt + b, g)``.
+
+    >>> t = request_uniforms(5, 3, 2, 2, 4)
+    >>> t.shape, bool(torch.equal(t[2:], request_uniforms(5, 4, 1, 2, 4)))  # prompt 1 here is prompt 4
+    (torch.Size([4, 4]), True)
+    """
+    rows = [torch.rand(steps, dtype=torch.float64,
+                       generator=torch.Generator().manual_seed(request_seed(seed, first_prompt + b, g)))
+            for b in range(num_prompts) for g in range(group_size)]
+    return torch.stack(rows)
+
+
 class InverseCDFSampler(LogitsProcessor):
     """``LogitsProcessor`` that samples the next token (see the module docstring).
 
     Args:
         temperature: > 0 (greedy decoding has no sampler).
         top_k: 0 = off. top_p: 1 = off. min_p: 0 = off (same meanings as ``SamplingParams``).
+        uniforms: optional ``(N, max_new_tokens)`` float64 table of uniform numbers, one row per
+            row of the ``generate`` call: the k-th call of the sampler (decode step k) draws with
+            column k. None = torch's global RNG. One sampler per ``generate`` call (it counts calls).
 
     Raises:
-        ValueError: ``temperature <= 0``.
+        ValueError: ``temperature <= 0``; ``uniforms`` not 2-D. When called: the call's row count
+            differs from the table's, or more calls than the table has columns.
     """
 
-    def __init__(self, *, temperature: float, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0):
+    def __init__(self, *, temperature: float, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
+                 uniforms: torch.Tensor | None = None):
         from transformers.generation.logits_process import (
             MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper,
         )
@@ -112,11 +156,27 @@ class InverseCDFSampler(LogitsProcessor):
             self.warpers.append(TopPLogitsWarper(top_p=float(top_p)))
         if min_p > 0.0:
             self.warpers.append(MinPLogitsWarper(min_p=float(min_p)))
+        if uniforms is not None and uniforms.dim() != 2:
+            raise ValueError(f"InverseCDFSampler: uniforms must be (N, max_new_tokens), got shape "
+                             f"{tuple(uniforms.shape)}")
+        self.uniforms = uniforms
+        self.calls = 0  # decode steps drawn so far: the column of `uniforms` the next call uses
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         """``(N, V)`` scores -> ``(N, V)``: 0 at the drawn token, ``-inf`` elsewhere."""
         for warp in self.warpers:
             scores = warp(input_ids, scores)
-        tokens = sample_inverse_cdf(scores)
+        u = None
+        if self.uniforms is not None:
+            rows, steps = self.uniforms.shape
+            if scores.shape[0] != rows:
+                raise ValueError(f"InverseCDFSampler: called with {scores.shape[0]} rows, but its uniforms table "
+                                 f"has {rows} (one sampler per generate call, one table row per row)")
+            if self.calls >= steps:
+                raise ValueError(f"InverseCDFSampler: call {self.calls + 1} but the uniforms table has {steps} "
+                                 "columns (one per decode step: max_new_tokens)")
+            u = self.uniforms[:, self.calls]
+        self.calls += 1
+        tokens = sample_inverse_cdf(scores, u=u)
         out = torch.full_like(scores, float("-inf"))
         return out.scatter_(1, tokens.unsqueeze(1), 0.0)

@@ -22,8 +22,8 @@ the layout of the ``hf`` engine (:func:`grpokit.rollout.hf.generate_rollouts`) p
 Sampling: ``temperature`` and ``max_new_tokens`` from :class:`~grpokit.rollout.engine.SamplingParams`
 (τ = 0: greedy); the policy's EOS ids are the stop token ids (the model's own generation config and
 the tokenizer are not consulted: ``generation_config="vllm"``, ``skip_tokenizer_init=True``); every
-row ``(b, g)`` is its own request seeded :func:`request_seed` ``(seed, b, g)``, so a row's draws do
-not depend on which other rows share the batch. ``top_k``/``top_p``/``min_p`` are refused: the
+row ``(b, g)`` is its own request seeded :func:`~grpokit.rollout.engine.request_seed` ``(seed,
+first_prompt + b, g)``, so a row's draws do not depend on which other rows share the batch or call. ``top_k``/``top_p``/``min_p`` are refused: the
 trainer scores over the full vocabulary (docs/design.md, "Temperature"). ``SamplingParams.sampler``
 does not apply (vLLM draws by Gumbel-max; same distribution).
 
@@ -46,7 +46,6 @@ handed over without copies between processes.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import tempfile
 import time
@@ -58,32 +57,12 @@ import torch
 
 from grpokit.algo import mask_completions
 from grpokit.experience import Experience
-from grpokit.rollout.engine import SamplingParams, check_prompts
+from grpokit.rollout.engine import SamplingParams, check_prompts, request_seed  # request_seed: re-exported
 
 #: the extra of pyproject.toml that installs vLLM
 EXTRA = "vllm"
 
 _DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-
-
-def request_seed(seed: int, prompt_index: int, sample_index: int) -> int:
-    """The seed of row ``(prompt_index, sample_index)`` of a ``generate(…, seed)`` call: a 63-bit
-    hash of the three numbers, so it depends on nothing else (not ``B``, ``G``, nor the batch vLLM
-    schedules the row in).
-
-    Raises:
-        ValueError: an index < 0.
-
-    >>> request_seed(7, 0, 0) == request_seed(7, 0, 0) != request_seed(7, 0, 1)
-    True
-    >>> 0 <= request_seed(-3, 2, 5) < 2**63
-    True
-    """
-    if prompt_index < 0 or sample_index < 0:
-        raise ValueError(f"request_seed: indices must be >= 0, got ({prompt_index}, {sample_index})")
-    digest = hashlib.blake2b(f"grpokit:{int(seed)}:{int(prompt_index)}:{int(sample_index)}".encode(),
-                             digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
 
 
 def check_sampling(params: SamplingParams) -> None:
@@ -302,16 +281,19 @@ class VLLMRolloutEngine:
         s.stale, s.fingerprint, s.version = False, fp, s.version + 1
         s.last_sync_s = time.perf_counter() - t0
 
-    def generate(self, prompts: list[str], group_size: int, sampling: SamplingParams, seed: int) -> Experience:
-        """``group_size`` completions per prompt (module docstring), from the model's current weights.
+    def generate(self, prompts: list[str], group_size: int, sampling: SamplingParams, seed: int,
+                 first_prompt: int = 0) -> Experience:
+        """``group_size`` completions per prompt (module docstring), from the model's current weights;
+        prompt ``b`` is prompt ``first_prompt + b`` of the step's batch (its rows' seeds).
 
         Raises:
-            ValueError: ``prompts`` empty or not non-empty strings; ``group_size < 1``; a sampling
-                field out of range or a truncating sampler (:func:`check_sampling`).
+            ValueError: ``prompts`` empty or not non-empty strings; ``group_size < 1``;
+                ``first_prompt`` not an int >= 0; a sampling field out of range or a truncating
+                sampler (:func:`check_sampling`).
         """
         from grpokit.rollout.hf import left_padded_prompts
 
-        check_prompts(prompts, group_size)
+        check_prompts(prompts, group_size, first_prompt)
         check_sampling(sampling)
         t0 = time.perf_counter()
         self._push_weights_if_stale()
@@ -319,11 +301,11 @@ class VLLMRolloutEngine:
         ids, mask = left_padded_prompts(self.tokenizer, prompts, pad)  # (B, P)
         kw = sampling_kwargs(sampling, eos_token_ids=self.eos_token_ids, seed=None)
         inputs, params = [], []
-        for b in range(len(prompts)):  # one request per row (b, g), seeded by (seed, b, g) alone
+        for b in range(len(prompts)):  # one request per row (b, g), seeded by (seed, first_prompt + b, g) alone
             prompt = self.vllm.TokensPrompt(prompt_token_ids=ids[b][mask[b]].tolist())
             for g in range(group_size):
                 inputs.append(prompt)
-                params.append(self.vllm.SamplingParams(**dict(kw, seed=request_seed(seed, b, g))))
+                params.append(self.vllm.SamplingParams(**dict(kw, seed=request_seed(seed, first_prompt + b, g))))
         outs = self.shared.llm.generate(inputs, params, use_tqdm=False)
         tokens = [list(o.outputs[0].token_ids) for o in outs]
         logprobs = None

@@ -1,0 +1,366 @@
+"""Processes: data parallel over ranks with ``torch.distributed`` (the ``train.parallel`` seam).
+
+Launch with torchrun (one process per device; on CPU the ``gloo`` backend, on CUDA ``nccl``)::
+
+    torchrun --nproc-per-node 2 -m grpokit train recipe.yaml                    # one machine
+    torchrun --nnodes 2 --node-rank R --nproc-per-node 8 \\
+             --rdzv-backend c10d --rdzv-endpoint HOST:29500 -m grpokit train recipe.yaml
+
+What is split and what is shared (the loop in :mod:`grpokit.trainer` does this through the
+functions here):
+
+- every rank computes the same B prompt indices of a step and samples the ``B/W`` whole groups of
+  its own share (``B`` must be divisible by the world size ``W``); a row's random numbers come
+  from ``(seed, step, global prompt index, sample index)`` (:func:`grpokit.rollout.engine.request_seed`),
+  so what a row samples does not depend on ``W``;
+- each rank scores its rows; the scored rows are all-gathered (:func:`gather_objects`) so that
+  advantages (batch scaling included) and the logged metrics are computed over the whole batch,
+  as one process computes them;
+- the loss of a micro-batch is normalized by the whole batch's sequence and token counts, and the
+  gradients are summed over ranks before clipping: ``ddp`` with one bucketed ``all_reduce`` per
+  update after the last micro-batch (:func:`reduce_gradients`: the reduction DDP makes, done once
+  per accumulated update as DDP's ``no_sync`` accumulation does, and over every gradient the
+  backend wrote, the cpu backend's fused ones included); ``fsdp2`` by FSDP2's own reduce-scatter in
+  backward, summed (divide factor 1). Every rank then sees the same gradient norm, so a
+  non-finite update is skipped on every rank or on none;
+- a stop request (SIGTERM/SIGINT) on any rank stops every rank after the same step (:func:`any_rank`);
+- only rank 0 writes logs, samples, plots, evaluations and checkpoints; a checkpoint holds every
+  rank's RNG state, so a resumed run continues exactly.
+
+``fsdp2`` shards each decoder layer and the rest of the model with
+``torch.distributed.fsdp.fully_shard`` (parameters become DTensors; the cpu speed backend steps
+aside). Generation runs on the gathered model (:func:`gathered`: one all-gather, then no
+collective until the reshard, so ranks may stop generating at different lengths); checkpoints
+gather the full model and optimizer state to rank 0 (:func:`full_state`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from grpokit.experience import Experience
+    from grpokit.rewards.pipeline import ScoredRows
+
+#: the values of ``train.parallel``
+PARALLEL = ("auto", "none", "ddp", "fsdp2")
+
+#: how long a rank waits at a collective (held-out evaluation runs on rank 0 while the others wait)
+TIMEOUT = timedelta(hours=2)
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """This process's place in the run: ``rank`` of ``world_size`` (``local_rank`` on its machine)
+    and the data-parallel mode (``none``, ``ddp`` or ``fsdp2``)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    parallel: str = "none"
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the one that writes files and prints."""
+        return self.rank == 0
+
+    @property
+    def active(self) -> bool:
+        """A process group is in use (``ddp``/``fsdp2``): collectives must be called on every rank."""
+        return self.parallel != "none"
+
+
+#: one process, no process group
+SINGLE = Ranks()
+
+
+def launched_world_size() -> int:
+    """``WORLD_SIZE`` as torchrun sets it (1 when not launched by torchrun)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def resolve_parallel(parallel: str, world_size: int) -> str:
+    """``train.parallel`` for a launch of ``world_size`` processes: ``auto`` is ``ddp`` with more than
+    one process, else ``none``.
+
+    Raises:
+        ValueError: an unknown value, or ``none`` with more than one process (names ``train.parallel``).
+    """
+    if parallel not in PARALLEL:
+        raise ValueError(f"train.parallel: {parallel!r} is not one of {', '.join(PARALLEL)}")
+    if parallel == "auto":
+        return "ddp" if world_size > 1 else "none"
+    if parallel == "none" and world_size > 1:
+        raise ValueError(f"train.parallel=none but {world_size} processes were launched (WORLD_SIZE); "
+                         "use ddp or fsdp2, or launch one process")
+    return parallel
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_ranks(parallel: str, device: torch.device) -> Ranks:
+    """Join (or create) the process group the launch asks for and return this process's ranks.
+
+    ``parallel`` (``train.parallel``) is resolved by :func:`resolve_parallel` against torchrun's
+    ``WORLD_SIZE``. ``ddp``/``fsdp2`` outside torchrun make a one-rank group on a free local port.
+    A process group that already exists (a test, a notebook) is used as it is. Backend: ``nccl``
+    for CUDA, else ``gloo``.
+
+    Raises:
+        ValueError: what :func:`resolve_parallel` raises.
+    """
+    import torch.distributed as dist
+
+    world = dist.get_world_size() if dist.is_initialized() else launched_world_size()
+    mode = resolve_parallel(parallel, world)
+    if mode == "none":
+        return SINGLE
+    if not dist.is_initialized():
+        if "RANK" not in os.environ:  # ddp/fsdp2 asked for without torchrun: a group of one
+            os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                              MASTER_PORT=str(_free_port()))
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=TIMEOUT)
+        _OWNED.append(True)
+    return Ranks(rank=dist.get_rank(), world_size=dist.get_world_size(),
+                 local_rank=int(os.environ.get("LOCAL_RANK", dist.get_rank())), parallel=mode)
+
+
+_OWNED: list[bool] = []  # the process group was made by init_ranks (shutdown destroys it)
+
+
+def shutdown(ranks: Ranks) -> None:
+    """Destroy the process group :func:`init_ranks` made (one made by the caller is left alone)."""
+    if ranks.active and _OWNED:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        _OWNED.clear()
+
+
+def rank_device(device: torch.device, ranks: Ranks) -> torch.device:
+    """The device of this rank: ``cuda`` without an index becomes ``cuda:<local_rank>`` (and is
+    made current) when a process group is in use; anything else as given."""
+    if ranks.active and device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", ranks.local_rank)
+        torch.cuda.set_device(device)
+    return device
+
+
+def _comm_device() -> torch.device:
+    import torch.distributed as dist
+
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def sum_over_ranks(values: Sequence[float], ranks: Ranks) -> list[float]:
+    """Each of ``values`` summed over every rank (float64); the values themselves with one process."""
+    if not ranks.active:
+        return [float(v) for v in values]
+    import torch.distributed as dist
+
+    t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=_comm_device())
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def any_rank(flag: bool, ranks: Ranks) -> bool:
+    """True on every rank when ``flag`` is true on any rank (a stop request)."""
+    return sum_over_ranks([1.0 if flag else 0.0], ranks)[0] > 0
+
+
+def gather_objects(obj: Any, ranks: Ranks) -> list[Any]:
+    """Every rank's ``obj`` (picklable; tensors on the CPU), in rank order, on every rank."""
+    if not ranks.active:
+        return [obj]
+    import torch.distributed as dist
+
+    out: list[Any] = [None] * ranks.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def gather_scored(exp: Experience, scored: ScoredRows, ranks: Ranks, pad_id: int) -> tuple[Experience, ScoredRows]:
+    """Every rank's scored share of a step (its experience with rewards, and the reward functions'
+    values per row) joined in rank order into the whole batch, on every rank: what one process
+    would hold after scoring (``Experience.concat``: prompts left-padded, completions right-padded
+    with ``pad_id``). ``gen_s`` is the slowest rank's (they generate at the same time); failures
+    are summed. The experience comes back on ``exp``'s device."""
+    from grpokit.experience import Experience
+    from grpokit.rewards.pipeline import ScoredRows
+
+    parts = gather_objects((exp.to("cpu"), scored), ranks)
+    whole = Experience.concat([e for e, _ in parts], pad_id).to(exp.device)
+    whole.gen_s = max(e.gen_s for e, _ in parts)
+    per_function = {k: [v for _, sc in parts for v in sc.per_function[k]] for k in scored.per_function}
+    return whole, ScoredRows(per_function, sum(sc.failures for _, sc in parts))
+
+
+def barrier(ranks: Ranks) -> None:
+    """Wait for every rank (nothing with one process)."""
+    if ranks.active:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+#: gradient elements per all_reduce bucket in :func:`reduce_gradients` (32 MiB of float32)
+BUCKET_ELEMENTS = 1 << 23
+
+
+def reduce_gradients(params: Sequence[torch.nn.Parameter], ranks: Ranks) -> None:
+    """Sum ``param.grad`` over ranks in place (``ddp``): buckets of at most :data:`BUCKET_ELEMENTS`
+    elements of one dtype, flattened, one ``all_reduce(SUM)`` each, copied back.
+
+    A parameter without a gradient gets zeros (every rank must reduce the same tensors); a sparse
+    gradient (the cpu backend's embedding) is made dense. Nothing happens with one process.
+    """
+    if not ranks.active or ranks.world_size == 1:
+        return
+    import torch.distributed as dist
+
+    grads = []
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        elif p.grad.is_sparse:
+            p.grad = p.grad.to_dense()
+        grads.append(p.grad)
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for g in grads:
+        by_dtype.setdefault(g.dtype, []).append(g)
+    for group in by_dtype.values():
+        buckets: list[list[torch.Tensor]] = [[]]
+        size = 0
+        for g in group:
+            if buckets[-1] and size + g.numel() > BUCKET_ELEMENTS:
+                buckets.append([])
+                size = 0
+            buckets[-1].append(g)
+            size += g.numel()
+        for bucket in buckets:
+            flat = torch.cat([b.reshape(-1) for b in bucket])
+            dist.all_reduce(flat)
+            offset = 0
+            for b in bucket:
+                b.copy_(flat[offset: offset + b.numel()].view_as(b))
+                offset += b.numel()
+
+
+# -- FSDP2 ----------------------------------------------------------------------------------------
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The transformer blocks of a Hugging Face causal LM (``model.model.layers`` and the like:
+    the first ``ModuleList`` whose name ends in ``layers`` or ``h``), unwrapping a peft model.
+
+    Raises:
+        ValueError: no such list (names the model class).
+    """
+    for name, m in model.named_modules():
+        if isinstance(m, torch.nn.ModuleList) and name.split(".")[-1] in ("layers", "h") and len(m):
+            return list(m)
+    raise ValueError(f"train.parallel=fsdp2: found no list of decoder layers in {type(model).__name__}")
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    """The model was sharded by :func:`shard_model` (FSDP2)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def shard_model(model: torch.nn.Module) -> torch.nn.Module:
+    """Shard ``model`` in place with FSDP2: each decoder layer, then the root (embeddings, final
+    norm, head). Gradients are reduce-scattered as sums (divide factor 1: the loss is already
+    normalized by the whole batch's counts). Returns ``model``."""
+    from torch.distributed.fsdp import fully_shard
+
+    units = [*decoder_layers(model), model]
+    for unit in units:
+        fully_shard(unit)
+    for unit in units:  # per unit: each reduces its own parameters' gradients
+        unit.set_gradient_divide_factor(1.0)
+        unit.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no PREMUL_SUM)
+    return model
+
+
+@contextlib.contextmanager
+def gathered(model: torch.nn.Module) -> Iterator[None]:
+    """Within the block an FSDP2 model holds its full parameters and its forward makes no
+    collective (generation: ranks may run different numbers of decode steps); resharded after.
+    Every rank must enter it (the all-gather). A no-op for a model that is not sharded."""
+    if not is_sharded(model):
+        yield
+        return
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]  # each layer and the root
+    for unit in units:  # here, outside inference mode: the gathered tensors may serve autograd later
+        unit.unshard()
+    model.set_reshard_after_forward(False)  # recurses into the layers
+    try:
+        yield
+    finally:
+        model.set_reshard_after_forward(True)
+        for unit in units:
+            unit.reshard()
+
+
+class GatheredEngine:
+    """A rollout engine whose ``generate`` runs inside :func:`gathered` of the sharded policy."""
+
+    def __init__(self, engine: Any, model: torch.nn.Module):
+        self.engine, self.model = engine, model
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        with gathered(self.model):
+            return self.engine.generate(*args, **kwargs)
+
+    def sync_weights(self) -> None:
+        self.engine.sync_weights()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+
+def full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> tuple[dict, dict | None]:
+    """``(model state dict, optimizer state dict)`` of a sharded model, gathered to full tensors on
+    the CPU of rank 0 (other ranks get empty dicts); every rank must call it. The optimizer state
+    is keyed by parameter names (``torch.distributed.checkpoint.state_dict``)."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         get_optimizer_state_dict)
+
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    sd = get_model_state_dict(model, options=opts)
+    osd = get_optimizer_state_dict(model, optimizer, options=opts) if optimizer is not None else None
+    return sd, osd
+
+
+def load_full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, model_state: dict,
+                    optimizer_state: dict | None) -> None:
+    """Load full (unsharded) state dicts, present on every rank, into a sharded model and its optimizer."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                         set_optimizer_state_dict)
+
+    opts = StateDictOptions(full_state_dict=True)
+    model_state = dict(model_state)
+    embed = next((k for k in model_state if k.endswith("embed_tokens.weight")), None)
+    for key in model.state_dict():  # a tied head is saved once, as the embedding (save_pretrained)
+        if key not in model_state and key.endswith("lm_head.weight") and embed is not None:
+            model_state[key] = model_state[embed]
+    set_model_state_dict(model, model_state, options=opts)
+    if optimizer is not None and optimizer_state is not None:
+        set_optimizer_state_dict(model, optimizer, optimizer_state, options=opts)

@@ -1,0 +1,275 @@
+"""Data parallel over processes (grpokit.distributed, ``train.parallel``): 2 gloo ranks on the CPU
+against one process.
+
+- the collectives the loop uses, in 2 spawned processes: scored shares gathered (batch-scaled
+  advantages and reward metrics equal the one-process values), float sums, the stop flag, the
+  bucketed gradient sum;
+- end to end with torchrun (``-m grpokit train``): 2 ranks (ddp, fsdp2, LoRA under ddp) give the
+  same completions, metrics and final weights as one process, bit for bit on the plain backend;
+  against the cpu speed backend the same completions and gradient norms within 1e-6; SIGKILL of
+  the 2-rank job and a resume give the uninterrupted run; only rank 0 writes;
+- the refusals made before any process group or model (bad world size, settings whose samples
+  would depend on the split).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from helpers import tiny_recipe, tiny_recipe_dict, write_recipe
+from safetensors.torch import load_file
+
+import dist_workers
+from grpokit import distributed as gd
+from grpokit.build import start_ranks
+from grpokit.config import TrainConfig
+from grpokit.metrics import NullLogger
+from grpokit.trainer import train
+
+TESTS = Path(__file__).resolve().parent
+TIMINGS = {"step_s", "gen_s", "reward_s", "train_s", "tokens_per_s", "train_minutes", "ref_s"}
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# -- without processes ----------------------------------------------------------------------------
+
+
+def test_resolve_parallel():
+    assert gd.resolve_parallel("auto", 1) == "none" and gd.resolve_parallel("auto", 4) == "ddp"
+    assert gd.resolve_parallel("fsdp2", 1) == "fsdp2" and gd.resolve_parallel("ddp", 2) == "ddp"
+    with pytest.raises(ValueError, match="train.parallel=none but 2 processes"):
+        gd.resolve_parallel("none", 2)
+    with pytest.raises(ValueError, match="train.parallel: 'zero3' is not one of"):
+        gd.resolve_parallel("zero3", 1)
+    choices = {f.name: f for f in __import__("dataclasses").fields(TrainConfig)}["parallel"].metadata["choices"]
+    assert tuple(choices) == gd.PARALLEL
+
+
+@pytest.mark.parametrize("sections, message", [
+    ({"train": {"prompts_per_step": 3}}, r"train.prompts_per_step=3 is not divisible by the 2 processes"),
+    ({"algo": {"dynamic_sampling": True}}, r"algo.dynamic_sampling is not supported with 2 processes"),
+    ({"algo": {"estimator": "ppo"}}, r"algo.estimator=ppo is not supported with 2 processes"),
+    ({"rollout": {"sampler": "multinomial", "group_size": 2}}, r"rollout.sampler=multinomial is not supported"),
+    ({"rollout": {"engine": "vllm", "group_size": 2}}, r"rollout.engine=vllm is not supported"),
+    ({"model": {"lora": {"r": 4}}, "train": {"parallel": "fsdp2"}}, r"model.lora with train.parallel=fsdp2"),
+])
+def test_settings_refused_with_two_processes(tiny_model_dir, tmp_path, monkeypatch, sections, message):
+    """Refused before any process group is made (no rendezvous is set up here: joining one would hang)."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    recipe = tiny_recipe(tiny_model_dir, tmp_path, **sections)
+    with pytest.raises(ValueError, match=message):
+        start_ranks(recipe, torch.device("cpu"))
+    assert not torch.distributed.is_initialized()
+
+
+def test_one_process_has_no_group(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert start_ranks(tiny_recipe(tiny_model_dir, tmp_path), torch.device("cpu")) == gd.SINGLE
+    assert gd.sum_over_ranks([1, 2.5], gd.SINGLE) == [1.0, 2.5] and gd.any_rank(True, gd.SINGLE)
+    assert gd.gather_objects("x", gd.SINGLE) == ["x"]
+
+
+def test_null_logger_writes_nothing(tmp_path):
+    log = NullLogger(tmp_path / "run")
+    log.truncate_after(0)
+    log.log({"step": 1})
+    log.log_samples(1, [{"completion": "x"}])
+    log.close()
+    assert not (tmp_path / "run").exists()
+
+
+# -- 2 spawned processes: the collectives -------------------------------------------------------------
+
+
+def test_collectives_on_two_ranks(tmp_path):
+    mp.start_processes(dist_workers.gather_and_reduce, args=(2, _port(), str(tmp_path)), nprocs=2,
+                       start_method="spawn")
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1))
+    # advantages scaled by the whole batch's std: the one-process values, on every rank
+    from grpokit import algo
+
+    rewards = torch.tensor([*dist_workers.SHARES[0], *dist_workers.SHARES[1]], dtype=torch.float64)
+    expected = algo.group_advantages(rewards, 2, scale="batch", eps=1e-4).float()
+    local = algo.group_advantages(rewards[:2], 2, scale="batch", eps=1e-4).float()  # what rank 0 alone has
+    for r in (r0, r1):
+        assert torch.equal(r["advantages"], expected) and torch.equal(r["rewards"], rewards)
+        assert r["completions"] == ["c0.0", "c1.0", "c10.0", "c11.0"]
+        assert r["metrics"]["reward_mean"] == pytest.approx(5.5) and r["metrics"]["rewards/f"] == pytest.approx(5.5)
+        assert r["metrics"]["reward_failures"] == 3  # 1 + 2
+        assert r["sums"] == [3.0, 1.0] and r["stop"] is True
+    assert not torch.allclose(expected[:2], local)  # the test can tell the batch's std from a share's
+    # gradients summed over ranks, bucket by bucket; a missing gradient becomes zeros
+    for r in (r0, r1):
+        g = r["grads"]
+        assert torch.equal(g[0], torch.full((3,), 3.0)) and torch.equal(g[1], torch.arange(7.0) * 3)
+        assert torch.equal(g[2], torch.zeros(2))
+
+
+# -- end to end with torchrun -------------------------------------------------------------------------
+
+#: B = 4 prompts of G = 2: 8 rows, one micro-batch of 4 per rank (two in one process)
+SECTIONS = {"train": {"max_steps": 3, "prompts_per_step": 4, "micro_batch_size": 4, "save_steps": 1,
+                      "save_total_limit": 5},
+            "model": {"backend": "plain"}}
+
+
+def _env() -> dict[str, str]:
+    py_path = os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])
+    return dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+                TOKENIZERS_PARALLELISM="false", PYTHONPATH=py_path)
+
+
+def _torchrun(recipe: Path, *overrides: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_port()),
+            "-m", "grpokit", "train", str(recipe), "--no-progress", *overrides]
+
+
+def _run2(recipe: Path, *overrides: str) -> str:
+    p = subprocess.run(_torchrun(recipe, *overrides), env=_env(), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return p.stdout + p.stderr
+
+
+def _run1(model_dir: str, out: Path, **sections) -> None:
+    torch.set_num_threads(1)  # as the ranks (OMP_NUM_THREADS=1): the same float results
+    merged = {k: dict(v) for k, v in SECTIONS.items()}
+    for k, v in sections.items():
+        merged.setdefault(k, {}).update(v)
+    train(tiny_recipe(model_dir, out, **merged), progress=False)
+
+
+def _metrics(out: Path) -> list[dict]:
+    return [{k: v for k, v in json.loads(l).items() if k not in TIMINGS}
+            for l in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _samples(out: Path) -> list[dict]:
+    return [json.loads(l) for l in (out / "samples.jsonl").read_text().splitlines()]
+
+
+def _weights(out: Path, step: int, name: str = "model") -> dict[str, torch.Tensor]:
+    return load_file(out / f"checkpoint-{step}" / f"{name}.safetensors")
+
+
+def _assert_same_run(a: Path, b: Path, name: str = "model", steps: int = 3) -> None:
+    assert _samples(a) == _samples(b)
+    assert _metrics(a) == _metrics(b)
+    for step in range(1, steps + 1):
+        wa, wb = _weights(a, step, name), _weights(b, step, name)
+        assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa), f"weights differ at {step}"
+
+
+def _assert_only_rank0_wrote(out: Path, steps: int = 3) -> None:
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == steps  # a second writer doubles lines
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(("checkpoint", "."))) == \
+        [f"checkpoint-{s}" for s in range(1, steps + 1)]  # no temporary folder of another process
+
+
+@pytest.fixture(scope="module")
+def one_process(tiny_model_dir, tmp_path_factory) -> Path:
+    """The reference: the recipe in this process (plain backend)."""
+    out = tmp_path_factory.mktemp("one") / "run"
+    _run1(tiny_model_dir, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def recipe_file(tiny_model_dir, tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("recipe")
+    return write_recipe(d / "r.yaml", tiny_recipe_dict(tiny_model_dir, d / "unused", **SECTIONS))
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
+def test_two_ranks_train_as_one_process(one_process, recipe_file, tmp_path, parallel):
+    """Same completions, metrics (gradient norms, losses, rewards), and weights after every step,
+    bit for bit: each rank samples its share seeded per row, the counts are the batch's, the
+    gradients are summed before clipping."""
+    out = tmp_path / parallel
+    log = _run2(recipe_file, f"train.output_dir={out}", f"train.parallel={parallel}")
+    assert f"on 2 ranks ({parallel})" in log
+    _assert_same_run(one_process, out)
+    _assert_only_rank0_wrote(out)
+
+
+def test_two_ranks_with_lora_train_as_one_process(tiny_model_dir, recipe_file, tmp_path):
+    lora = {"lora": {"r": 4, "alpha": 8}}
+    _run1(tiny_model_dir, tmp_path / "one", model=lora)
+    _run2(recipe_file, f"train.output_dir={tmp_path / 'two'}", "model.lora={r: 4, alpha: 8}")
+    _assert_same_run(tmp_path / "one", tmp_path / "two", name="adapter_model")
+
+
+def test_two_ranks_match_the_cpu_speed_backend(tiny_model_dir, one_process, tmp_path):
+    """The cpu backend (one process) computes the same numbers in another order: the same
+    completions, gradient norms within 1e-6 relative, loss and KL (O(1e-3), differences of
+    log-probs near -10) within 1e-7 absolute. The 2-rank runs equal ``one_process`` (plain) bit
+    for bit (above), so this compares them with the speed backend too."""
+    _run1(tiny_model_dir, tmp_path / "cpu", model={"backend": "cpu"})
+    assert _samples(tmp_path / "cpu") == _samples(one_process)
+    for a, b in zip(_metrics(tmp_path / "cpu"), _metrics(one_process)):
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-6)
+        for key in ("loss", "kl"):
+            assert a[key] == pytest.approx(b[key], rel=0, abs=1e-7), key
+        assert a["reward_mean"] == b["reward_mean"]
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (from /proc: torchrun starts its ranks in their own sessions)."""
+    parent = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parent[int(stat.parent.name)] = int(fields[1])
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        kids = [c for c, pp in parent.items() if pp == p]
+        found += kids
+        todo += kids
+    return found
+
+
+def _kill_all_when(path: Path, proc: subprocess.Popen, timeout: float = 180.0) -> None:
+    """SIGKILL torchrun and both ranks as soon as ``path`` exists."""
+    t0 = time.monotonic()
+    while not path.exists() and proc.poll() is None and time.monotonic() - t0 < timeout:
+        time.sleep(0.005)
+    for pid in [*_descendants(proc.pid), proc.pid]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def test_sigkill_two_ranks_then_resume(one_process, recipe_file, tmp_path):
+    out = tmp_path / "run"
+    slow = dict(_env(), FAKE_REWARD_SLEEP_S="1")  # a step of > 1 s: the kill lands before checkpoint-2
+    proc = subprocess.Popen(_torchrun(recipe_file, f"train.output_dir={out}"), env=slow, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    killer = threading.Thread(target=_kill_all_when, args=(out / "checkpoint-1", proc), daemon=True)
+    killer.start()
+    killer.join(timeout=200)
+    log, _ = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, log[-3000:]
+    assert (out / "checkpoint-1").exists() and not (out / "checkpoint-2").exists()
+    log = _run2(recipe_file, f"train.output_dir={out}")
+    assert "resumed from" in log
+    _assert_same_run(one_process, out)
+    _assert_only_rank0_wrote(out)
