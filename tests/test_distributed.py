@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -68,6 +69,7 @@ def test_resolve_parallel():
     ({"rollout": {"sampler": "multinomial", "group_size": 2}}, r"rollout.sampler=multinomial is not supported"),
     ({"rollout": {"engine": "vllm", "group_size": 2}}, r"rollout.engine=vllm is not supported"),
     ({"model": {"lora": {"r": 4}}, "train": {"parallel": "fsdp2"}}, r"model.lora with train.parallel=fsdp2"),
+    ({"model": {"autocast_bf16": True}, "train": {"parallel": "fsdp2"}}, r"model.autocast_bf16 with train.parallel"),
 ])
 def test_settings_refused_with_two_processes(tiny_model_dir, tmp_path, monkeypatch, sections, message):
     """Refused before any process group is made (no rendezvous is set up here: joining one would hang)."""
@@ -199,12 +201,38 @@ def recipe_file(tiny_model_dir, tmp_path_factory) -> Path:
 def test_two_ranks_train_as_one_process(one_process, recipe_file, tmp_path, parallel):
     """Same completions, metrics (gradient norms, losses, rewards), and weights after every step,
     bit for bit: each rank samples its share seeded per row, the counts are the batch's, the
-    gradients are summed before clipping."""
+    gradients are summed before clipping. Resumed from checkpoint-2 (fsdp2: the full state dicts
+    loaded into the shards), step 3 is again the same."""
     out = tmp_path / parallel
     log = _run2(recipe_file, f"train.output_dir={out}", f"train.parallel={parallel}")
     assert f"on 2 ranks ({parallel})" in log
     _assert_same_run(one_process, out)
     _assert_only_rank0_wrote(out)
+    if parallel == "fsdp2":  # (ddp's resume: the SIGKILL test below)
+        shutil.rmtree(out / "checkpoint-3")
+        assert "resumed from" in _run2(recipe_file, f"train.output_dir={out}", f"train.parallel={parallel}")
+        _assert_same_run(one_process, out)
+
+
+@pytest.mark.parametrize("parallel, switches", [
+    ("ddp", {"autocast_bf16": True, "gradient_checkpointing": True}),
+    ("fsdp2", {"dtype": "bfloat16", "gradient_checkpointing": True}),
+])
+def test_precision_and_checkpointing_switches_on_two_ranks(tiny_model_dir, recipe_file, tmp_path, parallel,
+                                                           switches):
+    """bf16 (autocast, or bf16 parameters) and gradient checkpointing on 2 ranks: the run of one
+    process with the same switches. Weights bit for bit; under fsdp2 with bf16 parameters the
+    gradient norm (used for clipping) is summed over shards in bf16, so it is compared to 2 %."""
+    _run1(tiny_model_dir, tmp_path / "one", model=switches)
+    _run2(recipe_file, f"train.output_dir={tmp_path / 'two'}", f"train.parallel={parallel}",
+          *(f"model.{k}={str(v).lower()}" for k, v in switches.items()))
+    assert _samples(tmp_path / "one") == _samples(tmp_path / "two")
+    for a, b in zip(_metrics(tmp_path / "one"), _metrics(tmp_path / "two")):
+        assert a.pop("grad_norm") == pytest.approx(b.pop("grad_norm"), rel=0 if parallel == "ddp" else 0.02)
+        assert a == b
+    for step in (1, 2, 3):
+        wa, wb = _weights(tmp_path / "one", step), _weights(tmp_path / "two", step)
+        assert all(torch.equal(wa[k], wb[k]) for k in wa), step
 
 
 def test_two_ranks_with_lora_train_as_one_process(tiny_model_dir, recipe_file, tmp_path):
@@ -273,3 +301,33 @@ def test_sigkill_two_ranks_then_resume(one_process, recipe_file, tmp_path):
     assert "resumed from" in log
     _assert_same_run(one_process, out)
     _assert_only_rank0_wrote(out)
+
+
+def _rank_pid(torchrun_pid: int, rank: int) -> int:
+    for pid in _descendants(torchrun_pid):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in env and any(e.startswith(b"LOCAL_RANK=") for e in env):
+            return pid
+    raise AssertionError(f"no process of rank {rank} under torchrun {torchrun_pid}")
+
+
+def test_sigterm_to_one_rank_stops_both_after_the_same_step(recipe_file, tmp_path):
+    """SIGTERM to rank 1 alone: both ranks finish the step, rank 0 checkpoints it, both exit 0."""
+    out = tmp_path / "run"
+    slow = dict(_env(), FAKE_REWARD_SLEEP_S="1")
+    proc = subprocess.Popen(_torchrun(recipe_file, f"train.output_dir={out}"), env=slow, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    t0 = time.monotonic()
+    while not (out / "checkpoint-1").exists() and proc.poll() is None and time.monotonic() - t0 < 180:
+        time.sleep(0.005)
+    os.kill(_rank_pid(proc.pid, 1), signal.SIGTERM)
+    log, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, log[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    stopped = summary["stopped_at"]
+    assert stopped in (1, 2)  # the step under way when the signal came (2), or 1 if it came at its end
+    assert (out / f"checkpoint-{stopped}").exists() and not (out / "checkpoint-3").exists()
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == stopped

@@ -235,7 +235,8 @@ def start_ranks(recipe: Recipe, device: torch.device) -> Ranks:
         ValueError: ``train.prompts_per_step`` not divisible by the number of processes, or, with
             more than one process, a setting whose samples or updates would depend on the rank
             split (names the key): ``algo.dynamic_sampling``, a value model (``algo.estimator=ppo``),
-            ``rollout.sampler=multinomial``, ``rollout.engine=vllm``; ``model.lora`` with fsdp2.
+            ``rollout.sampler=multinomial``, ``rollout.engine=vllm``; ``model.lora`` or
+            ``model.autocast_bf16`` with fsdp2.
     """
     from grpokit.distributed import init_ranks, launched_world_size, resolve_parallel
 
@@ -257,4 +258,7 @@ def start_ranks(recipe: Recipe, device: torch.device) -> Ranks:
                                  "run it in one process")
     if mode == "fsdp2" and recipe.model.lora is not None:
         raise ValueError("model.lora with train.parallel=fsdp2 is not supported yet; use train.parallel=ddp")
+    if mode == "fsdp2" and recipe.model.autocast_bf16:  # its sampler is a bf16 copy of the whole model
+        raise ValueError("model.autocast_bf16 with train.parallel=fsdp2 is not supported (the sampler would be an "
+                         "unsharded bf16 copy); use model.dtype=bfloat16, or train.parallel=ddp")
     return init_ranks(t.parallel, device)
