@@ -374,3 +374,21 @@ def test_lora_without_peft_names_the_extra_before_the_model_loads(tiny_model_dir
     with pytest.raises(ImportError, match=r"^model\.lora needs peft, which is not installed: "
                                           r"pip install 'grpokit\[lora\]'$"):
         grpokit.build.build_run(lora_recipe(tiny_model_dir, tmp_path))
+
+
+def test_merged_state_dict_is_the_merged_model_out_of_place(tiny_model_dir, tmp_path):
+    """What the vLLM engine loads for a LoRA policy: the plain model's keys, the adapted weights
+    equal to peft's merge (within 1e-6), the training model untouched (adapters kept, unmerged)."""
+    from grpokit.lora import merged_state_dict
+
+    _, run = trained_run(tiny_model_dir, tmp_path / "run")
+    before = {k: v.clone() for k, v in run.model.state_dict().items()}
+    sd = merged_state_dict(run.model)
+    want = merged_copy(run.model).state_dict()
+    assert sd.keys() == want.keys() and sd.keys() == plain_model(tiny_model_dir).state_dict().keys()
+    worst = max(float((sd[k] - want[k]).abs().max()) for k in sd)
+    moved = max(float((sd[k] - base_state(run.model)[k]).abs().max()) for k in sd)
+    assert worst <= 1e-6 and moved > 1e-4  # the adapters are in it
+    after = run.model.state_dict()
+    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
+    assert merged_state_dict(plain_model(tiny_model_dir)).keys() == sd.keys()

@@ -99,14 +99,16 @@ class GRPO:
     def loss(self, logp: torch.Tensor, mb: Any, loss_mask: torch.Tensor, *, num_sequences: int,
              num_tokens: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """``algo.policy_loss`` on micro-batch ``mb`` (ratio against ``mb.old_logprobs``, or 1 by
-        value when there are none: μ = 1)."""
+        value when there are none: μ = 1; with ``algo.tis_cap > 0`` truncated importance sampling
+        against ``mb.sampler_logprobs``)."""
         a = self.cfg
         old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()
         return algo.policy_loss(
             logp, old, mb.advantages, loss_mask, ref_logp=mb.ref_logprobs, beta=a.beta,
             clip_eps_low=a.clip_eps_low, clip_eps_high=a.clip_eps_high, kl_estimator=a.kl_estimator,
             aggregation=a.loss_aggregation, max_completion_length=self.max_completion_length,
-            num_sequences=num_sequences, num_tokens=num_tokens)
+            num_sequences=num_sequences, num_tokens=num_tokens,
+            sampler_logp=mb.sampler_logprobs if a.tis_cap > 0 else None, tis_cap=a.tis_cap)
 
 
     def bind(self, model, ref_model, *, temperature: float, train_cfg: Any, autocast_bf16: bool) -> None:

@@ -18,6 +18,7 @@ import torch
 
 from grpokit.config import Recipe
 from grpokit.distributed import SINGLE, GatheredEngine, Ranks, barrier, rank_device
+from grpokit.dtypes import dtype_of
 from grpokit.rows import load_prompts, section_rows
 
 if TYPE_CHECKING:  # the parts' types; their modules are imported where the parts are built
@@ -28,10 +29,6 @@ if TYPE_CHECKING:  # the parts' types; their modules are imported where the part
     from grpokit.rewards.pipeline import RewardPipeline
     from grpokit.rollout.engine import RolloutEngine, SamplingParams
     from grpokit.state import TrainState
-
-
-def _dtype(name: str) -> torch.dtype:
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -125,7 +122,7 @@ def load_policy(recipe: Recipe, device: torch.device, *, reference: bool = False
     from grpokit.models import load_model
 
     m = recipe.model
-    model = load_model(m.name_or_path, dtype=_dtype(m.dtype), device=device, trust_remote_code=m.trust_remote_code)
+    model = load_model(m.name_or_path, dtype=dtype_of(m.dtype, "model.dtype"), device=device, trust_remote_code=m.trust_remote_code)
     model.eval()
     if reference:
         model.requires_grad_(False)
@@ -205,7 +202,8 @@ def build_run(recipe: Recipe) -> Run:
     # with bf16 autocast the trainer scores in bf16, so sampling from a bf16 copy matches it
     on_model = dict(model=model, tokenizer=tokenizer, eos_token_ids=eos_ids)
     options = dict(chunk_size=r.chunk_size, sampler_dtype=torch.bfloat16 if m.autocast_bf16 else None)
-    engine = load_engine(r.engine, **on_model, **options)
+    extra = {"llm_kwargs": r.vllm} if r.engine == "vllm" and r.vllm else {}
+    engine = load_engine(r.engine, **on_model, **options, **extra)
     eval_engine = None
     if evaluator is not None:  # evaluation generates with the engine's defaults (Run's docstring)
         eval_engine = engine if all(v is None for v in options.values()) else load_engine(r.engine, **on_model)

@@ -160,6 +160,9 @@ class RolloutConfig:
     top_k: int = _f(0, "top-k sampling; only 0 (off) is accepted (see rollout.top_p)")
     min_p: float = _f(0.0, "min-p sampling; only 0 (off) is accepted (see rollout.top_p)")
     chunk_size: int | None = _f(None, "generate at most this many rows per generate() call")
+    vllm: dict | None = _f(None, "rollout.engine=vllm: more vllm.LLM arguments, e.g. {gpu_memory_utilization: 0.3, "
+                           "enable_sleep_mode: true} (sleep mode: vLLM's weights and KV cache leave the GPU between "
+                           "generations)")
     engine: str = _f("hf", "rollout engine (grpokit.rollout.engine): hf = Hugging Face generate on the "
                      "trained model; vllm = in-process vLLM synced with it (extra vllm)",
                      Registry("grpokit.rollout.engine", "ENGINES"))
@@ -207,6 +210,9 @@ class AlgoConfig:
     kl_estimator: str = _f("k3", "KL estimator in the loss", ("k1", "k2", "k3"))
     clip_eps_low: float = _f(0.2, "ε_low: ratio clipped below at 1 - ε_low")
     clip_eps_high: float = _f(0.2, "ε_high: ratio clipped above at 1 + ε_high (clip-higher)")
+    tis_cap: float = _f(0.0, "truncated importance sampling: each token's surrogate weighted by min(π_old/π_sampler, "
+                        "C) with C = tis_cap, for engines whose sampler differs from the trainer (rollout.engine=vllm); "
+                        "0 = off")
     loss_aggregation: str = _f("seq_mean_token_mean", "how token losses are averaged",
                                ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm"))
     advantage_scale: str = _f("group", "std used to scale outcome advantages",
@@ -392,7 +398,7 @@ def validate(recipe: Recipe) -> None:
         raise RecipeError(f"model.device: {recipe.model.device!r} is not cpu, cuda, cuda:N or auto")
     non_negative = {
         "algo.beta": a.beta, "algo.clip_eps_low": a.clip_eps_low, "algo.clip_eps_high": a.clip_eps_high,
-        "algo.advantage_eps": a.advantage_eps, "rollout.temperature": r.temperature,
+        "algo.advantage_eps": a.advantage_eps, "algo.tis_cap": a.tis_cap, "rollout.temperature": r.temperature,
         "train.learning_rate": t.learning_rate, "train.warmup_steps": t.warmup_steps,
         "train.max_grad_norm": t.max_grad_norm, "train.save_steps": t.save_steps,
         "train.weight_decay": t.weight_decay, "data.skip": recipe.data.skip,
@@ -425,6 +431,14 @@ def validate(recipe: Recipe) -> None:
     if a.dynamic_sampling and a.supervision == "process":
         raise RecipeError("algo.dynamic_sampling: outcome supervision only (a process group's signal is in its "
                           "step rewards); set algo.supervision=outcome or algo.dynamic_sampling=false")
+    if r.vllm is not None and (r.engine != "vllm" or not isinstance(r.vllm, dict)):
+        raise RecipeError(f"rollout.vllm: a mapping of vllm.LLM arguments, used with rollout.engine=vllm only "
+                          f"(rollout.engine={r.engine}, rollout.vllm={r.vllm!r})")
+    if a.tis_cap > 0 and r.engine != "vllm":
+        raise RecipeError(f"algo.tis_cap: weights tokens by π_old/π_sampler, which needs the sampler's log-probs: "
+                          f"rollout.engine=vllm (rollout.engine={r.engine} samples from the trained model itself)")
+    if a.tis_cap > 0 and a.estimator != "grpo":
+        raise RecipeError(f"algo.tis_cap: implemented in the grpo loss, not for algo.estimator={a.estimator}")
     if a.clip_eps_low >= 1:
         raise RecipeError(f"algo.clip_eps_low: must be < 1, got {a.clip_eps_low}")
     w = recipe.rewards.weights

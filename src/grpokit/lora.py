@@ -38,11 +38,13 @@ from typing import Any
 
 import torch
 
+from grpokit.dtypes import DTYPES
 from grpokit.importing import require
 
 __all__ = [
     "ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "adapter_dropout", "adapters_disabled", "apply_lora", "export_checkpoint",
-    "is_adapter_checkpoint", "is_peft_model", "load_adapter_weights", "merged_copy", "require_peft",
+    "is_adapter_checkpoint", "is_peft_model", "load_adapter_weights", "merged_copy", "merged_state_dict",
+    "require_peft",
 ]
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -151,6 +153,30 @@ def merged_copy(model: torch.nn.Module) -> torch.nn.Module:
         return dup.merge_and_unload() if is_peft_model(dup) else dup
 
 
+def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict of ``model``'s base model with its active adapters folded in (``W + scale·B·A``,
+    peft's ``get_delta_weight``), keyed as the plain transformers model's (``model.layers.0.…``):
+    what a separate inference engine (vLLM) loads. Out of place: new tensors for the adapted weights,
+    the base weights shared; ``model`` is never merged. A model without adapters: its own state dict.
+    """
+    if not is_peft_model(model):
+        return dict(model.state_dict())
+    base = model.get_base_model()
+    out: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        for name, t in base.state_dict().items():
+            if ".lora_" in name or "lora_embedding" in name:
+                continue
+            out[name.replace(".base_layer.", ".")] = t.detach()
+        for name, m in base.named_modules():
+            if hasattr(m, "get_delta_weight") and hasattr(m, "base_layer") and not getattr(m, "merged", False):
+                key = f"{name}.weight"
+                for adapter in getattr(m, "active_adapters", []):
+                    if adapter in getattr(m, "lora_A", {}):
+                        out[key] = out[key] + m.get_delta_weight(adapter).to(out[key].dtype)
+    return out
+
+
 def is_adapter_checkpoint(folder: str | Path) -> bool:
     """True if ``folder`` holds a LoRA adapter (``adapter_config.json``)."""
     return (Path(folder) / ADAPTER_CONFIG).is_file()
@@ -240,12 +266,11 @@ def export_checkpoint(ckpt: str | Path, out: str | Path, *, merge: bool,
 
 def _base_of(ckpt: Path) -> tuple[str, torch.dtype, bool]:
     """``(model name or path, dtype, trust_remote_code)`` of the base model a checkpoint was trained on."""
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
     recipe_file = ckpt / "recipe.json"
     if recipe_file.is_file():
         m = json.loads(recipe_file.read_text(encoding="utf-8")).get("model", {})
         if m.get("name_or_path"):
-            return m["name_or_path"], dtypes.get(m.get("dtype"), torch.float32), bool(m.get("trust_remote_code"))
+            return m["name_or_path"], DTYPES.get(m.get("dtype"), torch.float32), bool(m.get("trust_remote_code"))
     name = json.loads((ckpt / ADAPTER_CONFIG).read_text(encoding="utf-8")).get("base_model_name_or_path")
     if not name:
         raise ValueError(f"{ckpt}: neither recipe.json nor {ADAPTER_CONFIG} names the base model")

@@ -154,11 +154,21 @@ class FakeLLM:
         self.pushes += 1
 
     def reset_prefix_cache(self):
+        assert not getattr(self, "asleep", False), "the prefix cache reset while asleep"
         self.resets += 1
         return True
 
+    def sleep(self, level):
+        assert level == 1 and not getattr(self, "asleep", False)
+        self.asleep, self.sleeps = True, getattr(self, "sleeps", 0) + 1
+
+    def wake_up(self):
+        assert self.asleep
+        self.asleep = False
+
     @torch.no_grad()
     def generate(self, inputs, params, use_tqdm=True):
+        assert not getattr(self, "asleep", False), "generate while asleep"
         outs = []
         for prompt, sp in zip(inputs, params):
             ids, gen, lps = list(prompt["prompt_token_ids"]), torch.Generator().manual_seed(sp.seed), []
@@ -290,11 +300,26 @@ def test_sampler_logprobs_are_the_trainers_at_the_temperature(fake_vllm, tiny_mo
         vllm.generate(RAW_PROMPTS, 1, SamplingParams(top_p=0.5), 0)
 
 
-def test_a_model_with_lora_adapters_is_refused(fake_vllm, tiny_model, smollm2_tokenizer):
-    tiny_model.peft_config = {"default": object()}  # what peft's wrapper carries
-    with pytest.raises(ValueError, match="rollout.engine=vllm does not sample from a model with LoRA adapters"):
-        load_engine("vllm", model=tiny_model, tokenizer=smollm2_tokenizer, eos_token_ids=[2])
-    assert fake_vllm == []
+def test_a_lora_policy_samples_with_its_adapters_merged_out_of_place(fake_vllm, make_tiny_model, smollm2_tokenizer):
+    """vLLM gets the base weights with the adapters folded in (``grpokit.lora.merged_state_dict``):
+    its greedy rows are the peft model's (hf engine), which stays unmerged."""
+    pytest.importorskip("peft")
+    from grpokit.lora import apply_lora, is_peft_model
+
+    model = apply_lora(make_tiny_model(), {"r": 4, "alpha": 8, "target_modules": "all-linear", "dropout": 0.0},
+                       announce=False)
+    with torch.no_grad():  # non-zero B: the adapters change the model
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5, generator=torch.Generator().manual_seed(len(name)))
+    vllm, hf = _engines(model, smollm2_tokenizer, [2, 0])
+    greedy = SamplingParams(temperature=0, max_new_tokens=6)
+    a, b = vllm.generate(RAW_PROMPTS, 1, greedy, 0), hf.generate(RAW_PROMPTS, 1, greedy, 0)
+    assert torch.equal(a.completion_ids, b.completion_ids)
+    with model.disable_adapter():
+        base = hf.generate(RAW_PROMPTS, 1, greedy, 0)
+    assert not torch.equal(base.completion_ids, b.completion_ids)  # the adapters matter here
+    assert is_peft_model(model) and not any(getattr(m, "merged", False) for m in model.modules())
 
 
 def test_the_loop_logs_the_gap_and_syncs_after_each_update_and_on_resume(fake_vllm, tiny_model_dir, tmp_path):
@@ -325,3 +350,30 @@ def test_the_loop_logs_the_gap_and_syncs_after_each_update_and_on_resume(fake_vl
     llm = fake_vllm[-1]
     assert llm.pushes == 1 and all(torch.equal(v, after_two[k]) for k, v in llm.net.state_dict().items())
     assert read_metrics(tmp_path / "metrics.jsonl")[-1]["logprob_gap_max"] < 1e-3
+
+
+def test_sleep_mode_sleeps_between_generations_and_wakes_before_the_push(fake_vllm, make_tiny_model,
+                                                                         smollm2_tokenizer):
+    """``rollout.vllm: {enable_sleep_mode: true}``: asleep after every generate, awake (weights
+    pushed after waking) for the next; the argument reaches vllm.LLM, and gpu_memory_utilization
+    replaces the fixed KV-cache size."""
+    model = make_tiny_model()
+    vllm = load_engine("vllm", model=model, tokenizer=smollm2_tokenizer, eos_token_ids=[2],
+                       llm_kwargs={"enable_sleep_mode": True, "gpu_memory_utilization": 0.3})
+    (llm,) = fake_vllm
+    assert llm.kw["enable_sleep_mode"] and llm.kw["gpu_memory_utilization"] == 0.3
+    assert "kv_cache_memory_bytes" not in llm.kw
+    greedy = SamplingParams(temperature=0, max_new_tokens=4)
+    vllm.generate(RAW_PROMPTS, 1, greedy, 0)
+    assert llm.asleep and llm.sleeps == 1 and llm.pushes == 1
+    vllm.sync_weights()
+    vllm.generate(RAW_PROMPTS, 1, greedy, 0)  # FakeLLM asserts it is awake for the push and the generate
+    assert llm.asleep and llm.sleeps == 2 and llm.pushes == 2
+
+
+def test_rollout_vllm_options_need_the_vllm_engine():
+    from grpokit.config import RecipeError, recipe_from_dict
+
+    with pytest.raises(RecipeError, match="rollout.vllm: a mapping of vllm.LLM arguments"):
+        recipe_from_dict({"rollout": {"vllm": {"enable_sleep_mode": True}}})
+    assert recipe_from_dict({"rollout": {"engine": "vllm", "vllm": {"enable_sleep_mode": True}}}).rollout.vllm

@@ -86,6 +86,8 @@ def policy_loss(
     max_completion_length: int | None = None,
     num_sequences: int | None = None,
     num_tokens: int | None = None,
+    sampler_logp: torch.Tensor | None = None,
+    tis_cap: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GRPO loss: negative clipped surrogate plus β·KL, aggregated over tokens and sequences.
 
@@ -94,6 +96,12 @@ def policy_loss(
     ``l_t = −min(r·A, clip(r, 1 − ε_low, 1 + ε_high)·A) + β·KL_t`` with ``KL_t = kl_penalty(logp,
     ref_logp, kl_estimator)``; then ``aggregate_loss``. With ``old_logp = logp.detach()`` (μ = 1,
     on-policy) the ratio is 1 by value and the gradient is ``−A·∇logp``.
+
+    Truncated importance sampling (``tis_cap = C > 0``; Yao et al. 2025, "Your efficient RL
+    framework secretly brings you off-policy RL training"): when the tokens were sampled by another
+    engine (vLLM) whose probabilities ``sampler_logp`` differ from π_old's, the surrogate term of
+    each token is weighted by ``w = min(exp(old_logp − sampler_logp), C)`` (no gradient through
+    ``w``; the KL term is not weighted): ``l_t = −w·min(r·A, clip(r)·A) + β·KL_t``.
 
     Args:
         logp: ``(N, T)`` float log-probs under π_θ (requires grad for training).
@@ -104,15 +112,19 @@ def policy_loss(
         beta: KL coefficient β >= 0. clip_eps_low / clip_eps_high: ε_low, ε_high >= 0.
         kl_estimator: ``"k1" | "k2" | "k3"``.
         aggregation, max_completion_length, num_sequences, num_tokens: see ``aggregate_loss``.
+        sampler_logp: ``(N, T)`` the sampler's log-probs of the tokens (at the same temperature);
+            required when ``tis_cap > 0``. tis_cap: C >= 0 of truncated importance sampling
+            (0 = off).
 
     Returns:
         ``(loss, stats)``; ``stats`` (detached, masked means over this batch's tokens):
         ``clip_frac_low`` (share of tokens with r < 1−ε_low and A < 0: clipped, no gradient),
-        ``clip_frac_high`` (r > 1+ε_high and A > 0), ``kl``, ``ratio_mean``, ``num_tokens``.
+        ``clip_frac_high`` (r > 1+ε_high and A > 0), ``kl``, ``ratio_mean``, ``num_tokens``;
+        with ``tis_cap > 0`` also ``tis_weight_mean`` (mean w) and ``tis_capped_frac`` (w = C).
 
     Raises:
-        ValueError: mismatched shapes, β > 0 without ``ref_logp``, negative β or ε, unknown
-        aggregation or estimator.
+        ValueError: mismatched shapes, β > 0 without ``ref_logp``, ``tis_cap > 0`` without
+        ``sampler_logp``, negative β, ε or C, unknown aggregation or estimator.
 
     Example:
         >>> lp = torch.zeros(2, 3, requires_grad=True)
@@ -138,10 +150,19 @@ def policy_loss(
             f"{fn}: beta, clip_eps_low, clip_eps_high must be >= 0, got {beta}, {clip_eps_low}, "
             f"{clip_eps_high}"
         )
+    if tis_cap < 0:
+        raise ValueError(f"{fn}: tis_cap must be >= 0 (0 = off), got {tis_cap}")
     advantages = advantages.to(logp.dtype)
     ratio = torch.exp(logp - old_logp)
     clipped = torch.clamp(ratio, 1.0 - clip_eps_low, 1.0 + clip_eps_high)
     per_token = -torch.minimum(ratio * advantages, clipped * advantages)
+    tis = None
+    if tis_cap > 0:
+        if sampler_logp is None:
+            raise ValueError(f"{fn}: tis_cap={tis_cap} > 0 needs sampler_logp (the rollout engine's log-probs)")
+        check_same_shape(fn, logp=logp, sampler_logp=sampler_logp)
+        tis = torch.exp(old_logp.detach() - sampler_logp.to(logp.dtype)).clamp(max=tis_cap)
+        per_token = per_token * tis
     mask = completion_mask.bool()
     if beta > 0:
         if ref_logp is None:
@@ -173,4 +194,7 @@ def policy_loss(
             "ratio_mean": (ratio.detach() * m).sum() / n,
             "num_tokens": m.sum(),
         }
+        if tis is not None:
+            stats["tis_weight_mean"] = (tis * m).sum() / n
+            stats["tis_capped_frac"] = ((tis >= tis_cap).to(m.dtype) * m).sum() / n
     return loss, stats

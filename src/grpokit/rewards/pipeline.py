@@ -15,12 +15,12 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import torch
 
+from grpokit.dtypes import dtype_of
 from grpokit.rewards.base import compute_rewards, get_reward_function
 from grpokit.rewards.guard import GuardedReward
 from grpokit.rewards.remote import RemoteReward, is_remote
 from grpokit.rewards.rm import RM_PREFIX
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def reward_function(name: str, rc: Any, device: torch.device | str = "cpu") -> Callable:
@@ -40,8 +40,8 @@ def reward_function(name: str, rc: Any, device: torch.device | str = "cpu") -> C
         from grpokit.rewards.rm import load_reward_model
 
         rm_device = device if rc.rm_device == "auto" else rc.rm_device
-        return load_reward_model(name, device=rm_device, dtype=_DTYPES[rc.rm_dtype], batch_size=rc.rm_batch_size,
-                                 normalize=rc.rm_normalize, max_length=rc.rm_max_length)
+        return load_reward_model(name, device=rm_device, dtype=dtype_of(rc.rm_dtype, "rewards.rm_dtype"),
+                                 batch_size=rc.rm_batch_size, normalize=rc.rm_normalize, max_length=rc.rm_max_length)
     return get_reward_function(name)
 
 

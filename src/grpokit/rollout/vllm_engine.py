@@ -30,15 +30,16 @@ does not apply (vLLM draws by Gumbel-max; same distribution).
 Weights: the ``LLM`` is built from the policy's folder (``model.name_or_path``; a folder holding only
 ``model.config`` when there is none) with ``load_format="dummy"``, in the policy's dtype (or
 ``sampler_dtype``), and **every** weight comes from the trainer's model: before a ``generate`` the
-engine pushes ``model.state_dict()`` into vLLM (``reload_weights``, then ``reset_prefix_cache``) if
+engine pushes the model's weights (a LoRA policy's with its adapters folded in, out of place:
+:func:`grpokit.lora.merged_state_dict`) into vLLM (``reload_weights``, then ``reset_prefix_cache``) if
 ``sync_weights()`` was called since the last push (the loop calls it after every update and after
 loading a checkpoint on resume), or, as a safety net, if :func:`weights_fingerprint` of the model
 moved. The first ``generate`` always pushes, so vLLM never samples from the weights on disk. The
 fingerprint alone is not enough: a fused AdamW step (the default optimizer) and writes through
 ``.data`` leave the version counters it reads unchanged. One ``LLM`` serves every engine built on the
-same model (the run's engine and its evaluation engine), so a sync seen by one is seen by all. Not
-done: truncated importance-sampling correction of the sampler/trainer mismatch (the gap is
-measured, not corrected).
+same model (the run's engine and its evaluation engine), so a sync seen by one is seen by all. The
+sampler/trainer mismatch is measured (``logprob_gap_*``) and, with ``algo.tis_cap``, corrected by
+truncated importance sampling in the loss (:func:`grpokit.algo.policy_loss`).
 
 vLLM runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set here) so that the weights are
 handed over without copies between processes.
@@ -173,6 +174,8 @@ class _SharedLLM:
         self.fingerprint: tuple | None = None
         self.version = 0  # weight pushes so far
         self.last_sync_s = 0.0
+        self.sleep_mode = False  # llm_kwargs enable_sleep_mode: sleep between generations
+        self.asleep = False
 
 
 _SHARED: "weakref.WeakKeyDictionary[torch.nn.Module, _SharedLLM]" = weakref.WeakKeyDictionary()
@@ -190,11 +193,13 @@ class VLLMRolloutEngine:
             policy's parameter dtype.
         kv_cache_gib: memory for vLLM's KV cache (``kv_cache_memory_bytes``), GiB.
         max_model_len: prompt + completion positions vLLM plans for; None = the model's.
-        llm_kwargs: more ``vllm.LLM`` arguments (e.g. ``enforce_eager=False`` to let it compile).
+        llm_kwargs: more ``vllm.LLM`` arguments (``rollout.vllm``; e.g. ``enforce_eager=False`` to let it
+            compile, ``gpu_memory_utilization`` instead of ``kv_cache_gib``, ``enable_sleep_mode=True``
+            to put vLLM to sleep between generations: :meth:`_sleep`).
 
     Raises:
         ImportError: vLLM is not installed (names the ``vllm`` extra).
-        ValueError: no EOS id, no pad token, LoRA adapters on ``model``, or a dtype vLLM does not run.
+        ValueError: no EOS id, no pad token, or a dtype vLLM does not run.
         RuntimeError: vLLM did not start in this process.
     """
 
@@ -212,9 +217,6 @@ class VLLMRolloutEngine:
             raise ValueError("eos_token_ids is empty; pass at least one EOS id")
         if tokenizer.pad_token_id is None:
             raise ValueError("tokenizer has no pad token; load it with grpokit.models.load_tokenizer")
-        if getattr(model, "peft_config", None):  # its state dict holds adapters, not the weights vLLM runs
-            raise ValueError("rollout.engine=vllm does not sample from a model with LoRA adapters (model.lora) "
-                             "yet; use rollout.engine=hf")
         dtype = sampler_dtype or next(p.dtype for p in model.parameters() if p.is_floating_point())
         if dtype not in _DTYPES:
             raise ValueError(f"rollout.engine=vllm: vLLM does not run in {dtype}; use one of {sorted(_DTYPES.values())}")
@@ -222,6 +224,7 @@ class VLLMRolloutEngine:
         if shared is None:
             llm = self._build_llm(dtype, chunk_size, kv_cache_gib, max_model_len, llm_kwargs or {})
             shared = _SHARED[model] = _SharedLLM(llm, dtype)
+            shared.sleep_mode = bool((llm_kwargs or {}).get("enable_sleep_mode"))  # on a GPU: _sleep()
         elif shared.dtype != dtype:
             import warnings
 
@@ -246,6 +249,8 @@ class VLLMRolloutEngine:
             kw["max_num_seqs"] = int(chunk_size)
         if max_model_len is not None:
             kw["max_model_len"] = int(max_model_len)
+        if "gpu_memory_utilization" in extra:  # the user sizes vLLM's memory as a share of the GPU
+            kw.pop("kv_cache_memory_bytes")
         kw.update(extra)
         set_threads = torch.set_num_threads  # vLLM's CPU worker replaces it by a no-op; the trainer keeps it
         try:
@@ -267,6 +272,21 @@ class VLLMRolloutEngine:
         """Mark vLLM's weights stale: the next ``generate`` pushes the model's first."""
         self.shared.stale = True
 
+    def _sleep(self) -> None:
+        """With ``enable_sleep_mode`` (``rollout.vllm``): vLLM's weights and KV cache leave the GPU
+        between generations (``LLM.sleep(level=1)``: weights offloaded to CPU memory, cache dropped),
+        so the trainer has the memory while it trains."""
+        s = self.shared
+        if s.sleep_mode and not s.asleep:
+            s.llm.sleep(level=1)
+            s.asleep = True
+
+    def _wake(self) -> None:
+        s = self.shared
+        if s.asleep:
+            s.llm.wake_up()
+            s.asleep = False
+
     def _push_weights_if_stale(self) -> None:
         s = self.shared
         fp = weights_fingerprint(self.model)
@@ -274,7 +294,9 @@ class VLLMRolloutEngine:
             s.last_sync_s = 0.0
             return
         t0 = time.perf_counter()
-        weights = [(k, v.detach()) for k, v in self.model.state_dict().items()]
+        from grpokit.lora import merged_state_dict  # LoRA: the adapters folded in, out of place
+
+        weights = list(merged_state_dict(self.model).items())
         s.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights), "is_checkpoint_format": True})
         if not s.llm.reset_prefix_cache():  # cached prompt KV was computed with the old weights
             raise RuntimeError("rollout.engine=vllm: vLLM could not drop its prefix cache after a weight update")
@@ -296,6 +318,7 @@ class VLLMRolloutEngine:
         check_prompts(prompts, group_size, first_prompt)
         check_sampling(sampling)
         t0 = time.perf_counter()
+        self._wake()
         self._push_weights_if_stale()
         pad = self.tokenizer.pad_token_id
         ids, mask = left_padded_prompts(self.tokenizer, prompts, pad)  # (B, P)
@@ -307,6 +330,7 @@ class VLLMRolloutEngine:
                 inputs.append(prompt)
                 params.append(self.vllm.SamplingParams(**dict(kw, seed=request_seed(seed, first_prompt + b, g))))
         outs = self.shared.llm.generate(inputs, params, use_tqdm=False)
+        self._sleep()
         tokens = [list(o.outputs[0].token_ids) for o in outs]
         logprobs = None
         if sampling.temperature > 0:
