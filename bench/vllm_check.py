@@ -212,6 +212,32 @@ def agreement(out: dict) -> bool:
         for sl, mb in e.micro_batches(8):
             gap.add(mb.sampler_logprobs, old[sl, : mb.completion_ids.shape[1]], mb.completion_mask)
         out[f"logprob_gap_tau{tau}"] = gap.metrics() | {"tokens": int(e.completion_mask.sum())}
+
+    # 6. a batch split as data-parallel ranks split it (first_prompt offsets) samples the same rows
+    halves = [vl.generate(prompts[:2], 4, p, 11, first_prompt=0), vl.generate(prompts[2:], 4, p, 11, first_prompt=2)]
+    split_rows = [r[m].tolist() for h in halves for r, m in zip(h.completion_ids, h.completion_mask)]
+    full_rows = [r[m].tolist() for r, m in zip(full.completion_ids, full.completion_mask)]
+    out["seeds"]["rows_identical_when_split_with_first_prompt"] = f"{sum(a == b for a, b in zip(split_rows, full_rows))}/{len(full_rows)}"
+    ok &= split_rows == full_rows
+
+    # 7. a LoRA policy: vLLM gets the adapters folded in (out of place); its greedy rows are the peft model's
+    from grpokit.lora import apply_lora
+
+    lora_model = apply_lora(AutoModelForCausalLM.from_pretrained(_tiny_folder(tok, seed=2)).eval(),
+                            {"r": 4, "alpha": 8, "target_modules": "all-linear", "dropout": 0.0}, announce=False)
+    with torch.no_grad():
+        for name, prm in lora_model.named_parameters():
+            if "lora_B" in name:
+                prm.normal_(0, 0.5, generator=torch.Generator().manual_seed(len(name)))
+    vl_lora = load_engine("vllm", model=lora_model, tokenizer=tok, eos_token_ids=[2, 0])
+    hf_lora = load_engine("hf", model=lora_model, tokenizer=tok, eos_token_ids=[2, 0])
+    a, b = vl_lora.generate(prompts, 1, greedy, 0), hf_lora.generate(prompts, 1, greedy, 0)
+    with lora_model.disable_adapter():
+        base = hf_lora.generate(prompts, 1, greedy, 0)
+    out["lora_merged_greedy"] = row_agreement(a, b) | {
+        "adapters_change_the_rows": not torch.equal(base.completion_ids, b.completion_ids),
+        "policy_still_unmerged": not any(getattr(m, "merged", False) for m in lora_model.modules())}
+    ok &= out["lora_merged_greedy"]["row_rate"] >= 0.75 and out["lora_merged_greedy"]["policy_still_unmerged"]
     return ok
 
 

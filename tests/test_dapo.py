@@ -10,6 +10,7 @@ import pytest
 import torch
 from helpers import tiny_recipe
 
+import grpokit.collect as collect
 import grpokit.trainer as trainer
 from grpokit import algo
 from grpokit.algorithms import GRPO
@@ -105,7 +106,7 @@ def in_order(monkeypatch):
         out = list(range(state.position, state.position + b))
         state.position += b
         return out
-    monkeypatch.setattr(trainer, "next_prompt_indices", take)
+    monkeypatch.setattr(collect, "next_prompt_indices", take)
 
 
 def _refill(s, step=1):

@@ -331,3 +331,19 @@ def test_sigterm_to_one_rank_stops_both_after_the_same_step(recipe_file, tmp_pat
     assert stopped in (1, 2)  # the step under way when the signal came (2), or 1 if it came at its end
     assert (out / f"checkpoint-{stopped}").exists() and not (out / "checkpoint-3").exists()
     assert len((out / "metrics.jsonl").read_text().splitlines()) == stopped
+
+
+def test_two_nodes_by_rendezvous_train_as_one_process(one_process, recipe_file, tmp_path):
+    """Multi-node launch on one machine: two torchrun agents (``--nnodes 2``, one process each)
+    meeting at a c10d rendezvous endpoint; the same run as one process."""
+    out, port = tmp_path / "run", _port()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "grpokit-test",
+           "-m", "grpokit", "train", str(recipe_file), "--no-progress", f"train.output_dir={out}"]
+    nodes = [subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for _ in range(2)]
+    logs = [p.communicate(timeout=300)[0] for p in nodes]
+    assert all(p.returncode == 0 for p in nodes), "\n".join(log[-2000:] for log in logs)
+    assert any("on 2 ranks (ddp)" in log for log in logs)
+    _assert_same_run(one_process, out)
+    _assert_only_rank0_wrote(out)

@@ -35,20 +35,20 @@ import torch
 
 from grpokit.algo import LogprobGap
 from grpokit.build import Run, build_run
+from grpokit.collect import refill_groups_with_signal, sample_and_score
 from grpokit.checkpoint import (find_resume_checkpoint, load_model_weights, load_training_state, read_model_state,
                                 rng_state, save_checkpoint, set_rng_state)
 from grpokit.config import AlgoConfig, EvalConfig, Recipe, RolloutConfig, TrainConfig
 from grpokit.curves import plot_curves
-from grpokit.distributed import (any_rank, full_state, gather_objects, gather_scored, gathered, is_sharded,
-                                 load_full_state, reduce_gradients, shutdown, sum_over_ranks)
+from grpokit.distributed import (any_rank, full_state, gather_objects, gathered, is_sharded, load_full_state,
+                                 reduce_gradients, shutdown, sum_over_ranks)
 from grpokit.evaluator import save_eval
 from grpokit.experience import Experience
 from grpokit.lora import adapter_dropout
 from grpokit.memory import release_memory
 from grpokit.metrics import TRUNCATED_WARN_FRAC, NullLogger, RunLogger, RunWarning
 from grpokit.policy import batch_logprobs, completion_logprobs, reference_logprobs
-from grpokit.rewards.pipeline import reward_metrics
-from grpokit.state import TrainState, next_prompt_indices
+from grpokit.state import TrainState
 
 
 class _StopFlag:
@@ -92,14 +92,8 @@ def optimize(run: Run, exp: Experience, t: TrainConfig, *, temperature: float, a
     policy's (``update_auxiliary``: PPO's value model; its metrics are added).
     Returns the update's metrics (loss, kl, clip fractions, ratio, entropy, grad norm, lr, skipped
     and zero-gradient updates, ``ref_s``, ``policy_updated``)."""
-    mbs = t.micro_batch_size
     t0 = time.perf_counter()
-    if run.algorithm.needs_reference and exp.ref_logprobs is None:  # (an algorithm may have set them)
-        exp.ref_logprobs = reference_logprobs(run.model, run.ref_model, exp, temperature=temperature,
-                                              micro_batch_size=mbs, autocast_bf16=autocast_bf16)  # LoRA: adapters off
-    if t.num_iterations > 1 and exp.old_logprobs is None:
-        exp.old_logprobs = batch_logprobs(run.model, exp, temperature=temperature, micro_batch_size=mbs,
-                                          autocast_bf16=autocast_bf16)
+    _score_old_and_reference(run, exp, t, temperature=temperature, autocast_bf16=autocast_bf16)
     release_memory()  # heap pages freed by the no-grad passes go back to the OS (grpokit.memory)
     ref_s = time.perf_counter() - t0
     loss_mask = exp.completion_mask if keep_rows is None else exp.completion_mask & keep_rows[:, None]
@@ -111,47 +105,17 @@ def optimize(run: Run, exp: Experience, t: TrainConfig, *, temperature: float, a
     stat_keys: set[str] = set()  # the algorithm's loss stats (GRPO: kl, clip fractions, ratio_mean)
     grad_norms, lrs, skipped, zero_grad = [], [], 0, 0
     gap = LogprobGap()  # the sampler's log-probs against π_old's (engines that report them: vllm)
-    state = run.state
-    passes = t.num_iterations if run.algorithm.updates_policy(state.step + 1) else 0  # 0: PPO's critic warm-up
+    passes = t.num_iterations if run.algorithm.updates_policy(run.state.step + 1) else 0  # 0: PPO's critic warm-up
     for it in range(passes):
         run.optimizer.zero_grad(set_to_none=True)
-        loss_total = 0.0
-        for sl, mb in exp.micro_batches(mbs):
-            with adapter_dropout(run.model):  # model.lora.dropout: in the gradient passes only (grpokit.lora)
-                logp, ent = completion_logprobs(run.model, mb, temperature=temperature, with_entropy=it == 0,
-                                                autocast_bf16=autocast_bf16)
-                loss, st = run.algorithm.loss(logp, mb, loss_mask[sl, : mb.completion_ids.shape[1]],
-                                              num_sequences=n, num_tokens=n_tok)
-                loss.backward()  # inside: a checkpointed layer recomputes with the same dropout
-            if it == 0:  # before the first update logp is π_old's
-                gap.add(mb.sampler_logprobs, logp, mb.completion_mask)
-            release_memory()
-            loss_total += loss.item()
-            w = st["num_tokens"].item() / max(n_tok, 1)  # token-weighted means over the batch
-            for k, v in st.items():
-                if k != "num_tokens":
-                    stat_keys.add(k)
-                    sums[f"{k}@{it}"] = sums.get(f"{k}@{it}", 0.0) + w * v.item()
-            if ent is not None:
-                m = mb.completion_mask.float()
-                sums["entropy"] = sums.get("entropy", 0.0) + float((ent * m).sum()) / max(n_all, 1)
+        loss_total = _gradient_pass(run, exp, loss_mask, it, counts=(n, n_tok, n_all), sums=sums,
+                                    stat_keys=stat_keys, gap=gap, mbs=t.micro_batch_size, temperature=temperature,
+                                    autocast_bf16=autocast_bf16)
         sums[f"loss@{it}"] = loss_total
-        if ranks.parallel == "ddp":  # fsdp2 reduce-scatters in backward; then every rank has the same gradient
-            reduce_gradients([p for p in run.model.parameters() if p.requires_grad], ranks)
-        loss_total = sum_over_ranks([loss_total], ranks)[0]  # the same skip decision on every rank
-        clip = t.max_grad_norm if t.max_grad_norm > 0 else float("inf")
-        gn = _grad_norm(torch.nn.utils.clip_grad_norm_(run.model.parameters(), clip))
+        gn, outcome = _apply_update(run, t, loss_total)
         grad_norms.append(gn)
         lrs.append(float(run.optimizer.param_groups[0]["lr"]))  # the rate this update uses (before the schedule moves)
-        if gn == 0.0:  # nothing to learn from (no signal, or every row filtered): an optimizer step
-            zero_grad += 1  # would move the weights by momentum and weight decay alone
-            state.consecutive_skips = 0
-        elif math.isfinite(gn) and math.isfinite(loss_total):
-            run.optimizer.step()
-            state.consecutive_skips = 0
-        else:
-            skipped += 1
-            state.consecutive_skips += 1
+        skipped, zero_grad = skipped + (outcome == "skipped"), zero_grad + (outcome == "zero_grad")
         with warnings.catch_warnings():  # the schedule follows updates applied or not
             warnings.filterwarnings("ignore", message=".*lr_scheduler.step.*optimizer.step")
             run.scheduler.step()
@@ -168,6 +132,73 @@ def optimize(run: Run, exp: Experience, t: TrainConfig, *, temperature: float, a
                skipped_updates=skipped, zero_grad_updates=zero_grad, ref_s=ref_s, policy_updated=int(passes > 0),
                **aux, **gap.metrics())
     return out
+
+
+def _score_old_and_reference(run: Run, exp: Experience, t: TrainConfig, *, temperature: float,
+                             autocast_bf16: bool) -> None:
+    """Step 5: π_ref's log-probs when the algorithm needs them (LoRA: the adapters disabled), π_old's
+    when μ > 1; each left alone when already set (an algorithm may have set them)."""
+    mbs = t.micro_batch_size
+    if run.algorithm.needs_reference and exp.ref_logprobs is None:
+        exp.ref_logprobs = reference_logprobs(run.model, run.ref_model, exp, temperature=temperature,
+                                              micro_batch_size=mbs, autocast_bf16=autocast_bf16)
+    if t.num_iterations > 1 and exp.old_logprobs is None:
+        exp.old_logprobs = batch_logprobs(run.model, exp, temperature=temperature, micro_batch_size=mbs,
+                                          autocast_bf16=autocast_bf16)
+
+
+def _gradient_pass(run: Run, exp: Experience, loss_mask: torch.Tensor, it: int, *, counts: tuple[int, int, int],
+                   sums: dict[str, float], stat_keys: set[str], gap: LogprobGap, mbs: int, temperature: float,
+                   autocast_bf16: bool) -> float:
+    """Pass ``it`` of step 6 over this rank's micro-batches: each loss normalized by the batch's
+    ``counts`` = (sequences, loss tokens, completion tokens), backward into ``.grad``; adds the
+    token-weighted stats (and, in pass 0, the entropy and the sampler gap) into ``sums``/``gap``.
+    Returns this rank's share of the loss."""
+    n, n_tok, n_all = counts
+    loss_total = 0.0
+    for sl, mb in exp.micro_batches(mbs):
+        with adapter_dropout(run.model):  # model.lora.dropout: in the gradient passes only (grpokit.lora)
+            logp, ent = completion_logprobs(run.model, mb, temperature=temperature, with_entropy=it == 0,
+                                            autocast_bf16=autocast_bf16)
+            loss, st = run.algorithm.loss(logp, mb, loss_mask[sl, : mb.completion_ids.shape[1]],
+                                          num_sequences=n, num_tokens=n_tok)
+            loss.backward()  # inside: a checkpointed layer recomputes with the same dropout
+        if it == 0:  # before the first update logp is π_old's
+            gap.add(mb.sampler_logprobs, logp, mb.completion_mask)
+        release_memory()
+        loss_total += loss.item()
+        w = st["num_tokens"].item() / max(n_tok, 1)  # token-weighted means over the batch
+        for k, v in st.items():
+            if k != "num_tokens":
+                stat_keys.add(k)
+                sums[f"{k}@{it}"] = sums.get(f"{k}@{it}", 0.0) + w * v.item()
+        if ent is not None:
+            m = mb.completion_mask.float()
+            sums["entropy"] = sums.get("entropy", 0.0) + float((ent * m).sum()) / max(n_all, 1)
+    return loss_total
+
+
+def _apply_update(run: Run, t: TrainConfig, loss_total: float) -> tuple[float, str]:
+    """The optimizer step of one pass: gradients summed over ranks (ddp), clipped at
+    ``t.max_grad_norm``; not applied when the gradient is exactly zero (nothing to learn: AdamW
+    would move the weights by momentum and weight decay alone) or the loss or norm is not finite
+    (counted in ``run.state.consecutive_skips``). Returns ``(grad norm, "applied" | "zero_grad" |
+    "skipped")``, the same on every rank."""
+    ranks, state = run.ranks, run.state
+    if ranks.parallel == "ddp":  # fsdp2 reduce-scatters in backward; then every rank has the same gradient
+        reduce_gradients([p for p in run.model.parameters() if p.requires_grad], ranks)
+    loss_total = sum_over_ranks([loss_total], ranks)[0]  # the same skip decision on every rank
+    clip = t.max_grad_norm if t.max_grad_norm > 0 else float("inf")
+    gn = _grad_norm(torch.nn.utils.clip_grad_norm_(run.model.parameters(), clip))
+    if gn == 0.0:
+        state.consecutive_skips = 0
+        return gn, "zero_grad"
+    if math.isfinite(gn) and math.isfinite(loss_total):
+        run.optimizer.step()
+        state.consecutive_skips = 0
+        return gn, "applied"
+    state.consecutive_skips += 1
+    return gn, "skipped"
 
 
 def _grad_norm(total: torch.Tensor) -> float:
@@ -350,78 +381,6 @@ def evaluate_on_main(run: Run, when: str) -> dict[str, Any] | None:
     first, then wait at their next collective)."""
     with gathered(run.model):
         return run.evaluator.run(run.eval_engine, run.out, when) if run.ranks.is_main else None
-
-
-def sample_and_score(run: Run, step: int, n_prompts: int, *, round_: int, rollout_cfg: RolloutConfig,
-                     train_cfg: TrainConfig) -> tuple[list[dict], Experience, dict[str, Any], float]:
-    """Steps 1-4 for ``n_prompts`` new prompts: ``(rows, experience, metrics, reward_s)``; the
-    experience (``n_prompts · rollout_cfg.group_size`` rows) carries rewards and advantages.
-
-    ``rollout_cfg``/``train_cfg``: the recipe's ``rollout`` and ``train`` sections (``group_size``,
-    ``seed``). Round 0 is seeded ``seed·100003 + step`` (as always); dynamic sampling's extra rounds
-    add ``1000003·round``. Raises what the engine and the reward pipeline raise."""
-    seed, g, ranks = train_cfg.seed, rollout_cfg.group_size, run.ranks
-    idx = next_prompt_indices(run.state, len(run.data.rows), n_prompts, seed)  # the same on every rank
-    rows = [run.data.rows[i] for i in idx]
-    per = n_prompts // ranks.world_size  # this rank samples and scores prompts first … first+per-1
-    first = ranks.rank * per
-    mine = idx[first: first + per]
-    exp = run.engine.generate([run.data.prompts[i] for i in mine], g, run.sampling,
-                              seed * 100003 + step + 1000003 * round_, first_prompt=first)
-    release_memory()
-    t_reward = time.perf_counter()
-    scored = run.rewards.score_rows(exp, rows[first: first + per], run.data.columns)
-    if ranks.active:  # the whole batch on every rank: advantages and metrics as one process has them
-        exp, scored = gather_scored(exp, scored, ranks, run.tokenizer.pad_token_id)
-    metrics = dict(reward_metrics(exp, scored.per_function), reward_failures=scored.failures)
-    exp.advantages = run.algorithm.advantages(exp)
-    return rows, exp, metrics, time.perf_counter() - t_reward
-
-
-def refill_groups_with_signal(run: Run, step: int, rows: list[dict], exp: Experience, metrics: dict[str, Any], *,
-                              algo_cfg: AlgoConfig, rollout_cfg: RolloutConfig,
-                              train_cfg: TrainConfig) -> tuple[list[dict], Experience, dict[str, Any], float]:
-    """Dynamic sampling (DAPO, arXiv 2503.14476 §3.2): groups whose rewards are all equal
-    (``algo.constant_groups``: advantage 0, no signal) are dropped and replaced by groups of new
-    prompts, sampled in up to ``algo.max_sampling_rounds`` extra rounds, until B groups carry
-    signal. If the rounds run out, the step trains on the groups with signal it has (fewer than
-    B); if it has none, on round 0's batch as it is (the "no learning signal" warning says so).
-
-    Advantages are recomputed over the kept groups (batch scaling sees the batch trained on); the
-    reward metrics stay those of round 0 (the policy's own rate on fresh prompts), except
-    ``reward_failures`` and the experience's ``gen_s``, summed over every round; ``dynamic/rounds``,
-    ``dynamic/groups_sampled``, ``dynamic/groups_kept`` are added.
-
-    ``algo_cfg``/``rollout_cfg``/``train_cfg``: the recipe's ``algo`` (``max_sampling_rounds``),
-    ``rollout`` and ``train`` (``prompts_per_step`` = B, ``seed``) sections.
-    Returns ``(rows, experience, metrics, extra_reward_s)``: at most B rows and their groups.
-    """
-    a, b = algo_cfg, train_cfg.prompts_per_step
-    kept_rows, parts, extra_s, rounds, sampled = [], [], 0.0, 0, len(rows)
-    cur_rows, cur, cur_metrics = rows, exp, metrics
-    gen_s, failures = 0.0, 0  # over every round, dropped ones included
-    while True:
-        gen_s, failures = gen_s + cur.gen_s, failures + cur_metrics["reward_failures"]
-        signal_groups = run.algorithm.groups_with_signal(cur)
-        take = signal_groups[: b - len(kept_rows)]
-        if take:
-            kept_rows += [cur_rows[i] for i in take]
-            parts.append(cur.select_groups(take))
-        if len(kept_rows) >= b or rounds >= a.max_sampling_rounds:
-            break
-        rounds += 1
-        cur_rows, cur, cur_metrics, dt = sample_and_score(run, step, b - len(kept_rows), round_=rounds,
-                                                          rollout_cfg=rollout_cfg, train_cfg=train_cfg)
-        extra_s, sampled = extra_s + dt, sampled + len(cur_rows)
-    metrics = dict(metrics, reward_failures=failures,
-                   **{"dynamic/rounds": rounds, "dynamic/groups_sampled": sampled, "dynamic/groups_kept": len(kept_rows)})
-    if not kept_rows:
-        exp.gen_s = gen_s
-        return rows, exp, metrics, extra_s
-    out = Experience.concat(parts, run.tokenizer.pad_token_id)
-    out.gen_s = gen_s
-    out.advantages = run.algorithm.advantages(out)
-    return kept_rows, out, metrics, extra_s
 
 
 def run_step(run: Run, logger: RunLogger, memo: dict[str, Any], *, rollout_cfg: RolloutConfig,
