@@ -155,7 +155,7 @@ def build_run(recipe: Recipe) -> Run:
     from grpokit.algorithms import load_algorithm
     from grpokit.models import eos_token_ids, load_tokenizer, model_max_positions
     from grpokit.optim import make_optimizer
-    from grpokit.rollout.engine import SamplingParams, load_engine
+    from grpokit.rollout.engine import SamplingParams
     from grpokit.state import TrainState, seed_everything
 
     m, d, r = recipe.model, recipe.data, recipe.rollout
@@ -199,16 +199,8 @@ def build_run(recipe: Recipe) -> Run:
     ref_model = (load_policy(recipe, device, reference=True, ranks=ranks)
                  if algorithm.needs_reference and m.lora is None else None)
     eos_ids = eos_token_ids(model, tokenizer)
-    # with bf16 autocast the trainer scores in bf16, so sampling from a bf16 copy matches it
-    on_model = dict(model=model, tokenizer=tokenizer, eos_token_ids=eos_ids)
-    options = dict(chunk_size=r.chunk_size, sampler_dtype=torch.bfloat16 if m.autocast_bf16 else None)
-    extra = {"llm_kwargs": r.vllm} if r.engine == "vllm" and r.vllm else {}
-    engine = load_engine(r.engine, **on_model, **options, **extra)
-    eval_engine = None
-    if evaluator is not None:  # evaluation generates with the engine's defaults (Run's docstring)
-        eval_engine = engine if all(v is None for v in options.values()) else load_engine(r.engine, **on_model)
-    if ranks.parallel == "fsdp2":  # generation on the gathered weights (evaluation gathers them itself)
-        engine = GatheredEngine(engine, model)
+    engine, eval_engine = build_engines(recipe, model, tokenizer, eos_ids, evaluation=evaluator is not None,
+                                        ranks=ranks)
     sampling = SamplingParams.from_config(r)
     optimizer, scheduler = make_optimizer(model, recipe.train)
     algorithm.bind(model, ref_model, temperature=r.temperature, train_cfg=recipe.train,
@@ -223,6 +215,28 @@ def build_run(recipe: Recipe) -> Run:
     return Run(model=model, ref_model=ref_model, tokenizer=tokenizer, eos_ids=eos_ids, device=device, engine=engine,
                sampling=sampling, rewards=rewards, algorithm=algorithm, optimizer=optimizer, scheduler=scheduler,
                state=TrainState(), data=data, evaluator=evaluator, eval_engine=eval_engine, out=out, ranks=ranks)
+
+
+def build_engines(recipe: Recipe, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, eos_ids: list[int], *,
+                  evaluation: bool, ranks: Ranks = SINGLE) -> tuple[RolloutEngine, RolloutEngine | None]:
+    """The rollout engine ``rollout.engine`` on ``model`` and, with ``evaluation``, the engine
+    held-out evaluation generates with (:class:`Run`'s docstring). With bf16 autocast the trainer
+    scores in bf16, so the engine samples from a bf16 copy; ``rollout.vllm`` reaches ``vllm.LLM``;
+    under FSDP2 the training engine generates on the gathered weights (evaluation gathers them
+    itself)."""
+    from grpokit.rollout.engine import load_engine
+
+    m, r = recipe.model, recipe.rollout
+    on_model = dict(model=model, tokenizer=tokenizer, eos_token_ids=eos_ids)
+    options = dict(chunk_size=r.chunk_size, sampler_dtype=torch.bfloat16 if m.autocast_bf16 else None)
+    extra = {"llm_kwargs": r.vllm} if r.engine == "vllm" and r.vllm else {}
+    engine = load_engine(r.engine, **on_model, **options, **extra)
+    eval_engine = None
+    if evaluation:
+        eval_engine = engine if all(v is None for v in options.values()) else load_engine(r.engine, **on_model)
+    if ranks.parallel == "fsdp2":
+        engine = GatheredEngine(engine, model)
+    return engine, eval_engine
 
 
 def start_ranks(recipe: Recipe, device: torch.device) -> Ranks:

@@ -374,6 +374,13 @@ def _walk(recipe: Recipe):
 
 def validate(recipe: Recipe) -> None:
     """Check values (choices, ranges); raise ``RecipeError`` naming the key and what is allowed."""
+    _check_values(recipe)
+    _check_combinations(recipe)
+    _check_more_values(recipe)
+
+
+def _check_values(recipe: Recipe) -> None:
+    """Choices and ranges of single keys (the common ones)."""
     for key, value, f in _walk(recipe):
         choices = choices_of(f)
         if choices and value not in choices:
@@ -412,6 +419,11 @@ def validate(recipe: Recipe) -> None:
     if r.temperature == 0:
         raise RecipeError("rollout.temperature: must be > 0 for GRPO sampling (0 = greedy gives "
                           "identical completions and zero advantages)")
+
+
+def _check_combinations(recipe: Recipe) -> None:
+    """Keys that must agree with each other; ``model.lora`` completed with its defaults."""
+    r, t, a = recipe.rollout, recipe.train, recipe.algo
     if t.optimizer == "adamw_bf16_sr" and recipe.model.dtype != "bfloat16":
         raise RecipeError("train.optimizer: adamw_bf16_sr rounds bf16 parameters stochastically; it needs "
                           f"model.dtype=bfloat16, got model.dtype={recipe.model.dtype}")
@@ -452,6 +464,11 @@ def validate(recipe: Recipe) -> None:
         raise RecipeError(f"algo.value_clip_eps: must be > 0, got {a.value_clip_eps}")
     if recipe.train.critic_warmup_steps < 0 or recipe.train.critic_learning_rate <= 0:
         raise RecipeError("train.critic_warmup_steps must be >= 0 and train.critic_learning_rate > 0")
+
+
+def _check_more_values(recipe: Recipe) -> None:
+    """Ranges of the remaining single keys."""
+    r, t, a = recipe.rollout, recipe.train, recipe.algo
     rw = recipe.rewards
     for key, value, low in (("rm_batch_size", rw.rm_batch_size, 1), ("remote_retries", rw.remote_retries, 0),
                             ("remote_backoff_s", rw.remote_backoff_s, 0)):

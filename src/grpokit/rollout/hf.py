@@ -240,17 +240,33 @@ def generate_rollouts(
     gen_config = build_generation_config(
         params, eos_token_ids=eos, pad_token_id=pad_id, bos_token_id=tokenizer.bos_token_id
     )
-    from transformers import LogitsProcessorList
-
     uniforms = None  # (N, max_new_tokens): row (b, g) from request_seed(seed, first_prompt + b, g)
     if seed is not None and _inverse_cdf(params):
         from grpokit.rollout.sampling import request_uniforms
 
         uniforms = request_uniforms(seed, first_prompt, len(prompts), G, params.max_new_tokens).to(device)
+    t0 = time.perf_counter()
+    chunks = _generate_chunks(model, prompt_ids, prompt_mask, params, gen_config, uniforms, rows=rows, seed=seed,
+                              share_prompt=share_prompt, static_cache=static_cache, sampler_dtype=sampler_dtype,
+                              packed_weights=packed_weights)
+    gen_s = time.perf_counter() - t0
+    return _experience(prompt_ids, prompt_mask, group_index, G, chunks, eos=eos, pad_id=pad_id, tokenizer=tokenizer,
+                       gen_s=gen_s)
+
+
+def _generate_chunks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params: SamplingParams,
+                     gen_config: Any, uniforms: torch.Tensor | None, *, rows: int, seed: int | None,
+                     share_prompt: bool, static_cache: bool, sampler_dtype: torch.dtype | None,
+                     packed_weights: bool) -> list[torch.Tensor]:
+    """The new tokens of ``generate`` over consecutive chunks of ``rows`` rows: ``(n, T_chunk)`` each,
+    under the model's backend (its prefill and generation context), a fresh sampler per chunk
+    holding the chunk's rows of ``uniforms``."""
+    from transformers import LogitsProcessorList
+
+    N, P = prompt_ids.shape
     backend = get_backend(model)  # the sampler copy runs under the policy's backend
     chunks: list[torch.Tensor] = []
-    t0 = time.perf_counter()
-    with torch.inference_mode(), _seeded(seed, device):
+    with torch.inference_mode(), _seeded(seed, model_device(model)):
         sampler = model if sampler_dtype is None else _sampler_copy(model, sampler_dtype)
         with backend.generation(sampler, rows, packed_weights=packed_weights):
             for start in range(0, N, rows):
@@ -265,17 +281,22 @@ def generate_rollouts(
                     input_ids=ids, attention_mask=mask.long(), generation_config=gen_config, **extra, **extra_gen
                 )
                 chunks.append(out[:, P:])  # (n, T_chunk): generate returns prompt + new tokens
-    gen_s = time.perf_counter() - t0
+    return chunks
 
+
+def _experience(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_index: torch.Tensor, group_size: int,
+                chunks: list[torch.Tensor], *, eos: list[int], pad_id: int, tokenizer: Any, gen_s: float) -> Experience:
+    """The chunks' tokens right-padded to one ``(N, T)`` with ``pad_id``, masked up to and including
+    the first EOS, decoded; an :class:`Experience` of the prompts and these completions."""
     # A chunk shorter than the longest stopped early because all its rows hit EOS, so padding
     # it on the right never hides a truncation.
+    N, device = prompt_ids.shape[0], prompt_ids.device
     T = max(c.shape[1] for c in chunks)
     completion_ids = torch.full((N, T), pad_id, dtype=torch.long, device=device)  # (N, T)
     start = 0
     for c in chunks:
         completion_ids[start : start + c.shape[0], : c.shape[1]] = c
         start += c.shape[0]
-
     completion_mask = mask_completions(completion_ids, eos)  # (N, T)
     truncated = ~completion_terminated(completion_ids, eos)  # (N,)
     n_text = completion_mask.sum(1) - (~truncated).long()  # tokens before the first EOS
@@ -283,17 +304,9 @@ def generate_rollouts(
         [ids[:n].tolist() for ids, n in zip(completion_ids, n_text.tolist())],
         skip_special_tokens=True,
     )
-    return Experience(
-        prompt_ids=prompt_ids,
-        prompt_mask=prompt_mask,
-        completion_ids=completion_ids,
-        completion_mask=completion_mask,
-        group_index=group_index,
-        group_size=G,
-        truncated=truncated,
-        completions=completions,
-        gen_s=gen_s,
-    )
+    return Experience(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion_ids,
+                      completion_mask=completion_mask, group_index=group_index, group_size=group_size,
+                      truncated=truncated, completions=completions, gen_s=gen_s)
 
 
 def left_padded_prompts(tokenizer: Any, prompts: Sequence[str], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
