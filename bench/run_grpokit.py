@@ -111,7 +111,14 @@ def main() -> None:
         counts["sequence_tokens"] += int(batch.prompt_mask.sum() + batch.completion_mask.sum())
         return orig_completion_logprobs(model, batch, share_prompt=share, **kw)
 
+    orig_reference_logprobs = trainer.reference_logprobs
+
+    def reference_logprobs(*args, **kw):  # π_ref (the policy with adapters off, or the reference model)
+        with clock.timed("logp_ref"):
+            return orig_reference_logprobs(*args, **kw)
+
     trainer.batch_logprobs, trainer.completion_logprobs = batch_logprobs, completion_logprobs
+    trainer.reference_logprobs = reference_logprobs
     captured = {}
     orig_optimize = trainer.optimize
 

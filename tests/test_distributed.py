@@ -274,6 +274,25 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
+def test_two_ranks_with_the_cpu_backend_train_as_one_process_with_it(tiny_model_dir, recipe_file, tmp_path):
+    """Under ddp the gradients are summed from ``param.grad`` after the backward, so the cpu speed
+    backend (whose gradient aliases write ``param.grad`` directly) is exact on 2 ranks: ``auto``
+    installs it, and the run equals one process with it within 1e-6: the same completions, the
+    weights after every step within 1e-6 (its prompt-alias gradients are added in another order
+    across micro-batches than across ranks: 7e-9 after one step)."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    _run1(tiny_model_dir, one, model={"backend": "cpu"})
+    log = _run2(recipe_file, f"train.output_dir={two}", "model.backend=auto")
+    assert "backend cpu: model on cpu, 2 ranks summing gradients after the backward" in log
+    assert _samples(one) == _samples(two)
+    for a, b in zip(_metrics(one), _metrics(two)):
+        for key in a:
+            assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-7), key
+    for step in (1, 2, 3):
+        wa, wb = _weights(one, step), _weights(two, step)
+        assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) <= 1e-6, step
+
+
 def _kill_all_when(path: Path, proc: subprocess.Popen, timeout: float = 180.0) -> None:
     """SIGKILL torchrun and both ranks as soon as ``path`` exists."""
     t0 = time.monotonic()

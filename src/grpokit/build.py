@@ -134,8 +134,10 @@ def load_policy(recipe: Recipe, device: torch.device, *, reference: bool = False
         from grpokit.distributed import shard_model
 
         model = shard_model(model)
-    from grpokit.backends import install_backend
+    from grpokit.backends import install_backend, mark_grads_reduced_after_backward
 
+    if ranks.parallel == "ddp":  # gradients summed from param.grad after the backward: the cpu backend is exact
+        mark_grads_reduced_after_backward(model)
     install_backend(model, m.backend, announce=not reference,
                     **({} if reference else {"recompute_mlp": m.recompute_mlp}))
     if m.gradient_checkpointing and not reference:

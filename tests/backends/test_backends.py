@@ -104,6 +104,23 @@ def test_policy_dispatches_through_the_installed_backend(model, monkeypatch):
     torch.testing.assert_close(fast, plain)
 
 
+def test_a_model_whose_gradients_are_summed_after_the_backward_keeps_the_cpu_backend(model, monkeypatch):
+    """grpokit's ddp sums ``param.grad`` after the backward (mark_grads_reduced_after_backward):
+    auto picks cpu on 2 ranks, and the backward runs."""
+    import grpokit.backends.cpu as cpu
+    from grpokit.backends import mark_grads_reduced_after_backward
+
+    mark_grads_reduced_after_backward(model)
+    name, why = choose_backend(model, world_size=2)
+    assert name == "cpu" and "2 ranks summing gradients after the backward" in why
+    install_backend(model, "cpu", world_size=2, announce=False)
+    monkeypatch.setattr(cpu, "world_size", lambda: 2)
+    batch, _ = _grouped_batch(G=2)
+    logp, _ = completion_logprobs(model, batch, temperature=1.0)
+    logp.sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
 def test_cpu_backend_refuses_a_backward_in_a_process_group(model, monkeypatch):
     """A process group made after the backend was installed: no silent bypass of DDP's hooks."""
     import grpokit.backends.cpu as cpu

@@ -20,7 +20,9 @@ Things ``cpu`` cannot be exact with, checked when it is installed:
   CUDA maintained kernels, e.g. Liger's, do this job);
 - a ``torch.distributed`` process group of more than one rank, or a DDP/FSDP-wrapped model: the
   gradient aliases add into ``param.grad`` past the hooks through which DDP/FSDP reduce, and the
-  embedding's sparse gradient is not supported by FSDP;
+  embedding's sparse gradient is not supported by FSDP. Exception: a model whose gradients are summed
+  after the backward from ``param.grad`` (grpokit's own ``train.parallel=ddp``, declared with
+  :func:`mark_grads_reduced_after_backward`);
 - peft adapter (LoRA) modules: the fused MLP and head read ``gate_proj.weight``/``lm_head.weight``
   directly, which a wrapper's base weight is not (the fused modules also check this at every call
   and run their own forward for a wrapped projection).
@@ -41,7 +43,8 @@ from typing import Any
 import torch
 
 from grpokit.backends.base import (Backend, PlainBackend, autocast_context, checkpointing_active, distinct_rows,
-                                   model_device, world_size)
+                                   grads_reduced_after_backward, mark_grads_reduced_after_backward, model_device,
+                                   world_size)
 
 _ranks = world_size  # inexact_reasons' argument of that name shadows it
 
@@ -52,8 +55,8 @@ _LOADED: dict[str, Backend] = {"plain": PlainBackend()}
 
 __all__ = [
     "NAMES", "Backend", "autocast_context", "backend_of", "checkpointing_active", "choose_backend",
-    "distinct_rows", "get_backend", "inexact_reasons", "install_backend", "lora_modules", "model_device",
-    "world_size",
+    "distinct_rows", "get_backend", "grads_reduced_after_backward", "inexact_reasons", "install_backend",
+    "lora_modules", "mark_grads_reduced_after_backward", "model_device", "world_size",
 ]
 
 
@@ -115,7 +118,7 @@ def inexact_reasons(model: torch.nn.Module, *, device: torch.device | str | None
         reasons.append(f"model on {dev}")
     n = _ranks() if world_size is None else int(world_size)
     wrapper = _wrapped_for_data_parallel(model)
-    if n > 1:
+    if n > 1 and not grads_reduced_after_backward(model):
         reasons.append(f"torch.distributed world size {n} (grad aliases bypass DDP/FSDP hooks)")
     elif wrapper is not None:
         reasons.append(f"model wrapped as {wrapper} (grad aliases bypass DDP/FSDP hooks)")
@@ -143,7 +146,9 @@ def choose_backend(model: torch.nn.Module, requested: str = "auto", *, device: t
         return "plain", "model.backend=plain"
     reasons = inexact_reasons(model, device=device, world_size=world_size)
     if not reasons:
-        return "cpu", f"model on cpu, one process, no peft adapter modules (model.backend={requested})"
+        n = _ranks() if world_size is None else int(world_size)
+        where = "one process" if n == 1 else f"{n} ranks summing gradients after the backward (train.parallel=ddp)"
+        return "cpu", f"model on cpu, {where}, no peft adapter modules (model.backend={requested})"
     if requested == "cpu":
         raise ValueError(f"model.backend=cpu cannot be exact here: {'; '.join(reasons)}. "
                          "Use model.backend=auto or plain")

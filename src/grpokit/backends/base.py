@@ -33,6 +33,22 @@ def world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
+_REDUCED_AFTER_BACKWARD = "_grpokit_grads_reduced_after_backward"
+
+
+def mark_grads_reduced_after_backward(model: torch.nn.Module) -> None:
+    """Declare that ``model``'s gradients are summed over ranks *after* each backward, from
+    ``param.grad`` (``train.parallel=ddp``: :func:`grpokit.distributed.reduce_gradients`), not by
+    hooks during it: the cpu backend's gradient aliases, which write ``param.grad`` directly, are
+    then exact in a process group of several ranks."""
+    setattr(model, _REDUCED_AFTER_BACKWARD, True)
+
+
+def grads_reduced_after_backward(model: torch.nn.Module) -> bool:
+    """True when :func:`mark_grads_reduced_after_backward` was called on ``model``."""
+    return bool(getattr(model, _REDUCED_AFTER_BACKWARD, False))
+
+
 def autocast_context(enabled: bool, device: torch.device | str = "cpu"):
     """bf16 autocast on ``device`` when ``enabled``, else a no-op context."""
     if not enabled:

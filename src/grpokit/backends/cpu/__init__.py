@@ -16,7 +16,8 @@ stock code, where it could not be exact: a module whose structure is not the one
 projection that is not a plain ``nn.Linear``, e.g. a LoRA wrapper added later), tensors off the
 CPU, autocast (the fused modules), no gradient (the fused modules, which save nothing then). It refuses to run a backward
 in a process group of more than one rank (its gradient aliases add into ``.grad`` past the DDP/FSDP
-hooks, its embedding gradient is sparse).
+hooks, its embedding gradient is sparse), unless the model's gradients are summed after the backward
+(``grpokit.backends.mark_grads_reduced_after_backward``: grpokit's ``train.parallel=ddp``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 import torch
 
 from grpokit.algo import token_entropy, token_logprobs
-from grpokit.backends.base import Backend, plain_forward, world_size
+from grpokit.backends.base import Backend, grads_reduced_after_backward, plain_forward, world_size
 from grpokit.backends.cpu.fused import apply_fused_ops, fused_head, remove_fused_ops
 from grpokit.backends.cpu.ops import linear_token_logprobs
 from grpokit.backends.cpu.shared_prompt import grad_alias, shared_prompt_forward
@@ -57,7 +58,7 @@ class CpuBackend(Backend):
         if batch.prompt_ids.device.type != "cpu":
             return super().logprobs(model, batch, temperature=temperature, with_entropy=with_entropy,
                                     autocast_bf16=autocast_bf16, share_prompt=share_prompt)
-        if torch.is_grad_enabled() and (n := world_size()) > 1:
+        if torch.is_grad_enabled() and (n := world_size()) > 1 and not grads_reduced_after_backward(model):
             raise RuntimeError(f"backend cpu: torch.distributed world size {n}: its gradient aliases bypass the "
                                "DDP/FSDP hooks; install the plain backend (model.backend=plain or auto)")
         head = None if autocast_bf16 else fused_head(model)
