@@ -197,6 +197,22 @@ def recipe_file(tiny_model_dir, tmp_path_factory) -> Path:
     return write_recipe(d / "r.yaml", tiny_recipe_dict(tiny_model_dir, d / "unused", **SECTIONS))
 
 
+#: a held-out evaluation that does not change training (another split than the training rows)
+HELD_OUT = ("eval.dataset=mawps", "eval.split=addsub", "eval.limit=4", "eval.max_new_tokens=4")
+
+
+def test_fsdp2_in_one_process_trains_as_one_process(one_process, recipe_file, tmp_path):
+    """``train.parallel=fsdp2`` without torchrun: a group of one, the same run (the reference model,
+    sharded too, is scored under no_grad: FSDP2 cannot gather into inference tensors)."""
+    out = tmp_path / "run"
+    p = subprocess.run([sys.executable, "-m", "grpokit", "train", str(recipe_file), "--no-progress",
+                        f"train.output_dir={out}", "train.parallel=fsdp2"], env=_env(), capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "on 1 rank (fsdp2)" in p.stdout
+    _assert_same_run(one_process, out)
+
+
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
 def test_two_ranks_train_as_one_process(one_process, recipe_file, tmp_path, parallel):
     """Same completions, metrics (gradient norms, losses, rewards), and weights after every step,
@@ -204,10 +220,12 @@ def test_two_ranks_train_as_one_process(one_process, recipe_file, tmp_path, para
     gradients are summed before clipping. Resumed from checkpoint-2 (fsdp2: the full state dicts
     loaded into the shards), step 3 is again the same."""
     out = tmp_path / parallel
-    log = _run2(recipe_file, f"train.output_dir={out}", f"train.parallel={parallel}")
+    # held-out evaluation before and after (rank 0 generates alone; it changes nothing in training)
+    log = _run2(recipe_file, f"train.output_dir={out}", f"train.parallel={parallel}", *HELD_OUT)
     assert f"on 2 ranks ({parallel})" in log
     _assert_same_run(one_process, out)
     _assert_only_rank0_wrote(out)
+    assert (out / "eval_before.json").is_file() and (out / "eval_after.json").is_file()
     if parallel == "fsdp2":  # (ddp's resume: the SIGKILL test below)
         shutil.rmtree(out / "checkpoint-3")
         assert "resumed from" in _run2(recipe_file, f"train.output_dir={out}", f"train.parallel={parallel}")

@@ -210,7 +210,8 @@ def build_run(recipe: Recipe) -> Run:
     out = Path(recipe.train.output_dir)
     if ranks.is_main:
         out.mkdir(parents=True, exist_ok=True)
-        where = f" on {ranks.world_size} ranks ({ranks.parallel})" if ranks.active else ""
+        n = ranks.world_size
+        where = f" on {n} rank{'s' if n > 1 else ''} ({ranks.parallel})" if ranks.active else ""
         print(f"[grpokit] {len(rows)} prompts ({skipped} skipped as too long) from {d.dataset}/{d.split}; "
               f"model {m.name_or_path} on {device}{where}; β={recipe.algo.beta}; G={r.group_size}", flush=True)
     barrier(ranks)

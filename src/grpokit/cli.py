@@ -63,7 +63,8 @@ def _train(argv: list[str]) -> int:
     try:
         summary = train(recipe, progress=not ns.no_progress)
     except (ValueError, RuntimeError, FileNotFoundError, ImportError) as e:
-        print(f"grpokit train: error: {e}", file=sys.stderr)
+        rank = f" (rank {os.environ.get('RANK')})" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
+        print(f"grpokit train{rank}: error: {e}", file=sys.stderr)
         return 1
     finally:
         warnings.showwarning = show

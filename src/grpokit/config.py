@@ -122,7 +122,7 @@ class ModelConfig:
     backend: str = _f("auto", "how forward and generation run (grpokit.backends): cpu = grpokit's CPU speed work "
                       "(shared-prompt forward, fused RMSNorm/MLP/LM-head log-probs, packed generation weights; same "
                       "values, about a third of the activation memory); plain = the stock transformers forward; "
-                      "auto = cpu where it is exact (model on CPU, one process, no LoRA), else plain",
+                      "auto = cpu where it is exact (model on CPU, one process or train.parallel=ddp, no LoRA), else plain",
                       Registry("grpokit.backends", "NAMES"))
     recompute_mlp: bool = _f(True, "backend cpu: the MLP backward recomputes gate(x) and up(x) (off: keeps them, "
                              "two (tokens, intermediate) tensors per layer, two matmuls fewer per MLP backward)")
@@ -258,9 +258,11 @@ class TrainConfig:
     save_total_limit: int = _f(2, "keep the newest n checkpoints")
     resume: str = _f("auto", "auto = newest complete checkpoint in output_dir; none; or a path")
     max_consecutive_skips: int = _f(3, "stop after this many non-finite updates in a row")
-    parallel: str = _f("auto", "data parallel over the processes torchrun launches (grpokit.distributed): ddp "
-                       "(every rank holds the model, gradients summed by all_reduce), fsdp2 (FSDP2 sharding), none "
-                       "(one process); auto = ddp with more than one process, else none",
+    parallel: str = _f("auto", "data parallel over the processes torchrun launches (grpokit.distributed; README "
+                       "'Several processes'): ddp (every rank holds the model, gradients summed by all_reduce), fsdp2 "
+                       "(FSDP2 sharding), none (one process; an error with more); auto = ddp with more than one "
+                       "process, else none. train.prompts_per_step must be divisible by the number of processes; "
+                       "dynamic sampling, ppo, the multinomial sampler and the vllm engine need one process",
                        ("auto", "none", "ddp", "fsdp2"))
 
 

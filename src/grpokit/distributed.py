@@ -345,6 +345,9 @@ def full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) 
 
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
     sd = get_model_state_dict(model, options=opts)
+    if getattr(getattr(model, "config", None), "tie_word_embeddings", False):  # saved once, as save_pretrained does
+        for key in [k for k in sd if k.endswith("lm_head.weight")]:
+            del sd[key]
     osd = get_optimizer_state_dict(model, optimizer, options=opts) if optimizer is not None else None
     return sd, osd
 

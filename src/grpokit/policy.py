@@ -99,18 +99,21 @@ def enable_gradient_checkpointing(model: torch.nn.Module) -> int:
     return n
 
 
-@torch.inference_mode()
 def batch_logprobs(
     model: torch.nn.Module, batch: Experience, *, temperature: float, micro_batch_size: int,
     autocast_bf16: bool = False, share_prompt: bool = True,
 ) -> torch.Tensor:
     """``(N, T)`` log-probs without gradient (π_old, π_ref), computed in micro-batches through
-    ``model``'s backend (:func:`completion_logprobs`)."""
+    ``model``'s backend (:func:`completion_logprobs`), under ``torch.inference_mode()`` (an FSDP2
+    model under ``torch.no_grad()``: the parameters it gathers must stay normal tensors)."""
+    from grpokit.distributed import is_sharded
+
     out = torch.zeros(batch.completion_ids.shape, dtype=torch.float32, device=batch.completion_ids.device)
-    for sl, sub in batch.micro_batches(micro_batch_size):
-        lp, _ = completion_logprobs(model, sub, temperature=temperature, autocast_bf16=autocast_bf16,
-                                    share_prompt=share_prompt)
-        out[sl, : lp.shape[1]] = lp
+    with torch.no_grad() if is_sharded(model) else torch.inference_mode():
+        for sl, sub in batch.micro_batches(micro_batch_size):
+            lp, _ = completion_logprobs(model, sub, temperature=temperature, autocast_bf16=autocast_bf16,
+                                        share_prompt=share_prompt)
+            out[sl, : lp.shape[1]] = lp
     return out
 
 

@@ -318,7 +318,8 @@ def _train(recipe: Recipe, run: Run, start: Path | None, progress: bool) -> dict
     out = Path(recipe.train.output_dir)
     main = run.ranks.is_main  # with several ranks only rank 0 writes files and prints
     logger = RunLogger(out) if main else NullLogger(out)
-    summary: dict[str, Any] = {"output_dir": str(out), "rank": run.ranks.rank}
+    summary: dict[str, Any] = {"output_dir": str(out), "rank": run.ranks.rank, "world_size": run.ranks.world_size,
+                               "parallel": run.ranks.parallel}
     memo: dict[str, Any] = {"warned_at": {}}  # warnings said, the last periodic evaluation
     ev = run.evaluator
     if start is not None:

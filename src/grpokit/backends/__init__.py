@@ -118,10 +118,10 @@ def inexact_reasons(model: torch.nn.Module, *, device: torch.device | str | None
         reasons.append(f"model on {dev}")
     n = _ranks() if world_size is None else int(world_size)
     wrapper = _wrapped_for_data_parallel(model)
-    if n > 1 and not grads_reduced_after_backward(model):
-        reasons.append(f"torch.distributed world size {n} (grad aliases bypass DDP/FSDP hooks)")
-    elif wrapper is not None:
+    if wrapper is not None:
         reasons.append(f"model wrapped as {wrapper} (grad aliases bypass DDP/FSDP hooks)")
+    elif n > 1 and not grads_reduced_after_backward(model):
+        reasons.append(f"torch.distributed world size {n} (grad aliases bypass DDP/FSDP hooks)")
     lora = lora_modules(model)
     if lora:
         more = f" and {len(lora) - 1} more" if len(lora) > 1 else ""

@@ -277,8 +277,12 @@ def _generate_chunks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Te
                 # a fresh sampler per generate call (it counts its calls: decode steps), with its rows' uniforms
                 processors = sampling_processors(params, None if uniforms is None else uniforms[start : start + rows])
                 extra_gen = {"logits_processor": LogitsProcessorList(processors)} if processors else {}
+                # synced_gpus=False: transformers would step every rank in lockstep for an FSDP
+                # model; here its weights are gathered (grpokit.distributed.gathered), so each rank
+                # (or rank 0 alone, evaluating) decodes on its own
                 out = sampler.generate(
-                    input_ids=ids, attention_mask=mask.long(), generation_config=gen_config, **extra, **extra_gen
+                    input_ids=ids, attention_mask=mask.long(), generation_config=gen_config, synced_gpus=False,
+                    **extra, **extra_gen
                 )
                 chunks.append(out[:, P:])  # (n, T_chunk): generate returns prompt + new tokens
     return chunks
