@@ -129,7 +129,7 @@ def load_policy(recipe: Recipe, device: torch.device, *, reference: bool = False
     elif m.lora is not None:
         from grpokit.lora import apply_lora
 
-        model = apply_lora(model, m.lora)
+        model = apply_lora(model, m.lora, announce=ranks.is_main)
     if ranks.parallel == "fsdp2":  # shard before the backend is chosen: auto sees DTensors and steps aside
         from grpokit.distributed import shard_model
 
@@ -138,7 +138,7 @@ def load_policy(recipe: Recipe, device: torch.device, *, reference: bool = False
 
     if ranks.parallel == "ddp":  # gradients summed from param.grad after the backward: the cpu backend is exact
         mark_grads_reduced_after_backward(model)
-    install_backend(model, m.backend, announce=not reference,
+    install_backend(model, m.backend, announce=not reference and ranks.is_main,
                     **({} if reference else {"recompute_mlp": m.recompute_mlp}))
     if m.gradient_checkpointing and not reference:
         from grpokit.policy import enable_gradient_checkpointing
