@@ -65,7 +65,7 @@ def test_resolve_parallel():
 @pytest.mark.parametrize("sections, message", [
     ({"train": {"prompts_per_step": 3}}, r"train.prompts_per_step=3 is not divisible by the 2 processes"),
     ({"algo": {"dynamic_sampling": True}}, r"algo.dynamic_sampling is not supported with 2 processes"),
-    ({"algo": {"estimator": "ppo"}}, r"algo.estimator=ppo is not supported with 2 processes"),
+    ({"algo": {"estimator": "ppo"}, "train": {"parallel": "fsdp2"}}, r"algo.estimator=ppo with train.parallel=fsdp2"),
     ({"rollout": {"sampler": "multinomial", "group_size": 2}}, r"rollout.sampler=multinomial is not supported"),
     ({"rollout": {"engine": "vllm", "group_size": 2}}, r"rollout.engine=vllm is not supported"),
     ({"model": {"lora": {"r": 4}}, "train": {"parallel": "fsdp2"}}, r"model.lora with train.parallel=fsdp2"),
@@ -251,6 +251,25 @@ def test_precision_and_checkpointing_switches_on_two_ranks(tiny_model_dir, recip
     for step in (1, 2, 3):
         wa, wb = _weights(tmp_path / "one", step), _weights(tmp_path / "two", step)
         assert all(torch.equal(wa[k], wb[k]) for k in wa), step
+
+
+def test_two_ranks_of_ppo_train_as_one_process(tiny_model_dir, recipe_file, tmp_path):
+    """PPO under ddp: GAE and whitening over the gathered batch, the value model's loss normalized
+    by the batch's token count and its gradients summed over ranks: the one-process run, bit for
+    bit (value loss, critic gradient norm, policy and value weights)."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    _run1(tiny_model_dir, one, algo={"estimator": "ppo"})
+    _run2(recipe_file, f"train.output_dir={two}", "algo.estimator=ppo")
+    assert _samples(one) == _samples(two)
+    for a, b in zip(_metrics(one), _metrics(two)):  # value_mean: a float64 sum in two orders
+        assert a.pop("value_mean") == pytest.approx(b.pop("value_mean"), rel=1e-12)
+        assert a == b and "value_loss" in a
+    for step in (1, 2, 3):
+        wa, wb = _weights(one, step), _weights(two, step)
+        assert all(torch.equal(wa[k], wb[k]) for k in wa), step
+    a, b = (torch.load(d / "checkpoint-3" / "training_state.pt", weights_only=True)["algorithm"]["critic"]
+            for d in (tmp_path / "one", tmp_path / "two"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_two_ranks_with_lora_train_as_one_process(tiny_model_dir, recipe_file, tmp_path):

@@ -249,9 +249,9 @@ def start_ranks(recipe: Recipe, device: torch.device) -> Ranks:
     Raises:
         ValueError: ``train.prompts_per_step`` not divisible by the number of processes, or, with
             more than one process, a setting whose samples or updates would depend on the rank
-            split (names the key): ``algo.dynamic_sampling``, a value model (``algo.estimator=ppo``),
-            ``rollout.sampler=multinomial``, ``rollout.engine=vllm``; ``model.lora`` or
-            ``model.autocast_bf16`` with fsdp2.
+            split (names the key): ``algo.dynamic_sampling``, ``rollout.sampler=multinomial``,
+            ``rollout.engine=vllm``; ``model.lora``, ``model.autocast_bf16`` or ``algo.estimator=ppo``
+            with fsdp2.
     """
     from grpokit.distributed import init_ranks, launched_world_size, resolve_parallel
 
@@ -263,7 +263,6 @@ def start_ranks(recipe: Recipe, device: torch.device) -> Ranks:
                              "processes launched: each rank takes whole groups")
         refused = {
             "algo.dynamic_sampling": recipe.algo.dynamic_sampling,
-            "algo.estimator=ppo": recipe.algo.estimator == "ppo",
             "rollout.sampler=multinomial": recipe.rollout.sampler == "multinomial",
             "rollout.engine=vllm": recipe.rollout.engine == "vllm",
         }
@@ -271,6 +270,8 @@ def start_ranks(recipe: Recipe, device: torch.device) -> Ranks:
             if on:
                 raise ValueError(f"{key} is not supported with {world} processes yet (train.parallel={mode}); "
                                  "run it in one process")
+    if mode == "fsdp2" and recipe.algo.estimator == "ppo":  # its value model is a copy of the (sharded) decoder
+        raise ValueError("algo.estimator=ppo with train.parallel=fsdp2 is not supported yet; use train.parallel=ddp")
     if mode == "fsdp2" and recipe.model.lora is not None:
         raise ValueError("model.lora with train.parallel=fsdp2 is not supported yet; use train.parallel=ddp")
     if mode == "fsdp2" and recipe.model.autocast_bf16:  # its sampler is a bf16 copy of the whole model

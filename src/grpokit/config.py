@@ -262,7 +262,7 @@ class TrainConfig:
                        "'Several processes'): ddp (every rank holds the model, gradients summed by all_reduce), fsdp2 "
                        "(FSDP2 sharding), none (one process; an error with more); auto = ddp with more than one "
                        "process, else none. train.prompts_per_step must be divisible by the number of processes; "
-                       "dynamic sampling, ppo, the multinomial sampler and the vllm engine need one process",
+                       "dynamic sampling, the multinomial sampler and the vllm engine need one process",
                        ("auto", "none", "ddp", "fsdp2"))
 
 

@@ -150,6 +150,18 @@ def shutdown(ranks: Ranks) -> None:
         _OWNED.clear()
 
 
+def group_ranks() -> Ranks:
+    """The ranks of the process group already initialized (as ``ddp``), or :data:`SINGLE` without
+    one: for parts that run their own updates (PPO's value model) and are not handed the run's
+    :class:`Ranks`."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return SINGLE
+    return Ranks(rank=dist.get_rank(), world_size=dist.get_world_size(),
+                 local_rank=int(os.environ.get("LOCAL_RANK", dist.get_rank())), parallel="ddp")
+
+
 def rank_device(device: torch.device, ranks: Ranks) -> torch.device:
     """The device of this rank: ``cuda`` without an index becomes ``cuda:<local_rank>`` (and is
     made current) when a process group is in use; anything else as given."""

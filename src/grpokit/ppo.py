@@ -31,15 +31,9 @@ from typing import Any
 import torch
 
 from grpokit import algo
+from grpokit.distributed import group_ranks, reduce_gradients, sum_over_ranks
 from grpokit.policy import batch_logprobs, reference_logprobs
 from grpokit.value import ValueModel
-
-
-def _all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
-    import torch.distributed as dist
-
-    dist.all_reduce(t)
-    return t
 
 
 class PPO:
@@ -110,11 +104,8 @@ class PPO:
         exp.old_values = self.values(exp)
         adv, returns = algo.gae_advantages(per_token, exp.old_values.double(), mask, gamma=a.gamma, lam=a.lam)
         exp.returns = returns.float()
-        if a.whiten_advantages:
-            import torch.distributed as dist
-
-            reduce = _all_reduce_sum if dist.is_available() and dist.is_initialized() else None
-            adv = algo.masked_whiten(adv, mask, all_reduce=reduce)
+        if a.whiten_advantages:  # over the whole batch: with several ranks the loop gathered it first
+            adv = algo.masked_whiten(adv, mask)
         return adv.float()
 
     def loss(self, logp: torch.Tensor, mb: Any, loss_mask: torch.Tensor, *, num_sequences: int,
@@ -136,7 +127,8 @@ class PPO:
         Returns ``value_loss`` (mean over passes of the batch loss), ``value_clip_frac``,
         ``critic_grad_norm`` (mean over passes) and ``value_mean`` (V_old over unmasked tokens)."""
         critic, opt = self._bound(), self.critic_optimizer
-        n_tok = max(int(loss_mask.sum()), 1)
+        ranks = group_ranks()  # data parallel: exp is this rank's share; counts, losses, gradients summed
+        n_tok = max(int(sum_over_ranks([int(loss_mask.sum())], ranks)[0]), 1)
         losses, fracs, norms = [], [], []
         critic.train(False)
         for _ in range(train_cfg.num_iterations):
@@ -150,6 +142,8 @@ class PPO:
                 loss.backward()
                 total += loss.item()
                 frac += f.item() * int(m.sum()) / n_tok
+            reduce_gradients([p for p in critic.parameters() if p.requires_grad], ranks)
+            total, frac = sum_over_ranks([total, frac], ranks)
             clip = train_cfg.max_grad_norm if train_cfg.max_grad_norm > 0 else float("inf")
             gn = float(torch.nn.utils.clip_grad_norm_(critic.parameters(), clip))
             if math.isfinite(gn) and math.isfinite(total) and gn > 0:
@@ -157,9 +151,9 @@ class PPO:
             losses.append(total), fracs.append(frac), norms.append(gn)
         opt.zero_grad(set_to_none=True)
         m = exp.completion_mask
+        value_sum, count = sum_over_ranks([float((exp.old_values.double() * m).sum()), float(m.sum())], ranks)
         return {"value_loss": sum(losses) / len(losses), "value_clip_frac": sum(fracs) / len(fracs),
-                "critic_grad_norm": sum(norms) / len(norms),
-                "value_mean": float((exp.old_values * m).sum() / m.sum().clamp(min=1))}
+                "critic_grad_norm": sum(norms) / len(norms), "value_mean": value_sum / max(count, 1.0)}
 
     def state_dict(self) -> dict[str, Any]:
         """The value model's weights and its optimizer's state."""
