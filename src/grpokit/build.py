@@ -122,7 +122,8 @@ def load_policy(recipe: Recipe, device: torch.device, *, reference: bool = False
     from grpokit.models import load_model
 
     m = recipe.model
-    model = load_model(m.name_or_path, dtype=dtype_of(m.dtype, "model.dtype"), device=device, trust_remote_code=m.trust_remote_code)
+    model = load_model(m.name_or_path, dtype=dtype_of(m.dtype, "model.dtype"), device=device,
+                       trust_remote_code=m.trust_remote_code)
     model.eval()
     if reference:
         model.requires_grad_(False)

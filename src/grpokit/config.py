@@ -122,7 +122,8 @@ class ModelConfig:
     backend: str = _f("auto", "how forward and generation run (grpokit.backends): cpu = grpokit's CPU speed work "
                       "(shared-prompt forward, fused RMSNorm/MLP/LM-head log-probs, packed generation weights; same "
                       "values, about a third of the activation memory); plain = the stock transformers forward; "
-                      "auto = cpu where it is exact (model on CPU, one process or train.parallel=ddp, no LoRA), else plain",
+                      "auto = cpu where it is exact (model on CPU, one process or train.parallel=ddp, no LoRA), "
+                      "else plain",
                       Registry("grpokit.backends", "NAMES"))
     recompute_mlp: bool = _f(True, "backend cpu: the MLP backward recomputes gate(x) and up(x) (off: keeps them, "
                              "two (tokens, intermediate) tensors per layer, two matmuls fewer per MLP backward)")

@@ -37,6 +37,7 @@ gather the full model and optimizer state to rank 0 (:func:`full_state`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import socket
 from collections.abc import Iterator, Sequence
@@ -83,7 +84,12 @@ SINGLE = Ranks()
 
 
 def launched_world_size() -> int:
-    """``WORLD_SIZE`` as torchrun sets it (1 when not launched by torchrun)."""
+    """The number of processes of this run: the size of a process group that already exists (a
+    test, a notebook), else ``WORLD_SIZE`` as torchrun sets it (1 when not launched by torchrun)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
@@ -123,8 +129,7 @@ def init_ranks(parallel: str, device: torch.device) -> Ranks:
     """
     import torch.distributed as dist
 
-    world = dist.get_world_size() if dist.is_initialized() else launched_world_size()
-    mode = resolve_parallel(parallel, world)
+    mode = resolve_parallel(parallel, launched_world_size())
     if mode == "none":
         return SINGLE
     if not dist.is_initialized():
@@ -133,8 +138,7 @@ def init_ranks(parallel: str, device: torch.device) -> Ranks:
                               MASTER_PORT=str(_free_port()))
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=TIMEOUT)
         _OWNED.append(True)
-    return Ranks(rank=dist.get_rank(), world_size=dist.get_world_size(),
-                 local_rank=int(os.environ.get("LOCAL_RANK", dist.get_rank())), parallel=mode)
+    return dataclasses.replace(group_ranks(), parallel=mode)
 
 
 _OWNED: list[bool] = []  # the process group was made by init_ranks (shutdown destroys it)

@@ -35,9 +35,9 @@ import torch
 
 from grpokit.algo import LogprobGap
 from grpokit.build import Run, build_run
-from grpokit.collect import refill_groups_with_signal, sample_and_score
 from grpokit.checkpoint import (find_resume_checkpoint, load_model_weights, load_training_state, read_model_state,
                                 rng_state, save_checkpoint, set_rng_state)
+from grpokit.collect import refill_groups_with_signal, sample_and_score
 from grpokit.config import AlgoConfig, EvalConfig, Recipe, RolloutConfig, TrainConfig
 from grpokit.curves import plot_curves
 from grpokit.distributed import (any_rank, full_state, gather_objects, gathered, is_sharded, load_full_state,
@@ -401,18 +401,13 @@ def run_step(run: Run, logger: RunLogger, memo: dict[str, Any], *, rollout_cfg: 
         rows, exp, scored, extra_s = refill_groups_with_signal(run, step, rows, exp, scored, algo_cfg=algo_cfg,
                                                                rollout_cfg=rollout_cfg, train_cfg=train_cfg)
         reward_s += extra_s
-    keep = ~exp.truncated if algo_cfg.overlong_filter else None  # DAPO overlong filtering
-    if keep is not None:
+    if algo_cfg.overlong_filter:  # DAPO overlong filtering
         scored["overlong_filtered_frac"] = float(exp.truncated.float().mean())
     t_train = time.perf_counter()
-    ranks = run.ranks
-    mine, keep_mine = exp, keep  # this rank trains on its share of the whole batch's groups
-    if ranks.world_size > 1:
-        mine = exp.shard(ranks.rank, ranks.world_size)
-        if keep is not None:
-            keep_mine = keep.view(ranks.world_size, -1)[ranks.rank]
+    ranks = run.ranks  # this rank trains on its share of the whole batch's groups
+    mine = exp.shard(ranks.rank, ranks.world_size) if ranks.world_size > 1 else exp
     opt = optimize(run, mine, train_cfg, temperature=rollout_cfg.temperature, autocast_bf16=autocast_bf16,
-                   keep_rows=keep_mine)
+                   keep_rows=~mine.truncated if algo_cfg.overlong_filter else None)
     train_s = time.perf_counter() - t_train
     run.state.step = step
     lengths = exp.completion_mask.sum(1).float()

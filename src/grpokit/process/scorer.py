@@ -75,4 +75,3 @@ class ProcessScorer:
         step_rewards, _ = scatter_step_rewards(scores, ends, dtype=torch.float64)
         metrics = step_metrics(step_rewards, ends)
         return step_rewards.to(exp.device), ends.bool().to(exp.device), metrics
-

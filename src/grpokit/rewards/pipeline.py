@@ -22,7 +22,6 @@ from grpokit.rewards.remote import RemoteReward, is_remote
 from grpokit.rewards.rm import RM_PREFIX
 
 
-
 def reward_function(name: str, rc: Any, device: torch.device | str = "cpu") -> Callable:
     """The reward function a ``rewards.functions`` entry names: ``http(s)://...`` a
     :class:`~grpokit.rewards.remote.RemoteReward` (``rc.timeout_s``, ``rc.remote_retries``,
@@ -117,7 +116,7 @@ class RewardPipeline:
         """:meth:`score` without the metrics: sets ``exp.rewards`` (and the step rewards) and
         returns each function's value per row and the failures of this call (a data-parallel
         loop gathers these from every rank and computes :func:`reward_metrics` over the batch)."""
-        g, group = exp.group_size, exp.group_index.tolist()
+        group = exp.group_index.tolist()
         prompts = [rows[b]["prompt"] for b in group]
         cols = {k: [rows[b].get(k) for b in group] for k in columns}
         failures_before = self._failures()
