@@ -279,3 +279,26 @@ def test_importing_the_recipe_module_does_not_import_torch():
     code = "import sys, grpokit.config; assert not {'torch', 'transformers'} & set(sys.modules), sorted(sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_registry_listed_names_are_the_registries_names():
+    # --help prints `listed` without importing the module; they must be what the module registers
+    from grpokit.config import Registry, _walk
+
+    registries = [f.metadata["choices"] for _, _, f in _walk(Recipe()) if isinstance(f.metadata.get("choices"), Registry)]
+    assert len(registries) == 4
+    for reg in registries:
+        assert reg.listed == reg.names(), reg
+
+
+def test_train_help_imports_no_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys; from grpokit.cli import main\n"
+            "try:\n    main(['train', '--help'])\nexcept SystemExit:\n    pass\n"
+            "assert 'torch' not in sys.modules, 'torch imported'\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "model.backend = 'auto' [auto | cpu | plain]" in out.stdout
+    assert "algo.estimator = 'grpo' [grpo | ppo]" in out.stdout

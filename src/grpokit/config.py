@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import re
+import sys
 import types
 import typing
 from dataclasses import dataclass, field
@@ -41,14 +42,23 @@ def _yaml_load(text: str) -> Any:
 class Registry:
     """The choices of a recipe key that a registry keeps: the names of ``module.attr`` (a mapping or
     a tuple), e.g. ``rollout.engine``'s are :data:`grpokit.rollout.engine.ENGINES`. Read when a
-    recipe is validated or its help printed (:func:`choices_of`), not when this module is imported:
-    ``grpokit.backends`` and ``grpokit.algorithms`` import torch."""
+    recipe is validated (:func:`choices_of`), not when this module is imported: ``grpokit.backends``
+    and ``grpokit.algorithms`` import torch. ``listed`` are the built-in names, which ``grpokit train
+    --help`` prints without importing the module when it is not imported yet (a test checks that they
+    equal the registry's)."""
 
     module: str
     attr: str
+    listed: tuple[str, ...]
 
     def names(self) -> tuple[str, ...]:
         return tuple(getattr(importlib.import_module(self.module), self.attr))
+
+    def names_if_imported(self) -> tuple[str, ...]:
+        """The registry's names when its module is imported (names added at run time included),
+        else the built-in ``listed`` ones; imports nothing."""
+        module = sys.modules.get(self.module)
+        return tuple(getattr(module, self.attr)) if module is not None else self.listed
 
 
 def choices_of(f: dataclasses.Field) -> tuple[str, ...] | None:
@@ -124,7 +134,7 @@ class ModelConfig:
                       "values, about a third of the activation memory); plain = the stock transformers forward; "
                       "auto = cpu where it is exact (model on CPU, one process or train.parallel=ddp, no LoRA), "
                       "else plain",
-                      Registry("grpokit.backends", "NAMES"))
+                      Registry("grpokit.backends", "NAMES", ("auto", "cpu", "plain")))
     recompute_mlp: bool = _f(True, "backend cpu: the MLP backward recomputes gate(x) and up(x) (off: keeps them, "
                              "two (tokens, intermediate) tensors per layer, two matmuls fewer per MLP backward)")
     lora: dict | None = _f(None, "LoRA adapters (peft, extra grpokit[lora]): {r, alpha, target_modules, dropout}, "
@@ -166,10 +176,10 @@ class RolloutConfig:
                            "generations)")
     engine: str = _f("hf", "rollout engine (grpokit.rollout.engine): hf = Hugging Face generate on the "
                      "trained model; vllm = in-process vLLM synced with it (extra vllm)",
-                     Registry("grpokit.rollout.engine", "ENGINES"))
+                     Registry("grpokit.rollout.engine", "ENGINES", ("hf", "vllm")))
     sampler: str = _f("inverse_cdf", "how a token is drawn: inverse_cdf (one uniform per row, fast on CPU) or "
                       "multinomial (generate's torch.multinomial); same distribution",
-                      Registry("grpokit.rollout.engine", "SAMPLERS"))
+                      Registry("grpokit.rollout.engine", "SAMPLERS", ("inverse_cdf", "multinomial")))
 
 
 @dataclass
@@ -198,7 +208,7 @@ class RewardsConfig:
 @dataclass
 class AlgoConfig:
     estimator: str = _f("grpo", "advantage estimator and policy loss (grpokit.algorithms)",
-                        Registry("grpokit.algorithms", "ALGORITHMS"))
+                        Registry("grpokit.algorithms", "ALGORITHMS", ("grpo", "ppo")))
     supervision: str = _f("outcome", "one reward per completion, or one per reasoning step",
                           ("outcome", "process"))
     beta: float = _f(0.04, "KL coefficient β (0 = no reference model is loaded)")
@@ -600,7 +610,8 @@ def help_text() -> str:
     """Every recipe key with its type, default and help, for ``grpokit train --help``."""
     lines = []
     for key, value, f in _walk(Recipe()):
-        choices = choices_of(f)
+        choices = f.metadata.get("choices")
+        choices = choices.names_if_imported() if isinstance(choices, Registry) else choices
         extra = f" [{' | '.join(choices)}]" if choices else ""
         lines.append(f"  {key} = {value!r}{extra}\n      {f.metadata['help']}")
     return "\n".join(lines)
