@@ -1,5 +1,6 @@
 """``grpokit train [RECIPE.yaml] [section.key=value ...]``, ``grpokit eval MODEL --dataset NAME`` and
-``grpokit export CHECKPOINT OUT [--merge]``.
+``grpokit export CHECKPOINT OUT [--merge]`` and ``grpokit sft MODEL OUT --dataset NAME
+--completion-template T`` (a supervised warm-up, :mod:`grpokit.sft`).
 
 Exit status of ``grpokit train``: 0 when the run ends, including a run stopped by SIGTERM/SIGINT
 (it finishes the step and writes a checkpoint first; ``train.resume=auto`` continues it); 1 for an
@@ -218,13 +219,51 @@ def _export(argv: list[str]) -> int:
     return 0
 
 
+def _sft(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="grpokit sft", description="Supervised warm-up before GRPO: fine-tune MODEL to write each row's "
+        "--completion-template after its chat-templated prompt (the loss on completion tokens only; transformers' "
+        "Trainer), and write it to OUT, a folder that a recipe's model.name_or_path can name.")
+    p.add_argument("model", help="model path, hub name or alias (smollm2-135m-instruct)")
+    p.add_argument("out", help="the folder to write (must not exist, or be empty)")
+    p.add_argument("--dataset", required=True)
+    p.add_argument("--split", default="test")
+    p.add_argument("--limit", type=int, default=None, help="the first N rows (after --shuffle-seed)")
+    p.add_argument("--shuffle-seed", type=int, default=None, help="shuffle the rows with this seed first")
+    p.add_argument("--completion-template", required=True, help="the text to learn, from the row's columns, e.g. "
+                   "'{equation}' (asdiv) or '{solution}' (gsm8k); rows missing a field are left out")
+    p.add_argument("--prompt-template", default=None, help="default: the --heldout-of recipe's, else the demo's")
+    p.add_argument("--system-prompt", default=None)
+    p.add_argument("--heldout-of", default=None, metavar="RECIPE.yaml", help="leave out every row whose question "
+                   "is one of this recipe's held-out (eval) problems, compared without case and spaces")
+    p.add_argument("--epochs", type=float, default=1.0)
+    p.add_argument("--max-steps", type=int, default=-1, help="optimizer steps (overrides --epochs when > 0)")
+    p.add_argument("--learning-rate", type=float, default=2e-5)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--warmup-steps", type=int, default=10)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (as model.device)")
+    ns = p.parse_args(argv)
+    from grpokit.sft import main_sft
+
+    try:
+        record = main_sft(ns, default_recipe=DEFAULT_RECIPE)
+    except (ValueError, FileNotFoundError, FileExistsError, ImportError) as e:
+        print(f"grpokit sft: error: {e}", file=sys.stderr)
+        return 1
+    print(f"-> {ns.out} ({record['rows']} rows, {record['steps']} steps, {record['seconds']:.0f} s, "
+          f"mean loss {record['train_loss']:.4f})")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: grpokit {train,eval,export} ...\n  train [RECIPE.yaml] [key=value ...]  run GRPO "
+        print("usage: grpokit {train,eval,export,sft} ...\n  train [RECIPE.yaml] [key=value ...]  run GRPO "
               "(default: the demo)\n  eval MODEL --dataset NAME [--split test --limit N]\n"
-              "  export CHECKPOINT OUT [--merge]  the model of a checkpoint (LoRA: --merge = a full model)")
+              "  export CHECKPOINT OUT [--merge]  the model of a checkpoint (LoRA: --merge = a full model)\n"
+              "  sft MODEL OUT --dataset NAME --completion-template T  supervised warm-up before GRPO")
         return 0
     cmd, rest = argv[0], argv[1:]
     if cmd == "train":
@@ -233,7 +272,9 @@ def main(argv: list[str] | None = None) -> int:
         return _eval(rest)
     if cmd == "export":
         return _export(rest)
-    print(f"grpokit: unknown command {cmd!r}; use train, eval or export", file=sys.stderr)
+    if cmd == "sft":
+        return _sft(rest)
+    print(f"grpokit: unknown command {cmd!r}; use train, eval, export or sft", file=sys.stderr)
     return 2
 
 

