@@ -71,3 +71,24 @@ def test_maj_votes_read_answers_as_the_scorer_does():
     text = "I think 3, then <answer>cab</answer>"
     assert answer_extractor("reasoning_gym")(text) == "cab"
     assert answer_extractor("math_correct")(text) == "3"
+
+
+def test_heldout_of_a_recipe_evaluates_the_runs_heldout_problems(tiny_model_dir, tmp_path, capsys):
+    # a local file: rows 0-2 held out, 3-5 trained on; row 1's question is also training row 4's
+    qs = ["What is 1 + 1?", "What is 2 + 2?", "What is 3 + 3?", "What is 4 + 4?", "What is 2 + 2?", "What is 5 + 5?"]
+    data = tmp_path / "q.jsonl"
+    data.write_text("".join(json.dumps({"question": q, "answer": "0"}) + "\n" for q in qs))
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"model: {{name_or_path: {tiny_model_dir}}}\ndata: {{dataset: {data}, skip: 3, "
+                      "prompt_template: 'Q: {question}'}\neval: {dataset: " f"{data}, limit: 3, max_new_tokens: 3}}\n")
+    out = tmp_path / "e.json"
+    assert main(["eval", tiny_model_dir, "--heldout-of", str(recipe), "--output", str(out)]) == 0
+    res = json.loads(out.read_text())
+    r = res["models"][tiny_model_dir]
+    assert r["total"] == 2 and res["dataset"] == str(data)
+    printed = capsys.readouterr().out
+    assert "2 held-out problems" in printed and "(1 left out as training questions" in printed
+    assert main(["eval", tiny_model_dir, "--heldout-of", str(recipe), "--dataset", "mawps"]) == 2
+    assert "one of them" in capsys.readouterr().err
+    assert main(["eval", tiny_model_dir, "--heldout-of", str(tmp_path / "none.yaml")]) == 2
+    assert "none.yaml" in capsys.readouterr().err

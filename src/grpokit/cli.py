@@ -95,7 +95,10 @@ def _eval_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("model", help="model path, hub name or alias (smollm2-135m-instruct)")
     p.add_argument("--against", default=None, metavar="MODEL", help="a second model (e.g. a checkpoint) scored on "
                    "the same problems; prints the paired difference with its interval and the McNemar p-value")
-    p.add_argument("--dataset", required=True)
+    p.add_argument("--dataset", default=None, help="required unless --heldout-of names a recipe")
+    p.add_argument("--heldout-of", default=None, metavar="RECIPE.yaml", help="the held-out problems of this "
+                   "recipe's run, exactly as its evaluations use them (eval section, its prompt template and "
+                   "scorer; training questions left out); replaces --dataset/--split/--limit/--skip/--shuffle-seed")
     p.add_argument("--split", default="test")
     p.add_argument("--limit", type=int, default=100)
     p.add_argument("--skip", type=int, default=0, help="start at row N of the split (as data.skip does); the "
@@ -112,7 +115,7 @@ def _eval_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--samples", type=int, default=None, metavar="K", help="also sample K completions per problem")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for --samples")
     p.add_argument("--seed", type=int, default=0, help="sampling seed for --samples")
-    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--max-new-tokens", type=int, default=None, help="default 256, or the --heldout-of recipe's")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (as model.device)")
     p.add_argument("--prompt-template", default=None, help="default: the demo recipe's")
@@ -121,9 +124,23 @@ def _eval_args(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _heldout_of(ns: argparse.Namespace):
+    """The held-out rows of the recipe ``ns.heldout_of`` (:class:`grpokit.evaluator.HeldOutEval`);
+    sets ``ns.dataset``/``ns.split``/``ns.skip``/``ns.limit`` to what they came from."""
+    from grpokit.config import load_recipe
+    from grpokit.evaluator import HeldOutEval
+    from grpokit.rows import section_rows
+
+    recipe = load_recipe(ns.heldout_of)
+    held = HeldOutEval(recipe, section_rows(recipe, "data"))
+    ns.dataset, ns.split, ns.skip, ns.limit = recipe.eval.dataset, recipe.eval.split, 0, len(held.rows)
+    print(f"[grpokit] eval: {held.note}", flush=True)
+    return held
+
+
 def _eval(argv: list[str]) -> int:
     ns = _eval_args(argv)
-    from grpokit.config import _yaml_load, load_recipe
+    from grpokit.config import RecipeError, _yaml_load, load_recipe
     from grpokit.evalstats import format_summary, paired_comparison
     from grpokit.evaluate import evaluate
     from grpokit.heldout import answer_extractor, check_scorer, default_scorer
@@ -141,14 +158,21 @@ def _eval(argv: list[str]) -> int:
         return fail(f"--samples must be >= 1 (k completions per problem), got {ns.samples}")
     if ns.samples and ns.temperature <= 0:
         return fail(f"--temperature must be > 0 with --samples, got {ns.temperature}")
-    scorer_name = ns.scorer or default_scorer(ns.dataset)
+    if (ns.dataset is None) == (ns.heldout_of is None):
+        return fail("give --dataset NAME or --heldout-of RECIPE.yaml (one of them)")
+    try:
+        held = _heldout_of(ns) if ns.heldout_of else None
+    except (RecipeError, ValueError, FileNotFoundError, ImportError) as e:
+        return fail(f"--heldout-of {ns.heldout_of}: {e}")
+    ns.max_new_tokens = ns.max_new_tokens or (held.max_new_tokens if held else 256)
+    scorer_name = ns.scorer or (held.scorer if held else default_scorer(ns.dataset))
     try:
         check_scorer(scorer_name, ns.dataset)
         scorer = get_reward_function(scorer_name)
         models = [ns.model] + ([ns.against] if ns.against else [])
         for m in models:
             resolve_model_path(m)
-        recipe = load_recipe(DEFAULT_RECIPE)
+        recipe = held.recipe if held else load_recipe(DEFAULT_RECIPE)
         options = dict(_yaml_load(ns.data_options) or {}) if ns.data_options else {}
         if ns.prompt_template is not None:
             recipe.data.prompt_template = ns.prompt_template
@@ -157,8 +181,9 @@ def _eval(argv: list[str]) -> int:
         device = resolve_device(ns.device)
         tok = load_tokenizer(ns.model)
         limit = None if ns.limit is None else ns.skip + ns.limit
-        rows = load_data_rows(recipe, dataset=ns.dataset, split=ns.split, limit=limit, seed=ns.data_seed,
-                              options=options, shuffle_seed=ns.shuffle_seed)[ns.skip:]
+        rows = held.rows if held else load_data_rows(recipe, dataset=ns.dataset, split=ns.split, limit=limit,
+                                                     seed=ns.data_seed, options=options,
+                                                     shuffle_seed=ns.shuffle_seed)[ns.skip:]
         if not rows:
             return fail(f"no rows of {ns.dataset}/{ns.split} left after --skip {ns.skip}")
         rows, prompts, _ = load_prompts(recipe, tok, dataset=ns.dataset, split=ns.split, limit=None, rows=rows,
