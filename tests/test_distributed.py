@@ -169,9 +169,17 @@ def _weights(out: Path, step: int, name: str = "model") -> dict[str, torch.Tenso
     return load_file(out / f"checkpoint-{step}" / f"{name}.safetensors")
 
 
-def _assert_same_run(a: Path, b: Path, name: str = "model", steps: int = 3) -> None:
+def _assert_same_run(a: Path, b: Path, name: str = "model", steps: int = 3, sharded: bool = False) -> None:
+    """Same samples, metrics and weights after every step, bit for bit. ``sharded`` (fsdp2): the
+    logged gradient norm is a sum of per-shard squares, added in another order than one process's,
+    so it may differ in its last bits (seen on one CPU model: 6e-8 relative) while the clipped
+    update, and so every weight, stays the same."""
     assert _samples(a) == _samples(b)
-    assert _metrics(a) == _metrics(b)
+    ma, mb = _metrics(a), _metrics(b)
+    if sharded:
+        for x, y in zip(ma, mb):
+            assert x.pop("grad_norm") == pytest.approx(y.pop("grad_norm"), rel=1e-6, abs=0)
+    assert ma == mb
     for step in range(1, steps + 1):
         wa, wb = _weights(a, step, name), _weights(b, step, name)
         assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa), f"weights differ at {step}"
@@ -210,26 +218,26 @@ def test_fsdp2_in_one_process_trains_as_one_process(one_process, recipe_file, tm
                        text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert "on 1 rank (fsdp2)" in p.stdout
-    _assert_same_run(one_process, out)
+    _assert_same_run(one_process, out, sharded=True)
 
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
 def test_two_ranks_train_as_one_process(one_process, recipe_file, tmp_path, parallel):
     """Same completions, metrics (gradient norms, losses, rewards), and weights after every step,
-    bit for bit: each rank samples its share seeded per row, the counts are the batch's, the
-    gradients are summed before clipping. Resumed from checkpoint-2 (fsdp2: the full state dicts
+    bit for bit (fsdp2's logged gradient norm to 1e-6, see _assert_same_run): each rank samples its
+    share seeded per row, the counts are the batch's, the gradients are summed before clipping. Resumed from checkpoint-2 (fsdp2: the full state dicts
     loaded into the shards), step 3 is again the same."""
     out = tmp_path / parallel
     # held-out evaluation before and after (rank 0 generates alone; it changes nothing in training)
     log = _run2(recipe_file, f"train.output_dir={out}", f"train.parallel={parallel}", *HELD_OUT)
     assert f"on 2 ranks ({parallel})" in log
-    _assert_same_run(one_process, out)
+    _assert_same_run(one_process, out, sharded=parallel == "fsdp2")
     _assert_only_rank0_wrote(out)
     assert (out / "eval_before.json").is_file() and (out / "eval_after.json").is_file()
     if parallel == "fsdp2":  # (ddp's resume: the SIGKILL test below)
         shutil.rmtree(out / "checkpoint-3")
         assert "resumed from" in _run2(recipe_file, f"train.output_dir={out}", f"train.parallel={parallel}")
-        _assert_same_run(one_process, out)
+        _assert_same_run(one_process, out, sharded=True)
 
 
 @pytest.mark.parametrize("parallel, switches", [
