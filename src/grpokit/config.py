@@ -61,11 +61,14 @@ class Registry:
         return tuple(getattr(module, self.attr)) if module is not None else self.listed
 
 
-def choices_of(f: dataclasses.Field) -> tuple[str, ...] | None:
+def choices_of(f: dataclasses.Field, *, import_registry: bool = True) -> tuple[str, ...] | None:
     """The allowed values of a recipe field (its ``choices`` metadata, a :class:`Registry`'s names
-    read now), or None when any value of its type is allowed here."""
+    read now; with ``import_registry=False`` its :meth:`Registry.names_if_imported`, which imports
+    nothing), or None when any value of its type is allowed here."""
     choices = f.metadata.get("choices")
-    return choices.names() if isinstance(choices, Registry) else choices
+    if isinstance(choices, Registry):
+        return choices.names() if import_registry else choices.names_if_imported()
+    return choices
 
 
 def _f(default, help: str, choices: tuple | Registry | None = None, **kw):
@@ -610,8 +613,7 @@ def help_text() -> str:
     """Every recipe key with its type, default and help, for ``grpokit train --help``."""
     lines = []
     for key, value, f in _walk(Recipe()):
-        choices = f.metadata.get("choices")
-        choices = choices.names_if_imported() if isinstance(choices, Registry) else choices
+        choices = choices_of(f, import_registry=False)
         extra = f" [{' | '.join(choices)}]" if choices else ""
         lines.append(f"  {key} = {value!r}{extra}\n      {f.metadata['help']}")
     return "\n".join(lines)

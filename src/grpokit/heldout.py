@@ -103,13 +103,24 @@ def check_ranges(recipe: Any) -> None:
                          "data.skip >= eval.limit so that training starts after the held-out rows")
 
 
+def drop_questions(rows: list[dict], others: list[dict], key=None) -> tuple[list[dict], int]:
+    """``rows`` without those whose ``prompt`` (the question) is also a question of ``others``,
+    compared as ``key(prompt)`` (default: the exact text), and how many were left out.
+
+    >>> drop_questions([{"prompt": "A b"}, {"prompt": "c"}], [{"prompt": "a B"}], key=str.lower)
+    ([{'prompt': 'c'}], 1)
+    """
+    key = key or (lambda q: q)
+    seen = {key(r["prompt"]) for r in others}
+    kept = [r for r in rows if key(r["prompt"]) not in seen]
+    return kept, len(rows) - len(kept)
+
+
 def drop_training_questions(train_rows: list[dict], eval_rows: list[dict]) -> tuple[list[dict], int]:
-    """``eval_rows`` without the rows whose ``prompt`` (the question) is a training question, and
-    how many were left out.
+    """``eval_rows`` without the rows whose ``prompt`` (the question) is a training question (exact
+    text), and how many were left out.
 
     >>> drop_training_questions([{"prompt": "1+1"}], [{"prompt": "1+1"}, {"prompt": "2+2"}])
     ([{'prompt': '2+2'}], 1)
     """
-    seen = {r["prompt"] for r in train_rows}
-    kept = [r for r in eval_rows if r["prompt"] not in seen]
-    return kept, len(eval_rows) - len(kept)
+    return drop_questions(eval_rows, train_rows)

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from grpokit.data import build_chat_prompt
+from grpokit.heldout import drop_questions
 from grpokit.models import encode_prompts
 
 __all__ = ["IGNORE_INDEX", "collate", "completion_rows", "drop_heldout_questions", "encode_rows", "main_sft", "run_sft"]
@@ -48,9 +49,7 @@ def drop_heldout_questions(rows: list[dict], heldout: list[dict]) -> tuple[list[
     >>> drop_heldout_questions([{"prompt": "Tom has 7 ."}, {"prompt": "2+2"}], [{"prompt": "tom has 7."}])
     ([{'prompt': '2+2'}], 1)
     """
-    seen = {_key(r["prompt"]) for r in heldout}
-    kept = [r for r in rows if _key(r["prompt"]) not in seen]
-    return kept, len(rows) - len(kept)
+    return drop_questions(rows, heldout, key=_key)
 
 
 def completion_rows(rows: list[dict], completion_template: str) -> tuple[list[dict], int]:
@@ -121,6 +120,14 @@ def collate(features: list[dict[str, list[int]]], pad_token_id: int) -> dict[str
     return batch
 
 
+def _check_out(out: str | Path) -> Path:
+    """``out`` as a Path; FileExistsError when it exists and is not an empty folder."""
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise FileExistsError(f"sft: output folder {out} exists and is not empty; choose another or remove it")
+    return out
+
+
 def run_sft(model: torch.nn.Module, tokenizer: Any, encoded: list[dict[str, list[int]]], out: str | Path, *,
             epochs: float = 1.0, max_steps: int = -1, learning_rate: float = 2e-5, batch_size: int = 16,
             warmup_steps: int = 10, seed: int = 0, info: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -148,9 +155,7 @@ def run_sft(model: torch.nn.Module, tokenizer: Any, encoded: list[dict[str, list
     """
     from transformers import Trainer, TrainingArguments
 
-    out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise FileExistsError(f"sft: output folder {out} exists and is not empty; choose another or remove it")
+    out = _check_out(out)
     if not encoded:
         raise ValueError("sft: no training rows")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -204,9 +209,7 @@ def main_sft(ns: Any, *, default_recipe: str | Path) -> dict[str, Any]:
             raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(ns, name)}")
     if ns.batch_size < 1 or ns.warmup_steps < 0:
         raise ValueError(f"--batch-size must be >= 1 and --warmup-steps >= 0, got {ns.batch_size}, {ns.warmup_steps}")
-    out = Path(ns.out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise FileExistsError(f"sft: output folder {out} exists and is not empty; choose another or remove it")
+    out = _check_out(ns.out)
     try:
         recipe = load_recipe(ns.heldout_of or default_recipe)
     except RecipeError as e:
