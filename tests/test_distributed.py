@@ -225,8 +225,9 @@ def test_fsdp2_in_one_process_trains_as_one_process(one_process, recipe_file, tm
 def test_two_ranks_train_as_one_process(one_process, recipe_file, tmp_path, parallel):
     """Same completions, metrics (gradient norms, losses, rewards), and weights after every step,
     bit for bit (fsdp2's logged gradient norm to 1e-6, see _assert_same_run): each rank samples its
-    share seeded per row, the counts are the batch's, the gradients are summed before clipping. Resumed from checkpoint-2 (fsdp2: the full state dicts
-    loaded into the shards), step 3 is again the same."""
+    share seeded per row, the counts are the batch's, the gradients are summed before clipping.
+    Resumed from checkpoint-2 (fsdp2: the full state dicts loaded into the shards), step 3 is again
+    the same."""
     out = tmp_path / parallel
     # held-out evaluation before and after (rank 0 generates alone; it changes nothing in training)
     log = _run2(recipe_file, f"train.output_dir={out}", f"train.parallel={parallel}", *HELD_OUT)
