@@ -77,6 +77,11 @@ def process_length_reward(prompts, completions, steps, **_):
     return [[len(s) / 10.0 for s in row] for row in steps]
 
 
+def process_constant_reward(prompts, completions, steps, **_):
+    """Process reward: 1.0 for every step (no group ever carries process signal)."""
+    return [[1.0 for _ in row] for row in steps]
+
+
 def gil_holding_reward(prompts, completions, **_):
     """A big-integer power computed in C while holding the GIL (as sympy does on ``9^{9^{9}}``):
     no thread of the same process runs until it ends, minutes later."""

@@ -53,6 +53,13 @@ def test_process_runs_also_draw_the_step_reward():
     (rew,) = [p for p in curve_panels(rows, beta=0, num_iterations=1) if p["title"] == "reward functions"]
     assert [ln["label"] for ln in rew["lines"]][-2:] == ["step reward (process)", "step reward (process, smoothed)"]
     assert rew["lines"][-1]["y"] == pytest.approx([0.5] * 4)
+    (fr,) = [p for p in curve_panels(_rows(), beta=0, num_iterations=1) if p["title"] == "fractions"]
+    assert len(fr["lines"]) == 2  # an outcome run has no step rewards
+    for i, r in enumerate(rows):
+        r["step_frac_zero_std"] = 0.25 * i
+    (fr,) = [p for p in curve_panels(rows, beta=0, num_iterations=1) if p["title"] == "fractions"]
+    assert fr["lines"][-1]["label"] == "groups with zero step-reward variance"
+    assert fr["lines"][-1]["y"] == pytest.approx([0.0, 0.25, 0.5, 0.75])
 
 
 def test_held_out_points_with_before_at_step_zero():

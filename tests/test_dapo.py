@@ -156,11 +156,38 @@ def test_concat_pads_and_renumbers():
         Experience.concat([], 0)
 
 
+def test_process_groups_with_signal_are_those_with_varying_step_rewards(tmp_path):
+    """Under process supervision a group's signal is in its step rewards: group 0's outcomes (last
+    steps) agree but a middle step differs, so it is kept; group 1's steps all agree: dropped,
+    though its outcome rewards differ."""
+    recipe = tiny_recipe("unused", tmp_path, rollout={"group_size": G}, algo={"supervision": "process"})
+    exp = Experience.grouped(torch.full((4, 1), 7), torch.ones(4, 1, dtype=torch.bool), torch.full((4, 2), 9),
+                             torch.ones(4, 2, dtype=torch.bool), G, rewards=torch.tensor([1.0, 1.0, 0.0, 1.0]))
+    exp.step_rewards = torch.tensor([[0.0, 1.0], [1.0, 1.0], [1.0, 1.0], [1.0, 1.0]])
+    exp.step_ends = torch.ones(4, 2, dtype=torch.bool)
+    assert GRPO(recipe.algo, 2).groups_with_signal(exp) == [0]
+    exp.step_rewards = None  # outcome supervision: the outcome rewards decide
+    assert GRPO(recipe.algo, 2).groups_with_signal(exp) == [1]
+
+
+@pytest.mark.parametrize("reward, kept, rounds, zero_std", [
+    ("process_length_reward", 2, 0, 0.0),  # step lengths always vary
+    ("process_constant_reward", 0, 1, 1.0),  # every step 1.0: no group has signal, the one extra round is spent
+])
+def test_dynamic_sampling_with_process_supervision_in_a_real_run(tiny_model_dir, tmp_path, reward, kept, rounds,
+                                                                zero_std):
+    from grpokit.metrics import read_metrics
+
+    trainer.train(tiny_recipe(tiny_model_dir, tmp_path, train={"max_steps": 1}, algo={
+        "supervision": "process", "process_reward": f"fake_rewards:{reward}", "step_rule": "regex:\\s",
+        "dynamic_sampling": True, "max_sampling_rounds": 1}), progress=False)
+    m = read_metrics(tmp_path / "metrics.jsonl")[0]
+    assert (m["dynamic/groups_kept"], m["dynamic/rounds"], m["step_frac_zero_std"]) == (kept, rounds, zero_std)
+
+
 def test_recipe_rules(tmp_path):
     from grpokit.config import RecipeError
 
-    with pytest.raises(RecipeError, match="algo.dynamic_sampling: outcome supervision only"):
-        tiny_recipe("m", tmp_path, algo={"dynamic_sampling": True, "supervision": "process"})
     with pytest.raises(RecipeError, match="algo.max_sampling_rounds: must be >= 1"):
         tiny_recipe("m", tmp_path, algo={"max_sampling_rounds": 0})
 

@@ -50,8 +50,15 @@ def test_eval_prints_intervals_samples_and_a_paired_test(tiny_model_dir, tmp_pat
         assert 0.0 <= m["lo"] <= m["value"] <= m["hi"] <= 1.0
     pc = res["paired"]  # the same model against itself: no discordant pair
     assert (pc["diff"], pc["b_only"], pc["a_only"], pc["p_value"]) == (0.0, 0, 0, 1.0)
+    # per-problem sampled outcomes: they add up to the summary's mean@2 and maj@2
+    assert len(r["sampled_correct"]) == 3 and all(0 <= c <= 2 for c in r["sampled_correct"])
+    assert sum(r["sampled_correct"]) / 6 == pytest.approx(r["metrics"]["metrics"]["mean@2"]["value"])
+    assert sum(r["maj_outcomes"]) / 3 == pytest.approx(r["metrics"]["metrics"]["maj@2"]["value"])
+    ps = res["paired_sampled"]  # same seed, same model: the same samples
+    assert (ps["mean@2"]["diff"], ps["mean@2"]["p_value"], ps["maj@2"]["diff"]) == (0.0, 1.0, 0.0)
     text = capsys.readouterr().out
     assert "exact McNemar p = 1" in text and "pass@2" in text and "95%" in text.replace(" %", "%")
+    assert "mean@2: +0.000" in text and "exact sign test p = 1" in text
 
 
 def test_scores_of_none_are_counted_unscorable(tiny_model, smollm2_tokenizer, smollm2_prompts):

@@ -17,6 +17,7 @@ from grpokit.evalstats import (
     mcnemar_exact_p,
     mean_at_k,
     paired_comparison,
+    paired_sampled_comparison,
     pass_at_k,
     summarize,
     wilson_interval,
@@ -311,6 +312,48 @@ def test_paired_errors():
         paired_comparison([True], [True, False])
     with pytest.raises(ValueError):
         paired_comparison([], [])
+
+
+# ---------------------------------------------------------------- paired mean@k
+
+
+def test_paired_sampled_hand_values():
+    # d = (b - a) / 2 = [.5, 1, .5, .5, 0]: mean 0.5; 4 problems better under B, 0 under A;
+    # sign test p = 2 · P(Bin(4, 1/2) <= 0) = 2/16
+    r = paired_sampled_comparison([0, 0, 0, 0, 0], [1, 2, 1, 1, 0], 2)
+    assert (r["n"], r["k"], r["mean_a"], r["mean_b"], r["diff"]) == (5, 2, 0.0, 0.5, 0.5)
+    assert (r["b_better"], r["a_better"], r["p_value"]) == (4, 0, 0.125)
+    assert (r["diff_lo"], r["diff_hi"]) == bootstrap_interval([0.5, 1.0, 0.5, 0.5, 0.0])
+    assert r["diff_lo"] <= r["diff"] <= r["diff_hi"]
+
+
+def test_paired_sampled_sign_test_by_enumeration():
+    """Under "no difference" every problem that differs is B's or A's with probability 1/2: the p-value
+    is the probability, over all 2^m such labellings, of a split at least as uneven as the one seen."""
+    a, b = [3, 0, 1, 4, 2, 2, 0, 4], [4, 1, 0, 4, 4, 3, 2, 1]  # k = 4: B better on 5, A on 2, 1 tie
+    r = paired_sampled_comparison(a, b, 4)
+    m, seen = r["b_better"] + r["a_better"], min(r["b_better"], r["a_better"])
+    uneven = sum(min(sum(lab), m - sum(lab)) <= seen for lab in itertools.product((0, 1), repeat=m))
+    assert (r["b_better"], r["a_better"]) == (5, 2)
+    assert r["p_value"] == pytest.approx(uneven / 2**m, abs=1e-15)  # 2 · (1 + 7 + 21) / 128
+
+
+def test_paired_sampled_k1_is_mcnemar_and_swap_flips_sign():
+    a, b = [1, 0, 0, 1, 0, 1], [1, 1, 1, 0, 1, 1]
+    r, mc = paired_sampled_comparison(a, b, 1), paired_comparison([bool(x) for x in a], [bool(x) for x in b])
+    assert (r["diff"], r["b_better"], r["a_better"], r["p_value"]) == (mc["diff"], mc["b_only"], mc["a_only"],
+                                                                      mc["p_value"])
+    s = paired_sampled_comparison(b, a, 1)
+    assert s["diff"] == -r["diff"] and s["p_value"] == r["p_value"]
+
+
+@pytest.mark.parametrize("a, b, k, msg", [
+    ([], [], 2, "non-empty"), ([1], [1, 2], 2, "equal in length"), ([1], [1], 0, "k must be >= 1"),
+    ([1, 3], [0, 0], 2, r"a\[1\] = 3"), ([0], [0.5], 2, r"b\[0\] = 0.5"), ([0], [-1], 2, r"b\[0\] = -1"),
+])
+def test_paired_sampled_errors_name_the_input(a, b, k, msg):
+    with pytest.raises(ValueError, match=msg):
+        paired_sampled_comparison(a, b, k)
 
 
 # ---------------------------------------------------------------- summary and table

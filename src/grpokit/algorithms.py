@@ -93,8 +93,14 @@ class GRPO:
         return adv.float()
 
     def groups_with_signal(self, exp: Any) -> list[int]:
-        """Groups whose outcome rewards are not all equal (``algo.constant_groups``)."""
-        return (~algo.constant_groups(exp.rewards, exp.group_size)).nonzero().flatten().tolist()
+        """Outcome: groups whose rewards are not all equal (``algo.constant_groups``); process:
+        groups whose pooled step rewards are not all equal (``algo.process_constant_groups``)."""
+        if exp.step_rewards is not None:
+            const = algo.process_constant_groups(exp.step_rewards, exp.step_ends, exp.completion_mask,
+                                                 exp.group_size)
+        else:
+            const = algo.constant_groups(exp.rewards, exp.group_size)
+        return (~const).nonzero().flatten().tolist()
 
     def loss(self, logp: torch.Tensor, mb: Any, loss_mask: torch.Tensor, *, num_sequences: int,
              num_tokens: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

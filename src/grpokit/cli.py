@@ -213,10 +213,29 @@ def _eval(argv: list[str]) -> int:
         print(f"paired ({ns.against} - {ns.model}), greedy: {pc['diff']:+.3f} "
               f"[{pc['diff_lo']:+.3f}, {pc['diff_hi']:+.3f}] (95 %, {pc['interval']}); only the second right "
               f"{pc['b_only']}, only the first {pc['a_only']}; exact McNemar p = {pc['p_value']:.3g}")
+        if ns.samples:
+            out["paired_sampled"] = _print_paired_sampled(results[ns.model], results[ns.against], ns.samples,
+                                                          ns.against, ns.model)
     path = Path(ns.output or f"eval_{ns.dataset}_{ns.split}.json")
     path.write_text(json.dumps(out, indent=1, default=str))
     print(f"-> {path}")
     return 0
+
+
+def _print_paired_sampled(a: dict, b: dict, k: int, name_b: str, name_a: str) -> dict:
+    """The paired mean@k (sign test) and maj@k (McNemar) comparisons of two ``evaluate`` results
+    with samples, printed; returns ``{"mean@k": ..., "maj@k": ...}`` for the output JSON."""
+    from grpokit.evalstats import paired_comparison, paired_sampled_comparison
+
+    ms = paired_sampled_comparison(a["sampled_correct"], b["sampled_correct"], k)
+    mj = paired_comparison(a["maj_outcomes"], b["maj_outcomes"])
+    print(f"paired ({name_b} - {name_a}), mean@{k}: {ms['diff']:+.3f} [{ms['diff_lo']:+.3f}, {ms['diff_hi']:+.3f}] "
+          f"(95 %, {ms['interval']}); problems where the second is better {ms['b_better']}, the first "
+          f"{ms['a_better']}; exact sign test p = {ms['p_value']:.3g}\n"
+          f"paired ({name_b} - {name_a}), maj@{k}: {mj['diff']:+.3f} [{mj['diff_lo']:+.3f}, {mj['diff_hi']:+.3f}]; "
+          f"only the second right {mj['b_only']}, only the first {mj['a_only']}; exact McNemar p = "
+          f"{mj['p_value']:.3g}")
+    return {f"mean@{k}": ms, f"maj@{k}": mj}
 
 
 def _export(argv: list[str]) -> int:

@@ -48,7 +48,8 @@ def refill_groups_with_signal(run: Run, step: int, rows: list[dict], exp: Experi
                               algo_cfg: AlgoConfig, rollout_cfg: RolloutConfig,
                               train_cfg: TrainConfig) -> tuple[list[dict], Experience, dict[str, Any], float]:
     """Dynamic sampling (DAPO, arXiv 2503.14476 §3.2): groups whose rewards are all equal
-    (``algo.constant_groups``: advantage 0, no signal) are dropped and replaced by groups of new
+    (``algo.constant_groups``; under process supervision, whose pooled step rewards are:
+    ``algo.process_constant_groups``; advantage 0, no signal) are dropped and replaced by groups of new
     prompts, sampled in up to ``algo.max_sampling_rounds`` extra rounds, until B groups carry
     signal. If the rounds run out, the step trains on the groups with signal it has (fewer than
     B); if it has none, on round 0's batch as it is (the "no learning signal" warning says so).

@@ -241,8 +241,9 @@ class AlgoConfig:
                              "module:function)")
     overlong_filter: bool = _f(False, "DAPO overlong filtering: completions cut at rollout.max_new_tokens (no EOS) "
                                "are left out of the loss (still in their group's reward statistics)")
-    dynamic_sampling: bool = _f(False, "DAPO dynamic sampling (outcome supervision): groups whose rewards are all "
-                                "equal are dropped and refilled with new prompts until B groups carry signal")
+    dynamic_sampling: bool = _f(False, "DAPO dynamic sampling: groups whose rewards (process supervision: pooled "
+                                "step rewards) are all equal are dropped and refilled with new prompts until B "
+                                "groups carry signal")
     max_sampling_rounds: int = _f(3, "dynamic sampling: extra generation rounds per step at most (then the step "
                                   "trains on the groups with signal it has)")
 
@@ -456,9 +457,6 @@ def _check_combinations(recipe: Recipe) -> None:
             raise RecipeError(f"eval.scorer: {e}") from None
     if a.max_sampling_rounds < 1:
         raise RecipeError(f"algo.max_sampling_rounds: must be >= 1, got {a.max_sampling_rounds}")
-    if a.dynamic_sampling and a.supervision == "process":
-        raise RecipeError("algo.dynamic_sampling: outcome supervision only (a process group's signal is in its "
-                          "step rewards); set algo.supervision=outcome or algo.dynamic_sampling=false")
     if r.vllm is not None and (r.engine != "vllm" or not isinstance(r.vllm, dict)):
         raise RecipeError(f"rollout.vllm: a mapping of vllm.LLM arguments, used with rollout.engine=vllm only "
                           f"(rollout.engine={r.engine}, rollout.vllm={r.vllm!r})")

@@ -120,9 +120,11 @@ def curve_panels(rows: list[dict[str, Any]], *, beta: float, num_iterations: int
     if evals:
         panels.append({"title": "held-out accuracy (95 % interval)", "ylabel": "accuracy", "lines": [
             {"label": name, "kind": "interval", **p} for name, p in evals.items()]})
-    panels.append({"title": "fractions", "ylabel": "fraction", "lines": [
-        _raw(rows, "truncated_frac", "truncated (hit max_new_tokens)"),
-        _raw(rows, "frac_zero_std", "groups with zero reward variance")]})
+    fractions = [_raw(rows, "truncated_frac", "truncated (hit max_new_tokens)"),
+                 _raw(rows, "frac_zero_std", "groups with zero reward variance")]
+    if any(r.get("step_frac_zero_std") is not None for r in rows):  # process supervision's own signal
+        fractions.append(_raw(rows, "step_frac_zero_std", "groups with zero step-reward variance"))
+    panels.append({"title": "fractions", "ylabel": "fraction", "lines": fractions})
     for key, title, ylabel in (("entropy", "entropy", "nats / token"),
                                ("completion_len_mean", "completion length", "tokens")):
         panels.append({"title": title, "ylabel": ylabel, "lines": _raw_and_smoothed(rows, key, key)})

@@ -211,6 +211,46 @@ def paired_comparison(a: Sequence[bool], b: Sequence[bool], confidence: float = 
             "p_value": mcnemar_exact_p(b_only, a_only), "interval": "newcombe-paired-10"}
 
 
+def paired_sampled_comparison(a: Sequence[int], b: Sequence[int], k: int, confidence: float = 0.95,
+                              n_resamples: int = 2000, seed: int = 0) -> dict:
+    """Compare the mean@k of models A and B on the same ``n`` problems, paired by problem.
+
+    ``a[i]``, ``b[i]``: how many of the ``k`` completions sampled for problem i were correct
+    (integers in ``[0, k]``). Per problem the difference is ``d_i = (b_i − a_i) / k``; the result is
+    ``diff = mean(d)`` (= mean@k of B − mean@k of A) with a percentile bootstrap interval over
+    problems (:func:`bootstrap_interval` of the ``d_i``: problems are resampled, each keeps its pair),
+    and the exact two-sided **sign test** (Dixon & Mood 1946): of the problems where the two
+    differ, ``b_better`` have ``b_i > a_i`` and ``a_better`` have ``a_i > b_i``; under "no difference"
+    each is B's with probability 1/2, so ``p_value = mcnemar_exact_p(b_better, a_better)``. With
+    k = 1 this is McNemar's test on the sampled outcomes.
+
+    Returns ``n``, ``k``, ``mean_a``, ``mean_b``, ``diff``, ``diff_lo``, ``diff_hi``, ``b_better``,
+    ``a_better``, ``p_value``, ``interval`` (``"bootstrap-paired"``), ``test`` (``"sign"``).
+
+    Raises:
+        ValueError: empty or unequal lists, ``k < 1``, a count outside ``[0, k]``.
+
+    >>> r = paired_sampled_comparison([0, 1, 2, 4], [2, 1, 3, 0], 4)
+    >>> r["diff"], r["b_better"], r["a_better"], r["p_value"]
+    (-0.0625, 2, 1, 1.0)
+    """
+    if len(a) != len(b) or len(a) == 0:
+        raise ValueError(f"a and b must be non-empty and equal in length, got {len(a)} and {len(b)}")
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    for name, counts in (("a", a), ("b", b)):
+        bad = [(i, c) for i, c in enumerate(counts) if not 0 <= int(c) <= k or int(c) != c]
+        if bad:
+            raise ValueError(f"{name}[{bad[0][0]}] = {bad[0][1]}: correct samples must be an integer in [0, {k}]")
+    n = len(a)
+    d = [(int(y) - int(x)) / k for x, y in zip(a, b)]
+    lo, hi = bootstrap_interval(d, confidence=confidence, n_resamples=n_resamples, seed=seed)
+    b_better, a_better = sum(x > 0 for x in d), sum(x < 0 for x in d)
+    return {"n": n, "k": k, "mean_a": math.fsum(a) / (n * k), "mean_b": math.fsum(b) / (n * k),
+            "diff": math.fsum(d) / n, "diff_lo": lo, "diff_hi": hi, "b_better": b_better, "a_better": a_better,
+            "p_value": mcnemar_exact_p(b_better, a_better), "interval": "bootstrap-paired", "test": "sign"}
+
+
 def _entry(value: float, lo: float, hi: float, method: str) -> dict:
     return {"value": value, "lo": lo, "hi": hi, "interval": method}
 

@@ -62,7 +62,10 @@ def evaluate(
         scorer gave no score: counted wrong), ``truncated_frac`` (greedy),
         ``seconds``, ``examples`` (the first five greedy completions), ``outcomes`` (per problem,
         greedy correct or not, for :func:`grpokit.evalstats.paired_comparison`) and ``metrics``
-        (:func:`grpokit.evalstats.summarize`: each metric's value and 95 % interval).
+        (:func:`grpokit.evalstats.summarize`: each metric's value and 95 % interval); with samples
+        also ``sampled_correct`` (per problem, how many of the k samples were correct, for
+        :func:`grpokit.evalstats.paired_sampled_comparison`) and ``maj_outcomes`` (per problem,
+        maj@k right or not).
 
     Raises:
         ValueError: ``num_samples < 0``, ``temperature <= 0`` with samples, rows/prompts mismatch.
@@ -112,9 +115,13 @@ def evaluate(
         guard.close()
     total = len(prompts)
     summary = evalstats.summarize(greedy, sampled or None, answers or None) if total else None
-    return {
+    out = {
         "accuracy": sum(greedy) / total if total else 0.0, "correct": sum(greedy), "total": total,
         "unscorable": unscorable[0], "truncated_frac": truncated / total if total else 0.0,
         "seconds": time.perf_counter() - t0, "examples": examples, "outcomes": greedy,
         "metrics": summary,
     }
+    if sampled:
+        out["sampled_correct"] = [sum(s) for s in sampled]
+        out["maj_outcomes"] = [evalstats.maj_at_k(ans, s) for ans, s in zip(answers, sampled)]
+    return out

@@ -117,3 +117,66 @@ def test_constant_groups_shapes_and_unscorable():
         algo.constant_groups(r, 3)
     with pytest.raises(ValueError, match="constant_groups"):
         algo.constant_groups(r.view(5, 2), 2)
+
+
+# -- process supervision: a group is constant when its pooled step rewards are ----------------------
+
+
+def _steps(rows):
+    """``(step_rewards, step_ends)`` ``(N, 3)`` from per-completion lists of step rewards (one step per
+    token from the left; ``None`` = no step there)."""
+    r = torch.zeros(len(rows), 3, dtype=f64)
+    ends = torch.zeros(len(rows), 3, dtype=torch.bool)
+    for i, row in enumerate(rows):
+        for t, v in enumerate(row):
+            if v is not None:
+                r[i, t], ends[i, t] = v, True
+    return r, ends
+
+
+@pytest.mark.parametrize("rows, constant", [
+    ([[1.0, 0.0], [1.0]], False),  # the first completion's steps differ: signal though the last steps agree
+    ([[1.0, 1.0], [1.0]], True),  # every step right
+    ([[0.0], [0.0, 0.0, 0.0]], True),  # every step wrong, whatever the lengths
+    ([[1.0], []], True),  # one scored step in the group: nothing to compare it with
+    ([[1.0, float("nan")], [float("nan")]], True),  # NaN steps are unscored: one scored step left
+    ([[0.3, RESIDUE], [0.3]], True),  # rounding residue is not a difference
+    ([[0.5, 0.5], [0.5, 0.25]], False),  # the second completion's last step is worse
+])
+def test_process_constant_groups_hand_built(rows, constant):
+    r, ends = _steps(rows)
+    mask = torch.ones_like(ends)
+    assert algo.process_constant_groups(r, ends, mask, 2).tolist() == [constant]
+    for mode in ("sum", "mean", "diff"):  # constant <=> every advantage of the group is 0
+        adv = algo.process_advantages(r, ends, mask, 2, mode=mode)
+        assert bool((adv == 0).all()) == constant, mode
+
+
+def test_process_constant_groups_masked_step_ends_do_not_count():
+    r, ends = _steps([[1.0, 0.0], [1.0, 1.0]])
+    mask = torch.tensor([[True, False, False], [True, True, False]])  # the only 0.0 is masked out
+    assert algo.process_constant_groups(r, ends, mask, 2).tolist() == [True]
+    assert algo.process_constant_groups(r, ends, torch.ones_like(mask), 2).tolist() == [False]
+
+
+def test_process_constant_groups_agrees_with_the_advantages_on_random_groups():
+    """Many random groups of 0/1/½ step rewards with random step ends and masks: a group is
+    constant exactly when :func:`algo.process_advantages` is 0 at all its tokens, in every mode."""
+    gen = torch.Generator().manual_seed(0)
+    b, g, t = 400, 3, 5
+    r = torch.randint(0, 3, (b * g, t), generator=gen).to(f64) / 2
+    ends = torch.rand(b * g, t, generator=gen) < 0.3
+    mask = torch.arange(t)[None, :] < torch.randint(0, t + 1, (b * g, 1), generator=gen)
+    const = algo.process_constant_groups(r, ends, mask, g)
+    assert 0.1 < float(const.float().mean()) < 0.9  # both kinds are drawn
+    for mode in ("sum", "mean", "diff"):
+        zero = (algo.process_advantages(r, ends, mask, g, mode=mode) == 0).view(b, g * t).all(1)
+        assert torch.equal(const, zero), mode
+
+
+def test_process_constant_groups_errors():
+    r, ends = _steps([[1.0], [0.0], [1.0]])
+    with pytest.raises(ValueError, match="process_constant_groups.*group_size"):
+        algo.process_constant_groups(r, ends, torch.ones_like(ends), 2)
+    with pytest.raises(ValueError, match="process_constant_groups"):
+        algo.process_constant_groups(r, ends[:, :2], torch.ones_like(ends), 3)

@@ -11,6 +11,7 @@ from .advantages import (
     gae_advantages,
     group_advantages,
     process_advantages,
+    process_constant_groups,
 )
 from .gap import LogprobGap, logprob_gap
 from .kl import KL_ESTIMATORS, kl_penalty
@@ -36,6 +37,7 @@ __all__ = [
     "masked_whiten",
     "policy_loss",
     "process_advantages",
+    "process_constant_groups",
     "token_entropy",
     "token_logprobs",
     "token_rewards",

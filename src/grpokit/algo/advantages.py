@@ -198,6 +198,62 @@ def _previous_scored(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     return torch.where(prev >= 0, got, torch.zeros_like(got))
 
 
+def _pooled_step_rewards(fn: str, step_rewards: torch.Tensor, step_end_mask: torch.Tensor,
+                         completion_mask: torch.Tensor, group_size: int):
+    """Checks the inputs of ``fn`` and pools each group's scored step rewards: ``(B, valid (N, T),
+    pooled (B, G·T) float64 divided by scale_of, scale_of (B, 1), (mean, std, varies) of each group)``."""
+    check_dim(fn, "step_rewards", step_rewards, 2)
+    check_same_shape(
+        fn, step_rewards=step_rewards, step_end_mask=step_end_mask, completion_mask=completion_mask
+    )
+    n, t = step_rewards.shape
+    b = check_group_size(fn, n, group_size)
+    r = step_rewards.double()
+    valid = step_end_mask.bool() & completion_mask.bool() & torch.isfinite(r)
+    pooled_r, pooled_valid = r.reshape(b, group_size * t), valid.reshape(b, group_size * t)
+    scale_of = _row_scales(pooled_r, pooled_valid)  # (B, 1), as in group_advantages
+    pooled_r = pooled_r / scale_of
+    return b, valid, pooled_r, scale_of, _pooled_stats(pooled_r, pooled_valid, _rounding_eps(step_rewards.dtype))
+
+
+def process_constant_groups(
+    step_rewards: torch.Tensor,
+    step_end_mask: torch.Tensor,
+    completion_mask: torch.Tensor,
+    group_size: int,
+) -> torch.Tensor:
+    """Which groups carry no process signal: :func:`process_advantages` gives them 0 at every token
+    (any ``mode`` and ``eps``). Dynamic sampling under process supervision drops these groups.
+
+    A group is constant when its G completions hold fewer than two scored steps (finite step
+    rewards at ``step_end_mask`` positions inside ``completion_mask``), or when all its scored step
+    rewards, pooled over the G completions, are equal up to rounding (the rule of
+    :func:`constant_groups`). A group whose completions all end right but differ in a wrong middle
+    step is *not* constant, though its outcome rewards are.
+
+    Args:
+        step_rewards: ``(N, T)`` float; read only where ``step_end_mask`` is True.
+        step_end_mask: ``(N, T)`` bool, True at the last token of each step.
+        completion_mask: ``(N, T)`` bool, True = token counts.
+        group_size: G; ``N = B·G`` with each group contiguous.
+
+    Returns:
+        ``(B,)`` bool, True where the group is constant.
+
+    Raises:
+        ValueError: mismatched shapes, not 2-D, N not divisible by ``group_size``.
+
+    Example:
+        >>> r = torch.tensor([[1.0, 0.0], [1.0, 1.0], [1.0, 1.0], [1.0, 1.0]])
+        >>> ends = torch.tensor([[True, True]] * 4)
+        >>> process_constant_groups(r, ends, torch.ones(4, 2, dtype=torch.bool), 2).tolist()
+        [False, True]
+    """
+    _, _, _, _, (_, _, varies) = _pooled_step_rewards(
+        "process_constant_groups", step_rewards, step_end_mask, completion_mask, group_size)
+    return ~varies
+
+
 def process_advantages(
     step_rewards: torch.Tensor,
     step_end_mask: torch.Tensor,
@@ -254,18 +310,9 @@ def process_advantages(
     fn = "process_advantages"
     if mode not in PROCESS_MODES:
         raise ValueError(f"{fn}: mode must be one of {PROCESS_MODES}, got {mode!r}")
-    check_dim(fn, "step_rewards", step_rewards, 2)
-    check_same_shape(
-        fn, step_rewards=step_rewards, step_end_mask=step_end_mask, completion_mask=completion_mask
-    )
     n, t = step_rewards.shape
-    b = check_group_size(fn, n, group_size)
-    r = step_rewards.double()
-    valid = step_end_mask.bool() & completion_mask.bool() & torch.isfinite(r)
-    pooled_r, pooled_valid = r.reshape(b, group_size * t), valid.reshape(b, group_size * t)
-    scale_of = _row_scales(pooled_r, pooled_valid)  # (B, 1), as in group_advantages
-    pooled_r = pooled_r / scale_of
-    mean, std, varies = _pooled_stats(pooled_r, pooled_valid, _rounding_eps(step_rewards.dtype))
+    b, valid, pooled_r, scale_of, (mean, std, varies) = _pooled_step_rewards(
+        fn, step_rewards, step_end_mask, completion_mask, group_size)
     norm = (pooled_r - mean[:, None]) / (std[:, None] + eps / scale_of)
     norm = torch.where(valid.reshape(b, -1) & varies[:, None], norm, torch.zeros_like(norm))
     norm = norm.reshape(n, t)

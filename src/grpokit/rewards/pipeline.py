@@ -150,7 +150,8 @@ def reward_metrics(exp: Any, per_function: Mapping[str, Sequence]) -> dict[str, 
     ``exp.step_ends`` with process supervision): ``rewards/<name>`` (mean of the function's
     non-None values, None if none), ``unscorable_frac``, ``frac_zero_std``, ``reward_mean`` /
     ``reward_std`` (over the finite rewards; None / 0.0 with fewer than 1 / 2), and with step
-    rewards :func:`step_metrics`."""
+    rewards :func:`step_metrics` and ``step_frac_zero_std`` (groups whose pooled step rewards are
+    equal: no process signal, ``algo.process_constant_groups``)."""
     from grpokit import algo
 
     metrics: dict[str, Any] = {}
@@ -165,6 +166,8 @@ def reward_metrics(exp: Any, per_function: Mapping[str, Sequence]) -> dict[str, 
     metrics["reward_std"] = float(ok.std()) if len(ok) > 1 else 0.0
     if exp.step_rewards is not None:
         metrics.update(step_metrics(exp.step_rewards.cpu(), exp.step_ends.cpu()))
+        metrics["step_frac_zero_std"] = float(algo.process_constant_groups(
+            exp.step_rewards.cpu(), exp.step_ends.cpu(), exp.completion_mask.cpu(), exp.group_size).float().mean())
     return metrics
 
 
