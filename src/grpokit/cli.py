@@ -210,9 +210,7 @@ def _eval(argv: list[str]) -> int:
     if ns.against:
         pc = paired_comparison(results[ns.model]["outcomes"], results[ns.against]["outcomes"])
         out["paired"] = pc
-        print(f"paired ({ns.against} - {ns.model}), greedy: {pc['diff']:+.3f} "
-              f"[{pc['diff_lo']:+.3f}, {pc['diff_hi']:+.3f}] (95 %, {pc['interval']}); only the second right "
-              f"{pc['b_only']}, only the first {pc['a_only']}; exact McNemar p = {pc['p_value']:.3g}")
+        print(_paired_line(ns.against, ns.model, "greedy", pc))
         if ns.samples:
             out["paired_sampled"] = _print_paired_sampled(results[ns.model], results[ns.against], ns.samples,
                                                           ns.against, ns.model)
@@ -231,11 +229,16 @@ def _print_paired_sampled(a: dict, b: dict, k: int, name_b: str, name_a: str) ->
     mj = paired_comparison(a["maj_outcomes"], b["maj_outcomes"])
     print(f"paired ({name_b} - {name_a}), mean@{k}: {ms['diff']:+.3f} [{ms['diff_lo']:+.3f}, {ms['diff_hi']:+.3f}] "
           f"(95 %, {ms['interval']}); problems where the second is better {ms['b_better']}, the first "
-          f"{ms['a_better']}; exact sign test p = {ms['p_value']:.3g}\n"
-          f"paired ({name_b} - {name_a}), maj@{k}: {mj['diff']:+.3f} [{mj['diff_lo']:+.3f}, {mj['diff_hi']:+.3f}]; "
-          f"only the second right {mj['b_only']}, only the first {mj['a_only']}; exact McNemar p = "
-          f"{mj['p_value']:.3g}")
+          f"{ms['a_better']}; exact sign test p = {ms['p_value']:.3g}")
+    print(_paired_line(name_b, name_a, f"maj@{k}", mj))
     return {f"mean@{k}": ms, f"maj@{k}": mj}
+
+
+def _paired_line(name_b: str, name_a: str, metric: str, pc: dict) -> str:
+    """One printed line of a :func:`grpokit.evalstats.paired_comparison` result ``pc`` for ``metric``."""
+    return (f"paired ({name_b} - {name_a}), {metric}: {pc['diff']:+.3f} [{pc['diff_lo']:+.3f}, {pc['diff_hi']:+.3f}] "
+            f"(95 %, {pc['interval']}); only the second right {pc['b_only']}, only the first {pc['a_only']}; "
+            f"exact McNemar p = {pc['p_value']:.3g}")
 
 
 def _export(argv: list[str]) -> int:
