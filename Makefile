@@ -38,7 +38,8 @@ demo: $(STAMP)
 # (skipped when runs/long-sft exists), GRPO on MAWPS from it (its own evaluations pair the SFT model
 # with each checkpoint), then the base model paired with the last checkpoint on the same problems.
 LONG_SFT := runs/long-sft
-LONG_LAST := runs/long/checkpoint-30
+# LONG_LAST: the run folder; grpokit eval takes its newest complete checkpoint
+LONG_LAST := runs/long
 long: $(STAMP)
 	test -f $(LONG_SFT)/sft_info.json || $(BIN)/grpokit sft smollm2-135m-instruct $(LONG_SFT) --dataset asdiv \
 	  --split test --completion-template '{equation}' --heldout-of recipes/long.yaml

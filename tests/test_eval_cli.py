@@ -37,6 +37,34 @@ def test_bad_input_is_refused_before_any_model_loads(tiny_model_dir, tmp_path, c
     assert err.startswith("grpokit eval: error: ") and msg in err and err.count("\n") == 1
 
 
+def test_a_run_folder_stands_for_its_newest_complete_checkpoint(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    import shutil
+
+    run = tmp_path / "run"
+    for step, complete in ((10, True), (20, True), (30, False), (9, True)):
+        ck = shutil.copytree(tiny_model_dir, run / f"checkpoint-{step}")
+        if complete:
+            (ck / "trainer_state.json").write_text("{}")
+    loaded = []
+
+    def record(path, **_):
+        loaded.append(path)
+        raise AssertionError("a model was loaded")
+    monkeypatch.setattr(grpokit.models, "load_model", record)
+    with pytest.raises(AssertionError, match="a model was loaded"):  # checkpoint-30 is incomplete: step 20
+        main(["eval", tiny_model_dir, "--against", str(run), "--dataset", "mawps", "--split", "singleop",
+              "--limit", "2"])
+    assert f"newest complete checkpoint, {run / 'checkpoint-20'}" in capsys.readouterr().out
+    with pytest.raises(AssertionError):
+        main(["eval", str(run), "--dataset", "mawps", "--split", "singleop", "--limit", "2"])
+    assert loaded == [tiny_model_dir, str(run / "checkpoint-20")]
+    for step in (9, 10, 20):  # no complete checkpoint left: refused before any model loads
+        (run / f"checkpoint-{step}" / "trainer_state.json").unlink()
+    assert main(["eval", str(run), "--dataset", "mawps", "--split", "singleop", "--limit", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "run folder without a complete checkpoint" in err and str(run) in err and len(loaded) == 2
+
+
 def test_eval_prints_intervals_samples_and_a_paired_test(tiny_model_dir, tmp_path, capsys):
     out = tmp_path / "e.json"
     assert main(["eval", tiny_model_dir, "--against", tiny_model_dir, "--dataset", "mawps", "--split", "singleop",

@@ -92,8 +92,10 @@ def _eval_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="grpokit eval", description="Held-out accuracy: greedy, and mean@k / pass@k / maj@k over k samples, "
         "each with a 95 % interval; --against compares two models on the same problems (exact McNemar test).")
-    p.add_argument("model", help="model path, hub name or alias (smollm2-135m-instruct)")
-    p.add_argument("--against", default=None, metavar="MODEL", help="a second model (e.g. a checkpoint) scored on "
+    p.add_argument("model", help="model path, hub name or alias (smollm2-135m-instruct), or a run's output folder "
+                   "(its newest complete checkpoint)")
+    p.add_argument("--against", default=None, metavar="MODEL", help="a second model (e.g. a checkpoint or a run's "
+                   "output folder) scored on "
                    "the same problems; prints the paired difference with its interval and the McNemar p-value")
     p.add_argument("--dataset", default=None, help="required unless --heldout-of names a recipe")
     p.add_argument("--heldout-of", default=None, metavar="RECIPE.yaml", help="the held-out problems of this "
@@ -138,6 +140,26 @@ def _heldout_of(ns: argparse.Namespace):
     return held
 
 
+def _newest_checkpoint_of_run(model: str) -> str:
+    """``model`` unchanged, unless it is a run's output folder (a folder without ``config.json`` that holds
+    ``checkpoint-<step>`` folders): then its newest complete checkpoint (announced on stdout).
+
+    Raises:
+        ValueError: the folder holds checkpoint folders but none is complete (names the folder).
+    """
+    from grpokit.checkpoint import list_checkpoints
+
+    path = Path(model).expanduser()
+    if not path.is_dir() or (path / "config.json").exists() or not any(path.glob("checkpoint-*")):
+        return model
+    found = list_checkpoints(path)
+    if not found:
+        raise ValueError(f"model {model!r}: a run folder without a complete checkpoint (none of its checkpoint-<step> "
+                         "folders has trainer_state.json); name a model or a checkpoint folder")
+    print(f"[grpokit] {model}: the run's newest complete checkpoint, {found[-1]}", flush=True)
+    return str(found[-1])
+
+
 def _eval(argv: list[str]) -> int:
     ns = _eval_args(argv)
     from grpokit.config import RecipeError, _yaml_load, load_recipe
@@ -169,6 +191,8 @@ def _eval(argv: list[str]) -> int:
     try:
         check_scorer(scorer_name, ns.dataset)
         scorer = get_reward_function(scorer_name)
+        ns.model = _newest_checkpoint_of_run(ns.model)
+        ns.against = ns.against and _newest_checkpoint_of_run(ns.against)
         models = [ns.model] + ([ns.against] if ns.against else [])
         for m in models:
             resolve_model_path(m)
