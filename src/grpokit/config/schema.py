@@ -1,9 +1,4 @@
-"""The recipe: typed dataclasses that are the one source of defaults, help text and validation.
-
-A recipe is a YAML file with the sections below (``model``, ``data``, ``rollout``, ``rewards``,
-``algo``, ``train``, ``eval``); ``grpokit train RECIPE.yaml key.sub=value ...`` overrides single keys.
-Each field's ``help`` metadata is what ``grpokit train --help`` prints.
-"""
+"""The recipe's schema: one dataclass per section, each field with its default, help text and choices."""
 
 from __future__ import annotations
 
@@ -11,15 +6,11 @@ import dataclasses
 import importlib
 import re
 import sys
-import types
 import typing
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import yaml
-
-from grpokit.textio import NotUtf8Error, read_utf8
 
 
 class _YamlLoader(yaml.SafeLoader):
@@ -321,27 +312,6 @@ class RecipeError(ValueError):
     """A recipe key or value that is not allowed; the message names the key."""
 
 
-def _check_type(key: str, value: Any, annotation: Any) -> Any:
-    """Return ``value`` converted to ``annotation`` where lossless (int -> float), else raise."""
-    hint = annotation
-    origin = typing.get_origin(hint)
-    args = typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        hint = next(a for a in args if a is not type(None))
-    base = typing.get_origin(hint) or hint
-    if base is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if base is bool and not isinstance(value, bool):
-        raise RecipeError(f"{key}: expected true/false, got {value!r}")
-    if base is int and (isinstance(value, bool) or not isinstance(value, int)):
-        raise RecipeError(f"{key}: expected an integer, got {value!r}")
-    if not isinstance(value, base):
-        raise RecipeError(f"{key}: expected {base.__name__}, got {type(value).__name__} {value!r}")
-    return value
-
-
 def _fields(cls) -> dict[str, dataclasses.Field]:
     return {f.name: f for f in dataclasses.fields(cls)}
 
@@ -350,268 +320,8 @@ def _hints(cls) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def recipe_from_dict(raw: dict) -> Recipe:
-    """Build and validate a ``Recipe`` from nested dicts; unknown keys raise ``RecipeError``."""
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise RecipeError(f"recipe: expected a mapping of sections, got {type(raw).__name__}")
-    sections = _fields(Recipe)
-    kwargs = {}
-    for sec, values in raw.items():
-        if sec not in sections:
-            raise RecipeError(f"unknown recipe section {sec!r}; allowed: {', '.join(sections)}")
-        cls = _hints(Recipe)[sec]
-        if values is None:
-            values = {}
-        if not isinstance(values, dict):
-            raise RecipeError(f"{sec}: expected a mapping, got {values!r}")
-        hints, allowed = _hints(cls), _fields(cls)
-        sub = {}
-        for key, val in values.items():
-            if key not in allowed:
-                hint = RENAMED_KEYS.get(f"{sec}.{key}")
-                raise RecipeError(
-                    f"unknown recipe key {sec}.{key}; " + (f"it is now {hint}" if hint else
-                                                           f"allowed in {sec}: {', '.join(allowed)}")
-                )
-            sub[key] = _check_type(f"{sec}.{key}", val, hints[key])
-        kwargs[sec] = cls(**sub)
-    recipe = Recipe(**kwargs)
-    validate(recipe)
-    return recipe
-
-
 def _walk(recipe: Recipe):
     for sec in _fields(Recipe):
         obj = getattr(recipe, sec)
         for name, f in _fields(type(obj)).items():
             yield f"{sec}.{name}", getattr(obj, name), f
-
-
-def validate(recipe: Recipe) -> None:
-    """Check values (choices, ranges); raise ``RecipeError`` naming the key and what is allowed."""
-    _check_values(recipe)
-    _check_combinations(recipe)
-    _check_more_values(recipe)
-
-
-def _check_values(recipe: Recipe) -> None:
-    """Choices and ranges of single keys (the common ones)."""
-    for key, value, f in _walk(recipe):
-        choices = choices_of(f)
-        if choices and value not in choices:
-            raise RecipeError(f"{key}: {value!r} is not one of {', '.join(choices)}")
-    r, t, a = recipe.rollout, recipe.train, recipe.algo
-    positive = {
-        "rollout.max_new_tokens": r.max_new_tokens,
-        "train.prompts_per_step": t.prompts_per_step,
-        "train.max_steps": t.max_steps,
-        "train.num_iterations": t.num_iterations,
-        "train.micro_batch_size": t.micro_batch_size,
-        "data.max_prompt_tokens": recipe.data.max_prompt_tokens,
-        "eval.batch_size": recipe.eval.batch_size,
-        "rewards.timeout_s": recipe.rewards.timeout_s,
-    }
-    for key, v in positive.items():
-        if v <= 0:
-            raise RecipeError(f"{key}: must be > 0, got {v}")
-    if r.group_size < 2:
-        raise RecipeError(f"rollout.group_size: must be >= 2 (advantages compare a group), got {r.group_size}")
-    if not re.fullmatch(r"cpu|auto|cuda(:\d+)?", recipe.model.device):
-        raise RecipeError(f"model.device: {recipe.model.device!r} is not cpu, cuda, cuda:N or auto")
-    non_negative = {
-        "algo.beta": a.beta, "algo.clip_eps_low": a.clip_eps_low, "algo.clip_eps_high": a.clip_eps_high,
-        "algo.advantage_eps": a.advantage_eps, "algo.tis_cap": a.tis_cap, "rollout.temperature": r.temperature,
-        "train.learning_rate": t.learning_rate, "train.warmup_steps": t.warmup_steps,
-        "train.max_grad_norm": t.max_grad_norm, "train.save_steps": t.save_steps,
-        "train.weight_decay": t.weight_decay, "data.skip": recipe.data.skip,
-        "eval.every_steps": recipe.eval.every_steps, "eval.num_samples": recipe.eval.num_samples,
-    }
-    for key, v in non_negative.items():
-        if v < 0:
-            raise RecipeError(f"{key}: must be >= 0, got {v}")
-    if not 0 < r.top_p <= 1:
-        raise RecipeError(f"rollout.top_p: must be in (0, 1], got {r.top_p}")
-    if r.temperature == 0:
-        raise RecipeError("rollout.temperature: must be > 0 for GRPO sampling (0 = greedy gives "
-                          "identical completions and zero advantages)")
-
-
-def _check_combinations(recipe: Recipe) -> None:
-    """Keys that must agree with each other; ``model.lora`` completed with its defaults."""
-    r, t, a = recipe.rollout, recipe.train, recipe.algo
-    if t.optimizer == "adamw_bf16_sr" and recipe.model.dtype != "bfloat16":
-        raise RecipeError("train.optimizer: adamw_bf16_sr rounds bf16 parameters stochastically; it needs "
-                          f"model.dtype=bfloat16, got model.dtype={recipe.model.dtype}")
-    recipe.model.lora = lora_options(recipe.model.lora)  # checked, defaults filled in (recipe.json records them)
-    if recipe.model.dtype == "bfloat16" and recipe.model.autocast_bf16:
-        raise RecipeError("model.autocast_bf16: the parameters are already bfloat16 (model.dtype); "
-                          "autocast is for float32 parameters")
-    if recipe.eval.dataset and recipe.eval.scorer:
-        from grpokit.heldout import check_scorer
-
-        try:
-            check_scorer(recipe.eval.scorer, recipe.eval.dataset)
-        except ValueError as e:
-            raise RecipeError(f"eval.scorer: {e}") from None
-    if a.max_sampling_rounds < 1:
-        raise RecipeError(f"algo.max_sampling_rounds: must be >= 1, got {a.max_sampling_rounds}")
-    if r.vllm is not None and (r.engine != "vllm" or not isinstance(r.vllm, dict)):
-        raise RecipeError(f"rollout.vllm: a mapping of vllm.LLM arguments, used with rollout.engine=vllm only "
-                          f"(rollout.engine={r.engine}, rollout.vllm={r.vllm!r})")
-    if a.tis_cap > 0 and r.engine != "vllm":
-        raise RecipeError(f"algo.tis_cap: weights tokens by π_old/π_sampler, which needs the sampler's log-probs: "
-                          f"rollout.engine=vllm (rollout.engine={r.engine} samples from the trained model itself)")
-    if a.tis_cap > 0 and a.estimator != "grpo":
-        raise RecipeError(f"algo.tis_cap: implemented in the grpo loss, not for algo.estimator={a.estimator}")
-    if a.clip_eps_low >= 1:
-        raise RecipeError(f"algo.clip_eps_low: must be < 1, got {a.clip_eps_low}")
-    w = recipe.rewards.weights
-    if w is not None and len(w) != len(recipe.rewards.functions):
-        raise RecipeError(f"rewards.weights: {len(w)} weights for {len(recipe.rewards.functions)} "
-                          f"functions {recipe.rewards.functions}")
-    for key, value in (("algo.gamma", a.gamma), ("algo.lam", a.lam)):
-        if not 0 <= value <= 1:
-            raise RecipeError(f"{key}: must be in [0, 1], got {value}")
-    if a.value_clip_eps <= 0:
-        raise RecipeError(f"algo.value_clip_eps: must be > 0, got {a.value_clip_eps}")
-    if recipe.train.critic_warmup_steps < 0 or recipe.train.critic_learning_rate <= 0:
-        raise RecipeError("train.critic_warmup_steps must be >= 0 and train.critic_learning_rate > 0")
-
-
-def _check_more_values(recipe: Recipe) -> None:
-    """Ranges of the remaining single keys."""
-    r, t, a = recipe.rollout, recipe.train, recipe.algo
-    rw = recipe.rewards
-    for key, value, low in (("rm_batch_size", rw.rm_batch_size, 1), ("remote_retries", rw.remote_retries, 0),
-                            ("remote_backoff_s", rw.remote_backoff_s, 0)):
-        if value < low:
-            raise RecipeError(f"rewards.{key}: must be >= {low}, got {value}")
-    if not recipe.rewards.functions and a.supervision == "outcome":
-        raise RecipeError("rewards.functions: at least one reward function is needed")
-    if t.save_total_limit < 1:
-        raise RecipeError(f"train.save_total_limit: must be >= 1, got {t.save_total_limit}")
-    if t.max_consecutive_skips < 1:
-        raise RecipeError(f"train.max_consecutive_skips: must be >= 1, got {t.max_consecutive_skips}")
-    if t.sample_every < 0:
-        raise RecipeError(f"train.sample_every: must be >= 0 (0 = never), got {t.sample_every}")
-    if len(t.adam_betas) != 2 or not all(
-        isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in t.adam_betas
-    ):
-        raise RecipeError(f"train.adam_betas: two numbers in [0, 1) expected, got {t.adam_betas}")
-    optional_positive = {
-        "data.limit": recipe.data.limit, "eval.limit": recipe.eval.limit,
-        "rollout.chunk_size": r.chunk_size, "eval.max_new_tokens": recipe.eval.max_new_tokens,
-    }
-    for key, v in optional_positive.items():
-        if v is not None and v <= 0:
-            raise RecipeError(f"{key}: must be > 0 or null, got {v}")
-    if r.top_k < 0:
-        raise RecipeError(f"rollout.top_k: must be >= 0 (0 = off), got {r.top_k}")
-    if not 0 <= r.min_p <= 1:
-        raise RecipeError(f"rollout.min_p: must be in [0, 1] (0 = off), got {r.min_p}")
-    for key, value, off in (("top_k", r.top_k, 0), ("top_p", r.top_p, 1.0), ("min_p", r.min_p, 0.0)):
-        if value != off:
-            raise RecipeError(
-                f"rollout.{key}={value}: truncated sampling is refused in training. π_old, π_θ and π_ref are "
-                "scored with a full-vocabulary softmax(logits / temperature); a sampler that drops tokens "
-                "(top_k, top_p, min_p) draws from another distribution, so the ratio and the KL would be "
-                f"computed for a policy that did not sample. Leave rollout.{key}={off} (off); "
-                "rollout.temperature is applied to both sides and may be set.")
-    tpl = recipe.data.prompt_template
-    try:
-        filled = tpl.format(question="\0")
-    except (KeyError, IndexError, ValueError) as e:
-        raise RecipeError(f"data.prompt_template: {tpl!r} may use only the field {{question}} "
-                          f"(write literal braces as {{{{ }}}}): {e!r}") from None
-    if "\0" not in filled:
-        raise RecipeError(f"data.prompt_template: {tpl!r} has no {{question}} field, so every "
-                          "prompt would be the same text")
-
-
-def _is_text_field(sec: str, key: str) -> bool:
-    """Whether ``sec.key`` is a ``str`` (or ``str | None``) field of the recipe."""
-    cls = _hints(Recipe).get(sec)
-    hint = _hints(cls).get(key) if dataclasses.is_dataclass(cls) else None
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        hint = next((a for a in typing.get_args(hint) if a is not type(None)), None)
-    return hint is str
-
-
-def parse_override(text: str) -> tuple[list[str], Any]:
-    """``"train.max_steps=5"`` -> ``(["train", "max_steps"], 5)``; the value is parsed as YAML.
-
-    An empty value is ``None``. For text fields (``data.prompt_template``, ...) a value that YAML
-    reads as something other than a string or null (``{question}`` is a YAML mapping, ``42`` an
-    int) or cannot parse at all is kept as the literal text after the first ``=``.
-    """
-    if "=" not in text:
-        raise RecipeError(f"override {text!r}: expected key.sub=value")
-    key, _, value = text.partition("=")
-    parts = key.strip().split(".")
-    if len(parts) != 2 or not all(parts):
-        raise RecipeError(f"override {text!r}: key must be section.name, e.g. train.max_steps")
-    if not value.strip():
-        return parts, None
-    text_field = _is_text_field(*parts)
-    try:
-        parsed = _yaml_load(value)
-    except yaml.YAMLError as e:
-        if not text_field:
-            raise RecipeError(f"override {text!r}: value is not valid YAML: {e}") from None
-        return parts, value
-    if text_field and parsed is not None and not isinstance(parsed, str):
-        return parts, value
-    return parts, parsed
-
-
-def _yaml_problem(e: yaml.YAMLError) -> str:
-    """One line for a YAML error: ``line L, column C: problem`` where PyYAML knows the place."""
-    mark, problem = getattr(e, "problem_mark", None), getattr(e, "problem", None)
-    if mark is not None and problem:
-        return f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
-    return " ".join(str(e).split())
-
-
-def load_recipe(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> Recipe:
-    """Read a YAML recipe (or the defaults when ``path`` is None), apply dotted overrides, validate.
-
-    The file is read as UTF-8 whatever the locale.
-
-    Raises:
-        RecipeError: unknown section/key, wrong type or out-of-range value; a file that is missing
-            or unreadable, not UTF-8 (message: file, line, byte offset) or not valid YAML (file,
-            line, column). Messages are one line.
-    """
-    raw: dict = {}
-    if path is not None:
-        try:
-            raw = _yaml_load(read_utf8(path)) or {}
-        except FileNotFoundError:
-            raise RecipeError(f"recipe file not found: {path}") from None
-        except OSError as e:  # a folder, no permission, ...
-            raise RecipeError(f"recipe {path}: cannot read: {e.strerror or e}") from None
-        except NotUtf8Error as e:  # "<path>: line N: not valid UTF-8 (byte 0x.. at offset K ...)"
-            raise RecipeError(f"recipe {e}") from None
-        except yaml.YAMLError as e:
-            raise RecipeError(f"recipe {path}: not valid YAML: {_yaml_problem(e)}") from None
-        if not isinstance(raw, dict):
-            raise RecipeError(f"recipe {path}: expected a mapping of sections")
-    for text in overrides:
-        (sec, key), value = parse_override(text)
-        raw.setdefault(sec, {})
-        if not isinstance(raw[sec], dict):
-            raise RecipeError(f"{sec}: expected a mapping")
-        raw[sec][key] = value
-    return recipe_from_dict(raw)
-
-
-def help_text() -> str:
-    """Every recipe key with its type, default and help, for ``grpokit train --help``."""
-    lines = []
-    for key, value, f in _walk(Recipe()):
-        choices = choices_of(f, import_registry=False)
-        extra = f" [{' | '.join(choices)}]" if choices else ""
-        lines.append(f"  {key} = {value!r}{extra}\n      {f.metadata['help']}")
-    return "\n".join(lines)

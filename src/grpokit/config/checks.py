@@ -1,0 +1,148 @@
+"""Recipe validation: choices and ranges of single keys, and keys that must agree with each other."""
+
+from __future__ import annotations
+
+import re
+
+from grpokit.config.schema import Recipe, RecipeError, _walk, choices_of, lora_options
+
+
+def validate(recipe: Recipe) -> None:
+    """Check values (choices, ranges); raise ``RecipeError`` naming the key and what is allowed."""
+    _check_values(recipe)
+    _check_combinations(recipe)
+    _check_more_values(recipe)
+
+
+def _check_values(recipe: Recipe) -> None:
+    """Choices and ranges of single keys (the common ones)."""
+    for key, value, f in _walk(recipe):
+        choices = choices_of(f)
+        if choices and value not in choices:
+            raise RecipeError(f"{key}: {value!r} is not one of {', '.join(choices)}")
+    r, t, a = recipe.rollout, recipe.train, recipe.algo
+    positive = {
+        "rollout.max_new_tokens": r.max_new_tokens,
+        "train.prompts_per_step": t.prompts_per_step,
+        "train.max_steps": t.max_steps,
+        "train.num_iterations": t.num_iterations,
+        "train.micro_batch_size": t.micro_batch_size,
+        "data.max_prompt_tokens": recipe.data.max_prompt_tokens,
+        "eval.batch_size": recipe.eval.batch_size,
+        "rewards.timeout_s": recipe.rewards.timeout_s,
+    }
+    for key, v in positive.items():
+        if v <= 0:
+            raise RecipeError(f"{key}: must be > 0, got {v}")
+    if r.group_size < 2:
+        raise RecipeError(f"rollout.group_size: must be >= 2 (advantages compare a group), got {r.group_size}")
+    if not re.fullmatch(r"cpu|auto|cuda(:\d+)?", recipe.model.device):
+        raise RecipeError(f"model.device: {recipe.model.device!r} is not cpu, cuda, cuda:N or auto")
+    non_negative = {
+        "algo.beta": a.beta, "algo.clip_eps_low": a.clip_eps_low, "algo.clip_eps_high": a.clip_eps_high,
+        "algo.advantage_eps": a.advantage_eps, "algo.tis_cap": a.tis_cap, "rollout.temperature": r.temperature,
+        "train.learning_rate": t.learning_rate, "train.warmup_steps": t.warmup_steps,
+        "train.max_grad_norm": t.max_grad_norm, "train.save_steps": t.save_steps,
+        "train.weight_decay": t.weight_decay, "data.skip": recipe.data.skip,
+        "eval.every_steps": recipe.eval.every_steps, "eval.num_samples": recipe.eval.num_samples,
+    }
+    for key, v in non_negative.items():
+        if v < 0:
+            raise RecipeError(f"{key}: must be >= 0, got {v}")
+    if not 0 < r.top_p <= 1:
+        raise RecipeError(f"rollout.top_p: must be in (0, 1], got {r.top_p}")
+    if r.temperature == 0:
+        raise RecipeError("rollout.temperature: must be > 0 for GRPO sampling (0 = greedy gives "
+                          "identical completions and zero advantages)")
+
+
+def _check_combinations(recipe: Recipe) -> None:
+    """Keys that must agree with each other; ``model.lora`` completed with its defaults."""
+    r, t, a = recipe.rollout, recipe.train, recipe.algo
+    if t.optimizer == "adamw_bf16_sr" and recipe.model.dtype != "bfloat16":
+        raise RecipeError("train.optimizer: adamw_bf16_sr rounds bf16 parameters stochastically; it needs "
+                          f"model.dtype=bfloat16, got model.dtype={recipe.model.dtype}")
+    recipe.model.lora = lora_options(recipe.model.lora)  # checked, defaults filled in (recipe.json records them)
+    if recipe.model.dtype == "bfloat16" and recipe.model.autocast_bf16:
+        raise RecipeError("model.autocast_bf16: the parameters are already bfloat16 (model.dtype); "
+                          "autocast is for float32 parameters")
+    if recipe.eval.dataset and recipe.eval.scorer:
+        from grpokit.heldout import check_scorer
+
+        try:
+            check_scorer(recipe.eval.scorer, recipe.eval.dataset)
+        except ValueError as e:
+            raise RecipeError(f"eval.scorer: {e}") from None
+    if a.max_sampling_rounds < 1:
+        raise RecipeError(f"algo.max_sampling_rounds: must be >= 1, got {a.max_sampling_rounds}")
+    if r.vllm is not None and (r.engine != "vllm" or not isinstance(r.vllm, dict)):
+        raise RecipeError(f"rollout.vllm: a mapping of vllm.LLM arguments, used with rollout.engine=vllm only "
+                          f"(rollout.engine={r.engine}, rollout.vllm={r.vllm!r})")
+    if a.tis_cap > 0 and r.engine != "vllm":
+        raise RecipeError(f"algo.tis_cap: weights tokens by π_old/π_sampler, which needs the sampler's log-probs: "
+                          f"rollout.engine=vllm (rollout.engine={r.engine} samples from the trained model itself)")
+    if a.tis_cap > 0 and a.estimator != "grpo":
+        raise RecipeError(f"algo.tis_cap: implemented in the grpo loss, not for algo.estimator={a.estimator}")
+    if a.clip_eps_low >= 1:
+        raise RecipeError(f"algo.clip_eps_low: must be < 1, got {a.clip_eps_low}")
+    w = recipe.rewards.weights
+    if w is not None and len(w) != len(recipe.rewards.functions):
+        raise RecipeError(f"rewards.weights: {len(w)} weights for {len(recipe.rewards.functions)} "
+                          f"functions {recipe.rewards.functions}")
+    for key, value in (("algo.gamma", a.gamma), ("algo.lam", a.lam)):
+        if not 0 <= value <= 1:
+            raise RecipeError(f"{key}: must be in [0, 1], got {value}")
+    if a.value_clip_eps <= 0:
+        raise RecipeError(f"algo.value_clip_eps: must be > 0, got {a.value_clip_eps}")
+    if recipe.train.critic_warmup_steps < 0 or recipe.train.critic_learning_rate <= 0:
+        raise RecipeError("train.critic_warmup_steps must be >= 0 and train.critic_learning_rate > 0")
+
+
+def _check_more_values(recipe: Recipe) -> None:
+    """Ranges of the remaining single keys."""
+    r, t, a = recipe.rollout, recipe.train, recipe.algo
+    rw = recipe.rewards
+    for key, value, low in (("rm_batch_size", rw.rm_batch_size, 1), ("remote_retries", rw.remote_retries, 0),
+                            ("remote_backoff_s", rw.remote_backoff_s, 0)):
+        if value < low:
+            raise RecipeError(f"rewards.{key}: must be >= {low}, got {value}")
+    if not recipe.rewards.functions and a.supervision == "outcome":
+        raise RecipeError("rewards.functions: at least one reward function is needed")
+    if t.save_total_limit < 1:
+        raise RecipeError(f"train.save_total_limit: must be >= 1, got {t.save_total_limit}")
+    if t.max_consecutive_skips < 1:
+        raise RecipeError(f"train.max_consecutive_skips: must be >= 1, got {t.max_consecutive_skips}")
+    if t.sample_every < 0:
+        raise RecipeError(f"train.sample_every: must be >= 0 (0 = never), got {t.sample_every}")
+    if len(t.adam_betas) != 2 or not all(
+        isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in t.adam_betas
+    ):
+        raise RecipeError(f"train.adam_betas: two numbers in [0, 1) expected, got {t.adam_betas}")
+    optional_positive = {
+        "data.limit": recipe.data.limit, "eval.limit": recipe.eval.limit,
+        "rollout.chunk_size": r.chunk_size, "eval.max_new_tokens": recipe.eval.max_new_tokens,
+    }
+    for key, v in optional_positive.items():
+        if v is not None and v <= 0:
+            raise RecipeError(f"{key}: must be > 0 or null, got {v}")
+    if r.top_k < 0:
+        raise RecipeError(f"rollout.top_k: must be >= 0 (0 = off), got {r.top_k}")
+    if not 0 <= r.min_p <= 1:
+        raise RecipeError(f"rollout.min_p: must be in [0, 1] (0 = off), got {r.min_p}")
+    for key, value, off in (("top_k", r.top_k, 0), ("top_p", r.top_p, 1.0), ("min_p", r.min_p, 0.0)):
+        if value != off:
+            raise RecipeError(
+                f"rollout.{key}={value}: truncated sampling is refused in training. π_old, π_θ and π_ref are "
+                "scored with a full-vocabulary softmax(logits / temperature); a sampler that drops tokens "
+                "(top_k, top_p, min_p) draws from another distribution, so the ratio and the KL would be "
+                f"computed for a policy that did not sample. Leave rollout.{key}={off} (off); "
+                "rollout.temperature is applied to both sides and may be set.")
+    tpl = recipe.data.prompt_template
+    try:
+        filled = tpl.format(question="\0")
+    except (KeyError, IndexError, ValueError) as e:
+        raise RecipeError(f"data.prompt_template: {tpl!r} may use only the field {{question}} "
+                          f"(write literal braces as {{{{ }}}}): {e!r}") from None
+    if "\0" not in filled:
+        raise RecipeError(f"data.prompt_template: {tpl!r} has no {{question}} field, so every "
+                          "prompt would be the same text")

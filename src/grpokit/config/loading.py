@@ -1,0 +1,156 @@
+"""Reading a recipe: YAML file, dotted overrides, type checks, then :func:`grpokit.config.checks.validate`."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from grpokit.config.checks import validate
+from grpokit.config.schema import (RENAMED_KEYS, Recipe, RecipeError, _fields, _hints, _walk, _yaml_load,
+                                   choices_of)
+from grpokit.textio import NotUtf8Error, read_utf8
+
+
+def _check_type(key: str, value: Any, annotation: Any) -> Any:
+    """Return ``value`` converted to ``annotation`` where lossless (int -> float), else raise."""
+    hint = annotation
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        hint = next(a for a in args if a is not type(None))
+    base = typing.get_origin(hint) or hint
+    if base is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if base is bool and not isinstance(value, bool):
+        raise RecipeError(f"{key}: expected true/false, got {value!r}")
+    if base is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise RecipeError(f"{key}: expected an integer, got {value!r}")
+    if not isinstance(value, base):
+        raise RecipeError(f"{key}: expected {base.__name__}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def recipe_from_dict(raw: dict) -> Recipe:
+    """Build and validate a ``Recipe`` from nested dicts; unknown keys raise ``RecipeError``."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise RecipeError(f"recipe: expected a mapping of sections, got {type(raw).__name__}")
+    sections = _fields(Recipe)
+    kwargs = {}
+    for sec, values in raw.items():
+        if sec not in sections:
+            raise RecipeError(f"unknown recipe section {sec!r}; allowed: {', '.join(sections)}")
+        cls = _hints(Recipe)[sec]
+        if values is None:
+            values = {}
+        if not isinstance(values, dict):
+            raise RecipeError(f"{sec}: expected a mapping, got {values!r}")
+        hints, allowed = _hints(cls), _fields(cls)
+        sub = {}
+        for key, val in values.items():
+            if key not in allowed:
+                hint = RENAMED_KEYS.get(f"{sec}.{key}")
+                raise RecipeError(
+                    f"unknown recipe key {sec}.{key}; " + (f"it is now {hint}" if hint else
+                                                           f"allowed in {sec}: {', '.join(allowed)}")
+                )
+            sub[key] = _check_type(f"{sec}.{key}", val, hints[key])
+        kwargs[sec] = cls(**sub)
+    recipe = Recipe(**kwargs)
+    validate(recipe)
+    return recipe
+
+
+def _is_text_field(sec: str, key: str) -> bool:
+    """Whether ``sec.key`` is a ``str`` (or ``str | None``) field of the recipe."""
+    cls = _hints(Recipe).get(sec)
+    hint = _hints(cls).get(key) if dataclasses.is_dataclass(cls) else None
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        hint = next((a for a in typing.get_args(hint) if a is not type(None)), None)
+    return hint is str
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``"train.max_steps=5"`` -> ``(["train", "max_steps"], 5)``; the value is parsed as YAML.
+
+    An empty value is ``None``. For text fields (``data.prompt_template``, ...) a value that YAML
+    reads as something other than a string or null (``{question}`` is a YAML mapping, ``42`` an
+    int) or cannot parse at all is kept as the literal text after the first ``=``.
+    """
+    if "=" not in text:
+        raise RecipeError(f"override {text!r}: expected key.sub=value")
+    key, _, value = text.partition("=")
+    parts = key.strip().split(".")
+    if len(parts) != 2 or not all(parts):
+        raise RecipeError(f"override {text!r}: key must be section.name, e.g. train.max_steps")
+    if not value.strip():
+        return parts, None
+    text_field = _is_text_field(*parts)
+    try:
+        parsed = _yaml_load(value)
+    except yaml.YAMLError as e:
+        if not text_field:
+            raise RecipeError(f"override {text!r}: value is not valid YAML: {e}") from None
+        return parts, value
+    if text_field and parsed is not None and not isinstance(parsed, str):
+        return parts, value
+    return parts, parsed
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """One line for a YAML error: ``line L, column C: problem`` where PyYAML knows the place."""
+    mark, problem = getattr(e, "problem_mark", None), getattr(e, "problem", None)
+    if mark is not None and problem:
+        return f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
+    return " ".join(str(e).split())
+
+
+def load_recipe(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> Recipe:
+    """Read a YAML recipe (or the defaults when ``path`` is None), apply dotted overrides, validate.
+
+    The file is read as UTF-8 whatever the locale.
+
+    Raises:
+        RecipeError: unknown section/key, wrong type or out-of-range value; a file that is missing
+            or unreadable, not UTF-8 (message: file, line, byte offset) or not valid YAML (file,
+            line, column). Messages are one line.
+    """
+    raw: dict = {}
+    if path is not None:
+        try:
+            raw = _yaml_load(read_utf8(path)) or {}
+        except FileNotFoundError:
+            raise RecipeError(f"recipe file not found: {path}") from None
+        except OSError as e:  # a folder, no permission, ...
+            raise RecipeError(f"recipe {path}: cannot read: {e.strerror or e}") from None
+        except NotUtf8Error as e:  # "<path>: line N: not valid UTF-8 (byte 0x.. at offset K ...)"
+            raise RecipeError(f"recipe {e}") from None
+        except yaml.YAMLError as e:
+            raise RecipeError(f"recipe {path}: not valid YAML: {_yaml_problem(e)}") from None
+        if not isinstance(raw, dict):
+            raise RecipeError(f"recipe {path}: expected a mapping of sections")
+    for text in overrides:
+        (sec, key), value = parse_override(text)
+        raw.setdefault(sec, {})
+        if not isinstance(raw[sec], dict):
+            raise RecipeError(f"{sec}: expected a mapping")
+        raw[sec][key] = value
+    return recipe_from_dict(raw)
+
+
+def help_text() -> str:
+    """Every recipe key with its type, default and help, for ``grpokit train --help``."""
+    lines = []
+    for key, value, f in _walk(Recipe()):
+        choices = choices_of(f, import_registry=False)
+        extra = f" [{' | '.join(choices)}]" if choices else ""
+        lines.append(f"  {key} = {value!r}{extra}\n      {f.metadata['help']}")
+    return "\n".join(lines)
