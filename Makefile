@@ -78,7 +78,8 @@ bench: $(STAMP) $(BENCH_STAMP)
 	$(BIN)/python bench/bench_vs_trl.py $(BENCH_ARGS)
 
 # Held-out accuracy against training minutes, grpokit vs TRL on recipes/arith.yaml (hours on 2 cores;
-# BENCH_ARGS="--quick" checks the script in minutes, "--seeds 0" runs one seed).
+# BENCH_ARGS="--quick" checks the script in minutes, "--seeds 0" runs one seed). 40 training steps
+# per run (--steps), as measured in docs/efficacy.md; the recipe itself runs 60.
 efficacy-vs-trl: $(STAMP) $(BENCH_STAMP)
 	$(BIN)/python bench/efficacy_vs_trl.py $(BENCH_ARGS)
 

@@ -1,6 +1,6 @@
 """grpokit vs TRL's GRPOTrainer on one recipe: held-out accuracy at equal steps and time to accuracy.
 
-    python bench/efficacy_vs_trl.py                          # recipes/arith.yaml, seeds 0 and 1
+    python bench/efficacy_vs_trl.py                          # recipes/arith.yaml, 40 steps, seeds 0 and 1
     python bench/efficacy_vs_trl.py --quick                  # tiny: checks that the script works (minutes)
     python bench/efficacy_vs_trl.py --report-only            # rebuild the report from the run folders
 
@@ -359,6 +359,8 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*", help="section.key=value recipe overrides for both peers")
     ap.add_argument("--recipe", default="recipes/arith.yaml")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--steps", type=int, default=40, help="training steps per run, replacing the recipe's "
+                    "train.max_steps (docs/efficacy.md measured 40; --quick and overrides come after it)")
     ap.add_argument("--out", default="runs/efficacy_vs_trl")
     ap.add_argument("--quick", action="store_true", help="tiny run (one seed, 2 steps, 40 eval rows): checks the script")
     ap.add_argument("--only", choices=["grpokit", "trl"], help="run one peer only (the other's folder is still read)")
@@ -371,7 +373,7 @@ def main() -> None:
     t_start = time.perf_counter()
     from grpokit.config import RecipeError, load_recipe
 
-    common = (QUICK_OVERRIDES if a.quick else []) + list(a.overrides)
+    common = [f"train.max_steps={a.steps}"] + (QUICK_OVERRIDES if a.quick else []) + list(a.overrides)
     seeds = a.seeds[:1] if a.quick else a.seeds
     try:
         recipe = load_recipe(a.recipe, common)
