@@ -128,3 +128,76 @@ def bad_row_process_reward(prompts, completions, steps, **_):
     if _bad(completions):
         raise ZeroDivisionError("fake failure on the bad row")
     return process_length_reward(prompts, completions, steps)
+
+
+# -- async and TRL-form rewards (grpokit.rewards.calling) ---------------------------------------
+
+ROW_SLEEP_S = 0.4
+"""How long each one-row call of ``async_slow_rows_reward`` sleeps (its rows are searched at once)."""
+
+
+async def async_length_reward(prompts, completions, **_):
+    """``length_reward`` as an ``async def`` (yields to the event loop once)."""
+    import asyncio
+
+    await asyncio.sleep(0)
+    return [len(c) / 100.0 for c in completions]
+
+
+class AsyncLengthReward:
+    """``length_reward`` as an object whose ``__call__`` is ``async def``."""
+
+    async def __call__(self, prompts, completions, **_):
+        return await async_length_reward(prompts, completions)
+
+
+async def async_raising_reward(prompts, completions, **_):
+    """``raising_reward`` as an ``async def``: ``ZeroDivisionError`` on row ``BAD_ROW``."""
+    if _bad(completions):
+        raise ZeroDivisionError("fake failure on the bad row")
+    return await async_length_reward(prompts, completions)
+
+
+async def async_hanging_reward(prompts, completions, **_):
+    """``hanging_reward`` as an ``async def``: awaits ``HANG_S`` on row ``BAD_ROW``."""
+    import asyncio
+
+    if _bad(completions):
+        await asyncio.sleep(HANG_S)
+    return await async_length_reward(prompts, completions)
+
+
+async def async_slow_rows_reward(prompts, completions, **_):
+    """Fails on row ``BAD_ROW`` of the batch; each one-row call awaits ``ROW_SLEEP_S`` first (a
+    remote judge's latency), so a row search one row after another takes ``N * ROW_SLEEP_S``."""
+    import asyncio
+
+    if len(completions) == 1:
+        await asyncio.sleep(ROW_SLEEP_S)
+    return await async_raising_reward(prompts, completions)
+
+
+async def async_process_length_reward(prompts, completions, steps, **_):
+    """``process_length_reward`` as an ``async def``."""
+    return process_length_reward(prompts, completions, steps)
+
+
+def trl_length_reward(completions, **kwargs):
+    """TRL's keyword form: ``length_reward``; checks that ``prompts`` came as a keyword too."""
+    assert len(kwargs["prompts"]) == len(completions)
+    return [len(c) / 100.0 for c in completions]
+
+
+def trl_answer_reward(completions, answer, **kwargs):
+    """TRL's keyword form with a named column: 1.0 if the completion ends with the answer."""
+    return [float(c.strip().endswith(str(a))) for c, a in zip(completions, answer)]
+
+
+def no_columns_reward(prompts, completions):
+    """grpokit's form without ``**columns``: cannot take a row column such as ``answer``."""
+    return [0.0] * len(completions)
+
+
+def one_argument_reward(texts):
+    """Neither form: one positional parameter."""
+    return [0.0] * len(texts)

@@ -302,3 +302,99 @@ def test_train_help_imports_no_torch():
     assert out.returncode == 0, out.stderr[-2000:]
     assert "model.backend = 'auto' [auto | cpu | plain]" in out.stdout
     assert "algo.estimator = 'grpo' [grpo | ppo]" in out.stdout
+
+
+# -- list keys: every element checked, named key[index] ---------------------------------------------
+
+
+@pytest.mark.parametrize("section, expect", [
+    ({"functions": ["format", "math_correct"], "weights": [1, "x"]}, "rewards.weights[1]: expected a number, got 'x'"),
+    ({"functions": ["format", "math_correct"], "weights": [float("nan"), 1]},
+     "rewards.weights[0]: expected a finite number, got nan"),
+    ({"functions": ["format", "math_correct"], "weights": [1, float("-inf")]},
+     "rewards.weights[1]: expected a finite number, got -inf"),
+    ({"functions": ["format", "math_correct"], "weights": [True, 1]}, "rewards.weights[0]: expected a number, got True"),
+    ({"functions": [3, "format"]}, "rewards.functions[0]: expected a reward function name"),
+    ({"functions": [None, "format"]}, "rewards.functions[0]: expected a reward function name"),
+    ({"functions": ["format", ""]}, "rewards.functions[1]: expected a reward function name"),
+    ({"functions": ["format", "math_correct", "format"], "weights": [1, 1, 0.5]},
+     "rewards.functions[2]: 'format' is listed twice (also rewards.functions[0])"),
+])
+def test_each_list_element_is_checked_by_key_and_index(section, expect):
+    with pytest.raises(RecipeError) as e:
+        recipe_from_dict({"rewards": section})
+    assert str(e.value).startswith(expect), str(e.value)
+
+
+@pytest.mark.parametrize("raw, expect", [
+    ({"train": {"adam_betas": [0.9, "x"]}}, "train.adam_betas[1]: expected a number, got 'x'"),
+    ({"train": {"adam_betas": [True, 0.9]}}, "train.adam_betas[0]: expected a number, got True"),
+    ({"train": {"adam_betas": [0.9, float("nan")]}}, "train.adam_betas[1]: expected a finite number"),
+    ({"train": {"adam_betas": [0.9, 1.0]}}, "train.adam_betas[1]: expected a number in [0, 1), got 1.0"),
+    ({"model": {"lora": {"target_modules": ["q_proj", 3]}}}, "model.lora.target_modules[1]: expected a module name"),
+    ({"model": {"lora": {"target_modules": ["q_proj", "v_proj", "q_proj"]}}},
+     "model.lora.target_modules[2]: 'q_proj' is listed twice (also model.lora.target_modules[0])"),
+])
+def test_other_list_keys_check_each_element(raw, expect):
+    with pytest.raises(RecipeError) as e:
+        recipe_from_dict(raw)
+    assert str(e.value).startswith(expect), str(e.value)
+
+
+def test_every_list_key_of_the_schema_has_an_element_check():
+    import typing
+
+    from grpokit.config.checks import LIST_ELEMENTS
+    from grpokit.config.schema import _hints
+
+    list_keys = set()
+    for sec, cls in _hints(Recipe).items():
+        for name, hint in _hints(cls).items():
+            if list in (hint, typing.get_origin(hint), *typing.get_args(hint)):
+                list_keys.add(f"{sec}.{name}")
+    assert list_keys == set(LIST_ELEMENTS)
+
+
+@pytest.mark.parametrize("key, value", [
+    ("train.learning_rate", float("nan")), ("algo.beta", float("nan")), ("rollout.temperature", float("inf")),
+    ("train.max_grad_norm", float("inf")), ("rewards.timeout_s", float("nan")), ("algo.clip_eps_high", float("nan")),
+])
+def test_a_float_key_must_be_finite(key, value):
+    """NaN passes every ``<``/``>`` range check, so it is refused before them."""
+    assert _error_setting(key, value) == f"{key}: expected a finite number, got {value!r}"
+
+
+def test_list_elements_from_overrides_are_checked_before_anything_loads():
+    with pytest.raises(RecipeError, match=r"rewards\.functions\[0\]: expected a reward function name.*got 3"):
+        load_recipe(None, ["rewards.functions=[3, format]"])
+    with pytest.raises(RecipeError, match=r"rewards\.weights\[0\]: expected a finite number, got nan"):
+        load_recipe(None, ["rewards.functions=[math_correct, format]", "rewards.weights=[.nan, 1]"])
+
+
+# -- a key written twice in a recipe file -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("text, expect", [
+    ("train:\n  max_steps: 5\n  learning_rate: 1.0e-5\nrollout:\n  group_size: 4\ntrain:\n  max_steps: 20\n",
+     "train is written twice (lines 1 and 6)"),
+    ("train:\n  max_steps: 5\n  seed: 1\n  max_steps: 20\n", "train.max_steps is written twice (lines 2 and 4)"),
+    ("data:\n  options:\n    size: 10\n    size: 20\n", "data.options.size is written twice (lines 3 and 4)"),
+    ("model:\n  lora: {r: 4, r: 8}\n", "model.lora.r is written twice (line 2, columns 10 and 16)"),
+])
+def test_a_key_written_twice_names_the_key_and_both_lines(tmp_path, text, expect):
+    p = tmp_path / "r.yaml"
+    p.write_text(text)
+    with pytest.raises(RecipeError) as e:
+        load_recipe(p)
+    assert str(e.value) == f"recipe {p}: {expect}; each section and key may appear once"
+
+
+def test_yaml_merge_keys_and_anchors_are_not_duplicates():
+    from grpokit.config import DuplicateKeyError, _yaml_load
+
+    assert _yaml_load("a: &x {b: 1}\nc:\n  <<: *x\n  b: 2\n") == {"a": {"b": 1}, "c": {"b": 2}}
+    assert _yaml_load("a: {1: x, '1': y}") == {"a": {1: "x", "1": "y"}}  # an int and a string key differ
+    with pytest.raises(DuplicateKeyError, match=r"a\[1\]\.k is written twice"):
+        _yaml_load("a: [{k: 1}, {k: 1, k: 2}]")
+    with pytest.raises(RecipeError, match="data.options=.*: value is not valid YAML: k is written twice"):
+        parse_override("data.options={k: 1, k: 2}")

@@ -109,3 +109,30 @@ def test_a_run_with_evaluations_draws_them(tiny_model_dir, tmp_path, monkeypatch
     assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
     (acc,) = [p for p in seen["panels"] if p["title"].startswith("held-out accuracy")]
     assert acc["lines"][0]["x"] == [0, 2]
+
+
+def test_the_png_keeps_every_legend_label_and_ticks_whole_steps(tmp_path, monkeypatch):
+    """A reward named ``_private`` keeps its legend entry (matplotlib drops labels starting with ``_``
+    when it collects them itself) and a 3-step run has whole-number step ticks only (matplotlib's
+    default locator puts ticks at 1.25, 1.5, …)."""
+    import json
+
+    import matplotlib.pyplot as plt
+
+    drawn = []
+    monkeypatch.setattr(plt, "close", drawn.append)  # keep the figure plot_curves draws
+    rows = _rows(3)
+    for r in rows:
+        r["rewards/_private"] = r.pop("rewards/format")
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert plot_curves(path, tmp_path / "c.png")
+    (fig,) = drawn
+    axes = {ax.get_title(): ax for ax in fig.axes if ax.get_title()}
+    legend = [t.get_text() for t in axes["reward functions"].get_legend().get_texts()]
+    assert legend == ["_private", "_private (smoothed)", "math_correct", "math_correct (smoothed)"]
+    for title, ax in axes.items():
+        lo, hi = ax.get_xlim()
+        ticks = [t for t in ax.get_xticks() if lo <= t <= hi]
+        assert ticks and all(float(t).is_integer() for t in ticks), (title, ticks)
+    plt.close("all")

@@ -380,7 +380,8 @@ def _rank_pid(torchrun_pid: int, rank: int) -> int:
 
 
 def test_sigterm_to_one_rank_stops_both_after_the_same_step(recipe_file, tmp_path):
-    """SIGTERM to rank 1 alone: both ranks finish the step, rank 0 checkpoints it, both exit 0."""
+    """SIGTERM to rank 1 alone: both ranks finish the step, rank 0 checkpoints it, both exit 143 (so torchrun
+    reports a failure and `torchrun ... && grpokit eval ...` stops)."""
     out = tmp_path / "run"
     slow = dict(_env(), FAKE_REWARD_SLEEP_S="1")
     proc = subprocess.Popen(_torchrun(recipe_file, f"train.output_dir={out}"), env=slow, stdout=subprocess.PIPE,
@@ -390,9 +391,11 @@ def test_sigterm_to_one_rank_stops_both_after_the_same_step(recipe_file, tmp_pat
         time.sleep(0.005)
     os.kill(_rank_pid(proc.pid, 1), signal.SIGTERM)
     log, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 0, log[-3000:]
+    assert proc.returncode != 0, log[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     stopped = summary["stopped_at"]
+    assert f"[grpokit] stopped at step {stopped} of " in log and summary["stop_signal"] == signal.SIGTERM
+    assert "exitcode  : 143" in log, log[-3000:]  # torchrun's report names each failed rank's status
     assert stopped in (1, 2)  # the step under way when the signal came (2), or 1 if it came at its end
     assert (out / f"checkpoint-{stopped}").exists() and not (out / "checkpoint-3").exists()
     assert len((out / "metrics.jsonl").read_text().splitlines()) == stopped

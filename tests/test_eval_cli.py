@@ -66,7 +66,7 @@ def test_a_run_folder_stands_for_its_newest_complete_checkpoint(tiny_model_dir, 
 
 
 def test_eval_prints_intervals_samples_and_a_paired_test(tiny_model_dir, tmp_path, capsys):
-    out = tmp_path / "e.json"
+    out = tmp_path / "new" / "e.json"  # a folder that does not exist yet is made
     assert main(["eval", tiny_model_dir, "--against", tiny_model_dir, "--dataset", "mawps", "--split", "singleop",
                  "--limit", "3", "--samples", "2", "--max-new-tokens", "4", "--output", str(out)]) == 0
     res = json.loads(out.read_text())
@@ -127,3 +127,42 @@ def test_heldout_of_a_recipe_evaluates_the_runs_heldout_problems(tiny_model_dir,
     assert "one of them" in capsys.readouterr().err
     assert main(["eval", tiny_model_dir, "--heldout-of", str(tmp_path / "none.yaml")]) == 2
     assert "none.yaml" in capsys.readouterr().err
+
+
+def test_eval_warns_of_cut_answers_records_its_settings_and_never_overwrites(tiny_model_dir, tmp_path, capsys,
+                                                                           monkeypatch):
+    from grpokit.config import load_recipe
+    from grpokit.recipe_args import DEFAULT_RECIPE
+
+    out = tmp_path / "e.json"
+    args = ["eval", tiny_model_dir, "--dataset", "mawps", "--split", "singleop", "--limit", "2", "--max-new-tokens",
+            "2", "--samples", "2", "--temperature", "0.7", "--seed", "5", "--output", str(out)]
+    assert main(args) == 0
+    err = capsys.readouterr().err  # a random tiny model never ends an answer within 2 tokens
+    assert (f"[grpokit] warning: {tiny_model_dir}: 100% of the greedy completions reached --max-new-tokens=2 "
+            "without an EOS: their answers count as wrong") in err
+    res = json.loads(out.read_text())
+    demo = load_recipe(DEFAULT_RECIPE).data
+    want = {"prompt_template": demo.prompt_template, "system_prompt": demo.system_prompt, "chat_template": True,
+            "max_new_tokens": 2, "greedy": True, "samples": 2, "temperature": 0.7, "seed": 5, "limit": 2, "skip": 0}
+    assert {k: res["settings"][k] for k in want} == want
+    r = res["models"][tiny_model_dir]
+    assert r["truncated_frac"] == 1.0 and r["settings"]["max_new_tokens"] == 2 and r["settings"]["seed"] == 5
+    ex = r["examples"][0]  # the prompt the model was given: the question in the template, chat-templated
+    assert ex["prompt"].startswith("<|im_start|>") and ex["question"] in ex["prompt"] and ex["truncated"] is True
+    before = out.read_bytes()
+    assert main(args) == 2  # an existing output is refused before any model loads, and left as it was
+    err = capsys.readouterr().err
+    assert err == (f"grpokit eval: error: --output {out}: exists; name another file with --output, or pass "
+                   "--overwrite to replace it\n")
+    assert out.read_bytes() == before
+    out.write_text("{}")
+    assert main([*args, "--overwrite"]) == 0 and json.loads(out.read_text())["settings"]["seed"] == 5
+    # the default output: eval_<dataset>_<split>.json in the working folder, a data file's name without folders
+    data = tmp_path / "data" / "q.jsonl"
+    data.parent.mkdir()
+    data.write_text(json.dumps({"question": "What is 1 + 1?", "answer": "2"}) + "\n")
+    (tmp_path / "eval_q_test.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    assert main(["eval", tiny_model_dir, "--dataset", str(data)]) == 2
+    assert "--output eval_q_test.json: exists (the default output file)" in capsys.readouterr().err

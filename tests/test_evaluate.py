@@ -5,6 +5,8 @@ seeded ``seed·100003 + start``)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from helpers import tiny_recipe
@@ -93,6 +95,13 @@ def test_the_runs_evaluation_engine_generates_as_evaluation_always_did(tiny_mode
                                                                eos_token_ids=run.eos_ids).completions]
         assert [e["completion"] for e in res["examples"]] == direct
         assert (tmp_path / "eval_before.json").exists() and res["when"] == "before" and res["total"] == 4
+        # the record says how the numbers were made: the prompt as the model got it, the budget, greedy
+        saved = json.loads((tmp_path / "eval_before.json").read_text())
+        assert {k: saved["settings"][k] for k in ("prompt_template", "system_prompt", "chat_template",
+                                                  "max_new_tokens", "greedy", "num_samples", "batch_size")} == {
+            "prompt_template": recipe.data.prompt_template, "system_prompt": recipe.data.system_prompt,
+            "chat_template": True, "max_new_tokens": 4, "greedy": True, "num_samples": 0, "batch_size": 2}
+        assert [e["prompt"] for e in saved["examples"]] == prompts
     finally:
         run.rewards.close()
 

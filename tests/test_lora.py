@@ -213,11 +213,15 @@ def test_merged_export_gives_the_adapted_logits(tiny_model_dir, tmp_path, capsys
         torch.testing.assert_close(merged_copy(run.model)(input_ids=ids).logits, want, atol=1e-5, rtol=0)
         assert torch.equal(run.model(input_ids=ids).logits, want)
     assert is_peft_model(run.model) and lora_modules(run.model)
-    # grpokit eval loads a LoRA checkpoint as it is (transformers: the base model plus the adapter)
+    # grpokit eval (and any load_model) takes a LoRA checkpoint as a model: the base with the adapter merged,
+    # a plain model (trainable, fine-tunable) with the adapted logits to float rounding, as the export's
     from grpokit.models import load_model
 
+    loaded = load_model(str(ckpt))
+    assert not lora_modules(loaded) and not is_peft_model(loaded) and not loaded.training
+    assert all(p.requires_grad for p in loaded.parameters())  # peft's frozen base: trainable again
     with torch.no_grad():
-        assert torch.equal(load_model(str(ckpt)).eval()(input_ids=ids).logits, want)
+        torch.testing.assert_close(loaded(input_ids=ids).logits, want, atol=1e-5, rtol=0)
 
     # without --merge: the adapter (and the tokenizer), which peft loads onto the base model
     from peft import PeftModel
@@ -350,7 +354,7 @@ def test_lora_keys_are_completed_with_their_defaults(tiny_model_dir, tmp_path):
     ({"dropout": -0.1}, r"model\.lora\.dropout:"),
     ({"target_modules": []}, r"model\.lora\.target_modules: a non-empty list"),
     ({"target_modules": "q_proj"}, r"model\.lora\.target_modules: .* or all-linear, got 'q_proj'"),
-    ({"target_modules": ["q_proj", ""]}, r"model\.lora\.target_modules:"),
+    ({"target_modules": ["q_proj", ""]}, r"model\.lora\.target_modules\[1\]: expected a module name"),
     ({"rank": 4}, r"unknown recipe key model\.lora\.rank; allowed in model\.lora: r, alpha, target_modules, dropout"),
     (8, r"model\.lora: expected dict, got int 8"),
 ])
@@ -392,3 +396,52 @@ def test_merged_state_dict_is_the_merged_model_out_of_place(tiny_model_dir, tmp_
     after = run.model.state_dict()
     assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
     assert merged_state_dict(plain_model(tiny_model_dir)).keys() == sd.keys()
+
+
+# -- what a LoRA run writes: modes, the base it names, the checkpoint as a model ------------------
+
+
+def _modes(folder) -> dict[str, int]:
+    return {f.name: f.stat().st_mode & 0o777 for f in folder.iterdir()}
+
+
+@pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing:FutureWarning")  # peft's own question
+def test_lora_outputs_honour_the_umask_name_the_users_base_and_evaluate_as_any_model(
+        tiny_model_dir, tmp_path, monkeypatch, capsys):
+    import os
+    import shutil
+
+    # the base named as a user would: a path relative to the working folder (resolved to an absolute one
+    # when loaded); the adapter must record "base", not this machine's absolute folder
+    shutil.copytree(tiny_model_dir, tmp_path / "base")
+    monkeypatch.chdir(tmp_path)
+    old = os.umask(0o027)  # not the common 022: the modes must follow the umask, not a fixed 0o644
+    try:
+        trained_run("base", tmp_path / "run")
+        ckpt = tmp_path / "run" / "checkpoint-1"
+        assert main(["export", str(ckpt), str(tmp_path / "merged"), "--merge"]) == 0
+        assert main(["export", str(ckpt), str(tmp_path / "adapter")]) == 0
+    finally:
+        os.umask(old)
+    # every file 0o666 & ~0o027 = 0o640 (safetensors' temporary-file write left the weights 0o600)
+    for folder in (ckpt, tmp_path / "merged", tmp_path / "adapter"):
+        modes = _modes(folder)
+        assert {"adapter_model.safetensors", "model.safetensors"} & set(modes), folder
+        assert modes == dict.fromkeys(modes, 0o640), (folder, {k: oct(v) for k, v in modes.items()})
+        assert folder.stat().st_mode & 0o777 == 0o750
+    for folder in (ckpt, tmp_path / "adapter"):  # the base as the recipe names it, in the adapter and the card
+        assert json.loads((folder / "adapter_config.json").read_text())["base_model_name_or_path"] == "base"
+    card = (ckpt / "README.md").read_text()
+    assert "base_model: base\n" in card and "base_model:adapter:base\n" in card and str(tmp_path) not in card
+    # the checkpoint is a model for grpokit eval, first or --against: both give the same greedy answers
+    out = tmp_path / "e.json"
+    args = ["--dataset", "mawps", "--split", "singleop", "--limit", "2", "--max-new-tokens", "3"]
+    assert main(["eval", str(ckpt), "--against", str(tmp_path / "adapter"), *args, "--output", str(out)]) == 0
+    res = json.loads(out.read_text())["models"]
+    first, second = res[str(ckpt)], res[str(tmp_path / "adapter")]
+    assert first["total"] == 2 and first["examples"] == second["examples"]
+    # a base that cannot be found is refused before any model loads, naming the adapter and the key
+    (tmp_path / "adapter" / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "./gone"}))
+    assert main(["eval", str(tmp_path / "adapter"), *args, "--output", str(tmp_path / "f.json")]) == 2
+    err = capsys.readouterr().err
+    assert "LoRA adapter" in err and "base_model_name_or_path" in err and "gone" in err

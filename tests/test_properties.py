@@ -3,7 +3,10 @@
 Advantages: finite and the right shape for any rewards (NaN included); invariant to a constant
 shift of a group (scale=group) or of the batch (scale=batch); invariant to a positive scale with
 eps=0 (group, batch); sum to 0 over a group's scorable rewards; process advantages are 0 on
-masked tokens. Parser: no exception and < 1 s on arbitrary text.
+masked tokens. Tokens that count for nothing (masked, or with advantage 0) change nothing in the
+policy loss, its stats and gradient, nor in PPO's value loss, GAE and whitening, whatever they hold
+(NaN, ±inf, 149-nat gaps, log-ratios up to 1e4); k3, entropies and log-probs match float64.
+Parser: no exception and < 1 s on arbitrary text.
 
 Rewards are drawn on a grid of multiples of 1/8 so that shifting and scaling are exact in binary
 floating point: two different rewards never round to the same value, which would turn a varying
@@ -168,6 +171,113 @@ def test_policy_loss_finite_for_finite_inputs(n, t, data):
     assert torch.isfinite(loss) and torch.isfinite(logp.grad).all()
     assert all(torch.isfinite(v).all() for v in stats.values())
     assert (algo.kl_penalty(logp.detach(), old, "k3") >= -1e-6).all()  # >= 0 up to float32 rounding
+
+
+# -- tokens that count for nothing change nothing (issue 29) ------------------------------------
+
+#: what a masked position may hold: anything, NaN and ±inf included
+extreme = st.one_of(st.floats(allow_nan=True, allow_infinity=True, width=32), st.sampled_from([149.0, -149.0, 200.0]))
+
+
+@st.composite
+def token_batch(draw, max_n=3, max_t=5):
+    """``(logp, old, ref, adv (N, T), mask)`` float32 with at least one counted token."""
+    n, t = draw(st.integers(1, max_n)), draw(st.integers(1, max_t))
+
+    def grid2(elem):
+        return torch.tensor(draw(st.lists(st.lists(elem, min_size=t, max_size=t), min_size=n, max_size=n)),
+                            dtype=torch.float32)
+
+    logp, old, ref = (grid2(st.floats(-20.0, 0.0, width=32)) for _ in range(3))
+    adv = grid2(st.one_of(st.just(0.0), st.floats(-5.0, 5.0, width=32)))
+    mask = torch.tensor(draw(st.lists(st.lists(st.booleans(), min_size=t, max_size=t), min_size=n, max_size=n)))
+    assume(bool(mask.any()))
+    return logp, old, ref, adv, mask
+
+
+def _policy(logp, old, ref, adv, mask, agg):
+    logp = logp.clone().requires_grad_()
+    loss, st_ = algo.policy_loss(logp, old, adv, mask, ref_logp=ref, beta=0.04, aggregation=agg,
+                                 max_completion_length=mask.shape[1])
+    loss.backward()
+    return loss.detach(), st_, logp.grad
+
+
+@SETTINGS
+@given(token_batch(), st.sampled_from(algo.AGGREGATIONS), st.data())
+def test_policy_loss_never_reads_masked_positions(batch, agg, data):
+    logp, old, ref, adv, mask = batch
+    want = _policy(logp, old, ref, adv, mask, agg)
+    bad = [x.clone() for x in (logp, old, ref, adv)]
+    for x in bad:
+        for i, j in (~mask).nonzero().tolist():
+            x[i, j] = data.draw(extreme)
+    got = _policy(*bad, mask, agg)
+    torch.testing.assert_close(got[0], want[0])
+    for k in want[1]:
+        torch.testing.assert_close(got[1][k], want[1][k])
+    torch.testing.assert_close(got[2], want[2])
+    assert (got[2][~mask] == 0).all()
+
+
+@SETTINGS
+@given(token_batch(), st.sampled_from(algo.AGGREGATIONS), st.data())
+def test_zero_advantage_tokens_add_nothing_whatever_their_ratio(batch, agg, data):
+    logp, old, ref, adv, mask = batch
+    zero = adv == 0
+    at_one = torch.where(zero, logp, old)  # the same batch with those tokens' ratio 1
+    far = old.clone()
+    for i, j in zero.nonzero().tolist():
+        far[i, j] = logp[i, j] - data.draw(st.floats(-1e4, 1e4, width=32))  # log-ratio up to ±1e4
+    want, got = _policy(logp, at_one, ref, adv, mask, agg), _policy(logp, far, ref, adv, mask, agg)
+    torch.testing.assert_close(got[0], want[0])
+    torch.testing.assert_close(got[2], want[2])
+    assert all(torch.isfinite(v) for v in got[1].values())
+
+
+@SETTINGS
+@given(token_batch(), st.data())
+def test_ppo_pieces_never_read_masked_positions(batch, data):
+    v, old_v, ret, _, mask = batch
+    bad = [x.clone() for x in (v, old_v, ret)]
+    for x in bad:
+        for i, j in (~mask).nonzero().tolist():
+            x[i, j] = data.draw(extreme)
+
+    def run(v, old_v, ret):
+        v = v.clone().requires_grad_()
+        loss, frac = algo.value_loss(v, old_v, ret, mask)
+        loss.backward()
+        gae = algo.gae_advantages(ret.double(), old_v.double(), mask, gamma=0.9, lam=0.8)
+        return loss.detach(), frac, v.grad, algo.masked_whiten(v.detach().double(), mask), *gae
+
+    for g, w in zip(run(*bad), run(v, old_v, ret)):
+        torch.testing.assert_close(g, w)
+
+
+@SETTINGS
+@given(st.floats(-80.0, 80.0, width=32))
+def test_k3_matches_float64_for_any_gap(d):
+    got = algo.kl_penalty(torch.zeros(1), torch.tensor([d]), "k3").double()
+    x = torch.tensor([d], dtype=torch.float64)
+    # float64 expm1(d) − d still cancels (relative 2·eps/|d|): its series where |d| < 1e-3
+    series = x * x * (1 / 2 + x * (1 / 6 + x * (1 / 24 + x / 120)))
+    want = torch.where(x.abs() < 1e-3, series, torch.expm1(x) - x)
+    torch.testing.assert_close(got, want, rtol=3e-6, atol=1e-37)  # atol: float32 subnormals
+
+
+@SETTINGS
+@given(st.integers(2, 40), st.data())
+def test_entropy_and_logprobs_match_float64_for_logits_up_to_45(v, data):
+    z = torch.tensor(data.draw(st.lists(st.floats(-45.0, 45.0, width=32), min_size=v, max_size=v)))[None, None]
+    tau = data.draw(st.sampled_from([1.0, 0.7]))
+    lp64 = torch.log_softmax(z.double() / tau, -1)
+    want_h = -(lp64.exp() * lp64).sum(-1)
+    torch.testing.assert_close(algo.token_entropy(z, temperature=tau).double(), want_h, rtol=0, atol=2e-6)
+    ids = torch.tensor([[data.draw(st.integers(0, v - 1))]])
+    want = lp64.gather(-1, ids[..., None]).squeeze(-1)
+    got = algo.token_logprobs(z, ids, temperature=tau).double()
+    torch.testing.assert_close(got, want, rtol=2e-7, atol=2e-7)
 
 
 # -- the answer parser --------------------------------------------------------------------------

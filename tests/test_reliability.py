@@ -25,10 +25,11 @@ from safetensors.torch import load_file
 
 import grpokit.models
 import grpokit.build
+import grpokit.stopping
 import grpokit.trainer
 from grpokit import algo
 from grpokit.cli import main
-from grpokit.config import RecipeError, recipe_from_dict
+from grpokit.config import recipe_from_dict
 from grpokit.metrics import read_metrics
 from grpokit.trainer import train
 
@@ -135,14 +136,90 @@ def test_sigterm_stops_at_step_boundary_with_checkpoint(tiny_model_dir, tmp_path
     _wait_for(out / "metrics.jsonl", proc)  # step 1 done: in the middle of the loop
     proc.send_signal(signal.SIGTERM)
     log, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 0, log[-3000:]  # documented: a stopped run exits 0
+    assert proc.returncode == 143, log[-3000:]  # 128 + SIGTERM: `grpokit train && grpokit eval` stops here
     steps = _steps(out / "metrics.jsonl")
     stop = steps[-1]
+    assert f"[grpokit] stopped at step {stop} of 200; run the same command to continue\n" in log
     assert steps == list(range(1, stop + 1)) and stop < 200
     assert [p.name for p in out.glob("checkpoint-*")] == [f"checkpoint-{stop}"]
     assert json.loads((out / f"checkpoint-{stop}" / "trainer_state.json").read_text())["step"] == stop
     assert json.loads((out / "summary.json").read_text())["stopped_at"] == stop
     assert "signal" in log
+
+
+def _stop_during_step(monkeypatch, step: int, *signals: int) -> None:
+    """Send ``signals`` to this process at the start of step ``step`` (each handled before the next)."""
+    real = grpokit.trainer.run_step
+
+    def run_step(run, *a, **k):
+        if run.state.step + 1 == step:
+            for s in signals:
+                os.kill(os.getpid(), s)
+                time.sleep(0)  # a call: the handler of one signal runs before the next is sent
+        return real(run, *a, **k)
+
+    monkeypatch.setattr(grpokit.trainer, "run_step", run_step)
+
+
+@pytest.mark.parametrize("sig, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_finishes_the_step_checkpoints_and_exits_128_plus_its_number(tiny_model_dir, tmp_path, capsys,
+                                                                               monkeypatch, sig, status):
+    out = tmp_path / "run"
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_recipe_dict(tiny_model_dir, out, algo={"beta": 0.0},
+                                                                train={"max_steps": 5, "save_steps": 0}))
+    _stop_during_step(monkeypatch, 2, sig)
+    handler = signal.getsignal(sig)
+    assert main(["train", str(recipe), "--no-progress"]) == status
+    assert signal.getsignal(sig) == handler  # put back after the run
+    printed = capsys.readouterr().out
+    assert "[grpokit] stopped at step 2 of 5; run the same command to continue\n" in printed
+    assert [p.name for p in out.glob("checkpoint-*")] == ["checkpoint-2"] and _steps(out / "metrics.jsonl") == [1, 2]
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["stopped_at"], summary["stop_signal"]) == (2, sig)
+
+
+def test_a_signal_to_another_rank_stops_this_one_with_that_status(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    """Under torchrun every rank learns of a stop through ``any_rank`` and takes the signaled rank's number."""
+    monkeypatch.setattr(grpokit.trainer, "any_rank", lambda flag, ranks: True)  # rank 1 got a SIGTERM
+    monkeypatch.setattr(grpokit.stopping, "gather_objects", lambda obj, ranks: [obj, int(signal.SIGTERM)])
+    out = tmp_path / "run"
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_recipe_dict(tiny_model_dir, out, algo={"beta": 0.0},
+                                                                train={"max_steps": 5}))
+    assert main(["train", str(recipe), "--no-progress", "train.resume=none"]) == 143
+    assert ("[grpokit] stopped at step 1 of 5; continue with train.resume=auto (this command has train.resume=none)"
+            in capsys.readouterr().out)
+    assert [p.name for p in out.glob("checkpoint-*")] == ["checkpoint-1"]
+
+
+def test_a_second_signal_stops_at_once_with_one_line(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "run"
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_recipe_dict(tiny_model_dir, out, algo={"beta": 0.0}))
+    _stop_during_step(monkeypatch, 1, signal.SIGTERM, signal.SIGTERM)
+    assert main(["train", str(recipe), "--no-progress"]) == 143
+    err = capsys.readouterr().err  # after transformers' progress bars of the model load
+    assert err.endswith("\ngrpokit train: interrupted (SIGTERM); the step under way was not saved (train.resume=auto "
+                        "continues from the newest checkpoint, if any)\n") and "Traceback" not in err
+    assert not list(out.glob("checkpoint-*"))
+
+
+# -- a finished run -----------------------------------------------------------------------------
+
+
+def test_rerunning_a_finished_run_loads_nothing_and_writes_nothing(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "run"
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_recipe_dict(tiny_model_dir, out, algo={"beta": 0.0},
+                                                                train={"max_steps": 1}))
+    assert main(["train", str(recipe), "--no-progress"]) == 0
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()}
+    assert json.loads((out / "summary.json").read_text())["last_metrics"]["step"] == 1
+    capsys.readouterr()
+    for name in ("load_model", "load_tokenizer"):
+        monkeypatch.setattr(grpokit.models, name, lambda *a, **k: pytest.fail("loaded"))
+    assert main(["train", str(recipe), "--no-progress", "data.limit=4"]) == 0
+    assert capsys.readouterr().out == (
+        f"[grpokit] {out / 'checkpoint-1'} is already at train.max_steps=1, nothing to do (raise train.max_steps to "
+        "continue; train.resume=none or a new train.output_dir to start over)\n")
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()} == before
 
 
 # -- reward faults ------------------------------------------------------------------------------

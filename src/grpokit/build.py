@@ -19,6 +19,7 @@ import torch
 from grpokit.config import Recipe
 from grpokit.distributed import SINGLE, GatheredEngine, Ranks, barrier, rank_device
 from grpokit.dtypes import dtype_of
+from grpokit.outputs import check_output_dir
 from grpokit.rows import load_prompts, section_rows
 
 if TYPE_CHECKING:  # the parts' types; their modules are imported where the parts are built
@@ -154,6 +155,8 @@ def build_run(recipe: Recipe) -> Run:
     Raises:
         ValueError / FileNotFoundError: bad data, rewards, step rule, held-out rows or device; the
             message names the recipe key.
+        OSError: ``train.output_dir`` is a file, below a file, or not writable
+            (:func:`grpokit.outputs.check_output_dir`).
     """
     from grpokit.algorithms import load_algorithm
     from grpokit.models import eos_token_ids, load_tokenizer, model_max_positions
@@ -163,7 +166,8 @@ def build_run(recipe: Recipe) -> Run:
 
     m, d, r = recipe.model, recipe.data, recipe.rollout
     seed_everything(recipe.train.seed)
-    # 1. what can be checked without the tokenizer or the model: rewards, step rule, data, device
+    # 1. what can be checked without the tokenizer or the model: output folder, rewards, step rule, data, device
+    check_output_dir(recipe.train.output_dir, "train.output_dir")
     device = resolve_device(m.device)
     ranks = start_ranks(recipe, device)
     device = rank_device(device, ranks)
@@ -178,6 +182,7 @@ def build_run(recipe: Recipe) -> Run:
 
         require_peft()
     rows = section_rows(recipe, "data")
+    rewards.check_columns(sorted({k for row in rows for k in row} - {"prompt"}))  # signatures vs the data's columns
     evaluator = None
     if recipe.eval.dataset:
         from grpokit.evaluator import HeldOutEval

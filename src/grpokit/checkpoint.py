@@ -2,8 +2,12 @@
 
 With LoRA (``model.lora``) the model part is the adapter alone (peft's ``save_pretrained``:
 ``adapter_model.safetensors`` + ``adapter_config.json``; the frozen base weights are the run's
-``model.name_or_path``) and the optimizer state is that of the adapter parameters
+``model.name_or_path``, which ``adapter_config.json`` and the model card name as the recipe does:
+:func:`grpokit.lora.base_recorded_as`) and the optimizer state is that of the adapter parameters
 (:mod:`grpokit.lora`).
+
+Every file of a checkpoint has the mode a plain write gives (``0o666 & ~umask``; safetensors' own
+temporary-file write would leave the weights ``0o600``): :func:`grpokit.filemodes.honour_umask`.
 
 A checkpoint is written to a hidden temporary folder in ``output_dir`` and renamed to
 ``checkpoint-<step>`` only when complete, so a crash mid-write leaves the previous one intact.
@@ -25,7 +29,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from grpokit.lora import is_adapter_checkpoint, is_peft_model, load_adapter_weights
+from grpokit.filemodes import honour_umask
+from grpokit.lora import base_recorded_as, is_adapter_checkpoint, is_peft_model, load_adapter_weights
 from grpokit.textio import NotUtf8Error, read_utf8
 
 _NAME = re.compile(r"^checkpoint-(\d+)$")
@@ -109,10 +114,12 @@ def save_checkpoint(
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         # a peft model writes its adapter; the vocabulary is never resized, so no embedding layers
-        # (peft's "auto" would look the base model up on the Hub at every save)
-        model.save_pretrained(tmp, safe_serialization=True, **({"save_embedding_layers": False}
-                                                                 if is_peft_model(model) else {}),
-                              **({"state_dict": model_state} if model_state is not None else {}))
+        # (peft's "auto" would look the base model up on the Hub at every save); the adapter names
+        # its base as the recipe does (a hub id or the user's path, not this machine's folder)
+        with base_recorded_as(model, (recipe.get("model") or {}).get("name_or_path")):
+            model.save_pretrained(tmp, safe_serialization=True, **({"save_embedding_layers": False}
+                                                                     if is_peft_model(model) else {}),
+                                  **({"state_dict": model_state} if model_state is not None else {}))
         tokenizer.save_pretrained(tmp)
         blob = {"optimizer": optimizer.state_dict() if optimizer_state is None else optimizer_state,
                 "scheduler": scheduler.state_dict(), "rng": rng_state(), "algorithm": algorithm_state or {}}
@@ -121,6 +128,7 @@ def save_checkpoint(
         torch.save(blob, tmp / "training_state.pt")
         (tmp / "recipe.json").write_text(json.dumps(recipe, indent=1))
         (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **trainer_state}))
+        honour_umask(tmp)  # safetensors writes its files private (0o600): the mode of every other file
         for f in tmp.iterdir():  # durable before the rename makes it visible
             if f.is_file():
                 with open(f, "rb") as fh:
@@ -183,6 +191,29 @@ def load_training_state(path: str | Path) -> tuple[dict[str, Any], dict[str, Any
     if not isinstance(blob, dict) or not {"optimizer", "scheduler", "rng"} <= set(blob):
         raise ValueError(f"{blob_file}: expected optimizer, scheduler and rng state; {_RESUME_HINT}")
     return state, blob
+
+
+def read_checkpoint_recipe(ckpt: str | Path) -> dict[str, Any] | None:
+    """The recipe checkpoint ``ckpt`` was trained with (its ``recipe.json``, read as UTF-8), or None
+    when it has none (written by hand or by an early version: nothing to compare on resume;
+    :func:`grpokit.trainer.check_resume_recipe` compares it).
+
+    Raises:
+        ValueError: ``recipe.json`` is not UTF-8, not valid JSON or not an object (names the file
+            and how to go on).
+    """
+    f = Path(ckpt) / "recipe.json"
+    if not f.is_file():
+        return None
+    try:
+        recipe = json.loads(read_utf8(f))
+    except NotUtf8Error as e:
+        raise ValueError(f"{e}; {_RESUME_HINT}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{f}: not valid JSON ({e}); {_RESUME_HINT}") from None
+    if not isinstance(recipe, dict):
+        raise ValueError(f"{f}: expected an object of recipe sections; {_RESUME_HINT}")
+    return recipe
 
 
 def find_resume_checkpoint(output_dir: str | Path, resume: str) -> Path | None:

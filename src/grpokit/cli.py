@@ -1,50 +1,103 @@
-"""``grpokit train [RECIPE.yaml] [section.key=value ...]``, ``grpokit eval MODEL --dataset NAME`` and
+"""``grpokit train [RECIPE] [section.key=value ...]``, ``grpokit eval MODEL --dataset NAME`` and
 ``grpokit export CHECKPOINT OUT [--merge]`` and ``grpokit sft MODEL OUT --dataset NAME
 --completion-template T`` (a supervised warm-up, :mod:`grpokit.sft`).
 
-Exit status of ``grpokit train``: 0 when the run ends, including a run stopped by SIGTERM/SIGINT
-(it finishes the step and writes a checkpoint first; ``train.resume=auto`` continues it); 1 for an
-error of the run (bad data, reward function failure, non-finite updates, missing model);
-2 for a recipe error (unknown key, wrong type, value out of range).
+RECIPE is a YAML file, or the name of a packaged recipe (``arith``, ``arith.yaml`` or
+``recipes/arith.yaml`` from any folder; a file of that name in the working folder comes first;
+:func:`grpokit.recipe_args.find_recipe`). With no recipe, ``grpokit train`` runs the packaged demo recipe and says so in
+its first line; then an override of ``data.dataset`` starts the data section, and one of
+``rewards.functions`` the rewards section, from the defaults (the demo's split, ``data.skip``,
+prompt template and reward weights belong to its own data). ``grpokit train --help`` shows each
+key's default and, where it differs, the demo's value.
+
+Exit status of ``grpokit train``:
+
+- 0: the run ended, or had nothing to do (its checkpoint is already at ``train.max_steps``; then
+  nothing is loaded or written);
+- 1: an error of the run or of its input (bad data, output folder, reward function, a fault of the
+  run such as non-finite updates, a missing model);
+- 2: a recipe error (unknown or duplicate key, wrong type, value out of range, a recipe that is not
+  found, a key that cannot change on resume);
+- 128 + the signal: 130 for SIGINT (Ctrl-C), 143 for SIGTERM. The run finishes the step under way,
+  writes its checkpoint, prints ``stopped at step 3 of 5; run the same command to continue``
+  (``train.resume=auto`` continues it) and skips the evaluation after training. Under torchrun a
+  signal to any rank stops every rank after the same step, and each exits with that status. A
+  second signal stops at once (the step under way is not saved), with the same status.
+
+``grpokit eval`` exits 2 for bad arguments or input (refused before any model loads) and 1 for a
+fault while evaluating; ``grpokit export`` and ``grpokit sft`` exit 1 for either.
+
+No traceback reaches a user for a fault in their input. Each command turns these exception types
+into one line, ``grpokit CMD: error: MESSAGE`` (:data:`USER_ERRORS`; the message names the recipe
+key, file, row or argument, and ``grpokit train`` adds where the recipe values it names came from:
+the user's recipe file and line, an override on the command line, the demo recipe, or the default):
+
+- ``grpokit.config.RecipeError`` (a ``ValueError``): the recipe (``grpokit train``: ``recipe error``, exit 2);
+- ``ValueError`` (``UnicodeDecodeError``, ``json.JSONDecodeError`` included): data, reward and
+  checkpoint contents, values;
+- ``OSError``: files and folders (``FileNotFoundError``, ``FileExistsError``, ``IsADirectoryError``,
+  ``NotADirectoryError``, ``PermissionError``; every output location is checked before any model
+  loads, :mod:`grpokit.outputs`);
+- ``ImportError``: a reward module that cannot be imported, or a missing optional package (the
+  message names its extra);
+- ``RuntimeError``: a fault during the run (reward failures, non-finite updates);
+- ``TypeError``: user code of the wrong form (a reward function's or rollout engine's signature);
+- ``yaml.YAMLError``: a YAML value given on the command line (``grpokit eval --data-options``);
+- ``KeyboardInterrupt``: Ctrl-C outside training's step-boundary stop (loading, evaluating): one line,
+  exit 130.
+
+``GRPOKIT_TRACEBACK=1`` in the environment shows the traceback instead (to report a bug of grpokit).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import signal
 import sys
-from pathlib import Path
 
-DEFAULT_RECIPE = Path(__file__).resolve().parent / "recipes" / "demo.yaml"
+from grpokit.cli_errors import USER_ERRORS
+from grpokit.cli_errors import one_line as _one_line
+from grpokit.cli_errors import show_traceback as _show_traceback
+from grpokit.recipe_args import DEFAULT_RECIPE, RecipeArgs, find_recipe, packaged_recipes
 
 
 def _train(argv: list[str]) -> int:
-    from grpokit.config import RecipeError, help_text, load_recipe
+    from grpokit.config import RecipeError, help_text
+    from grpokit.recipe_args import demo_raw, source_note
 
     p = argparse.ArgumentParser(
         prog="grpokit train", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Fine-tune a causal LM with GRPO. With no recipe: the default demo.",
-        epilog="recipe keys (override any with section.key=value):\n" + help_text(),
+        description="Fine-tune a causal LM with GRPO. RECIPE: a YAML file, or a packaged recipe by name "
+        f"({', '.join(packaged_recipes())}) from any folder.\nWith no recipe the packaged demo recipe runs "
+        "(said in the first line of output): the keys below take the demo's value shown in parentheses; "
+        "an override of data.dataset\n(or rewards.functions) then starts the data (rewards) section from "
+        "the defaults instead. Exit status: 0 done, 1 error, 2 recipe error, 130/143 stopped by SIGINT/SIGTERM.",
+        epilog="recipe keys (override any with section.key=value): the default of a recipe file, and in "
+        "parentheses the demo recipe's value\nwhere it differs (what runs with no recipe):\n"
+        + help_text(demo_raw(), label="demo"),
     )
-    p.add_argument("args", nargs="*", metavar="RECIPE.yaml | section.key=value")
+    p.add_argument("args", nargs="*", metavar="RECIPE | section.key=value")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     ns = p.parse_intermixed_args(argv)  # overrides may come after --no-progress
-    recipe_path = None
+    recipe_arg = None
     overrides = []
     for a in ns.args:
         if "=" in a:
             overrides.append(a)
-        elif recipe_path is None:
-            recipe_path = a
+        elif recipe_arg is None:
+            recipe_arg = a
         else:
-            p.error(f"two recipe files given: {recipe_path} and {a}")
-    if recipe_path is None:
-        recipe_path = DEFAULT_RECIPE
+            p.error(f"two recipe files given: {recipe_arg} and {a}")
+    sources: dict = {}
     try:
-        recipe = load_recipe(recipe_path, overrides)
+        args = RecipeArgs.of(recipe_arg, overrides)
+        if args.announcement and os.environ.get("RANK", "0") == "0":
+            print(f"[grpokit] {args.announcement}", flush=True)  # the first line of output
+        sources = args.sources()
+        recipe = args.load()
     except RecipeError as e:
-        print(f"grpokit train: recipe error: {e}", file=sys.stderr)
+        print(f"grpokit train: recipe error: {_one_line(e)}{source_note(str(e), sources)}", file=sys.stderr)
         return 2
     import warnings
 
@@ -61,16 +114,33 @@ def _train(argv: list[str]) -> int:
             show(message, category, *a, **k)
 
     warnings.showwarning = say
+    rank = f" (rank {os.environ.get('RANK')})" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
     try:
         summary = train(recipe, progress=not ns.no_progress)
-    except (ValueError, RuntimeError, FileNotFoundError, ImportError) as e:
-        rank = f" (rank {os.environ.get('RANK')})" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
-        print(f"grpokit train{rank}: error: {e}", file=sys.stderr)
+    except RecipeError as e:  # found only once the run's folder is read (a key a checkpoint holds changed)
+        print(f"grpokit train{rank}: recipe error: {_one_line(e)}{source_note(str(e), sources, recipe)}",
+              file=sys.stderr)
+        return 2
+    except USER_ERRORS as e:
+        if _show_traceback():
+            raise
+        print(f"grpokit train{rank}: error: {_one_line(e)}{source_note(str(e), sources, recipe)}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt as e:  # Ctrl-C while loading, or a second signal during a step
+        if _show_traceback():
+            raise
+        signum = getattr(e, "signum", int(signal.SIGINT))
+        print(f"grpokit train{rank}: interrupted ({signal.Signals(signum).name}); the step under way was not saved "
+              "(train.resume=auto continues from the newest checkpoint, if any)", file=sys.stderr)
+        return 128 + signum
     finally:
         warnings.showwarning = show
+    if summary.get("nothing_to_do"):
+        return 0
     if summary.get("rank", 0) == 0:  # data parallel: rank 0 reports
         print(_report(summary))
+    if "stopped_at" in summary:
+        return 128 + int(summary.get("stop_signal") or signal.SIGTERM)
     return 0
 
 
@@ -88,183 +158,6 @@ def _report(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def _eval_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="grpokit eval", description="Held-out accuracy: greedy, and mean@k / pass@k / maj@k over k samples, "
-        "each with a 95 % interval; --against compares two models on the same problems (exact McNemar test).")
-    p.add_argument("model", help="model path, hub name or alias (smollm2-135m-instruct), or a run's output folder "
-                   "(its newest complete checkpoint)")
-    p.add_argument("--against", default=None, metavar="MODEL", help="a second model (e.g. a checkpoint or a run's "
-                   "output folder) scored on "
-                   "the same problems; prints the paired difference with its interval and the McNemar p-value")
-    p.add_argument("--dataset", default=None, help="required unless --heldout-of names a recipe")
-    p.add_argument("--heldout-of", default=None, metavar="RECIPE.yaml", help="the held-out problems of this "
-                   "recipe's run, exactly as its evaluations use them (eval section, its prompt template and "
-                   "scorer; training questions left out); replaces --dataset/--split/--limit/--skip/--shuffle-seed")
-    p.add_argument("--split", default="test")
-    p.add_argument("--limit", type=int, default=100)
-    p.add_argument("--skip", type=int, default=0, help="start at row N of the split (as data.skip does); the "
-                   "packaged recipes hold out rows 0-99 and train from row 100, so evaluate them with --limit 100")
-    p.add_argument("--data-options", default=None, help="dataset options as YAML, e.g. reasoning_gym's "
-                   "'{size: 500, max_digits: 2}'")
-    p.add_argument("--data-seed", type=int, default=10**9, help="seed of generated data (reasoning_gym); the "
-                   "default is the held-out seed of a run with train.seed=0 (train.seed + 10^9): never its training set")
-    p.add_argument("--shuffle-seed", type=int, default=None, help="shuffle the rows with this seed before --skip "
-                   "and --limit, as a recipe's data.shuffle_seed does (the held-out rows of a run with "
-                   "data.shuffle_seed=S are --shuffle-seed S --limit <eval.limit>)")
-    p.add_argument("--scorer", default=None, help="reward function deciding correctness (default: reasoning_gym "
-                   "for reasoning_gym: data, else math_correct)")
-    p.add_argument("--samples", type=int, default=None, metavar="K", help="also sample K completions per problem")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for --samples")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed for --samples")
-    p.add_argument("--max-new-tokens", type=int, default=None, help="default 256, or the --heldout-of recipe's")
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (as model.device)")
-    p.add_argument("--prompt-template", default=None, help="default: the demo recipe's")
-    p.add_argument("--system-prompt", default=None)
-    p.add_argument("--output", default=None, help="JSON file (default: eval_<dataset>_<split>.json)")
-    return p.parse_args(argv)
-
-
-def _heldout_of(ns: argparse.Namespace):
-    """The held-out rows of the recipe ``ns.heldout_of`` (:class:`grpokit.evaluator.HeldOutEval`);
-    sets ``ns.dataset``/``ns.split``/``ns.skip``/``ns.limit`` to what they came from."""
-    from grpokit.config import load_recipe
-    from grpokit.evaluator import HeldOutEval
-    from grpokit.rows import section_rows
-
-    recipe = load_recipe(ns.heldout_of)
-    held = HeldOutEval(recipe, section_rows(recipe, "data"))
-    ns.dataset, ns.split, ns.skip, ns.limit = recipe.eval.dataset, recipe.eval.split, 0, len(held.rows)
-    print(f"[grpokit] eval: {held.note}", flush=True)
-    return held
-
-
-def _newest_checkpoint_of_run(model: str) -> str:
-    """``model`` unchanged, unless it is a run's output folder (a folder without ``config.json`` that holds
-    ``checkpoint-<step>`` folders): then its newest complete checkpoint (announced on stdout).
-
-    Raises:
-        ValueError: the folder holds checkpoint folders but none is complete (names the folder).
-    """
-    from grpokit.checkpoint import list_checkpoints
-
-    path = Path(model).expanduser()
-    if not path.is_dir() or (path / "config.json").exists() or not any(path.glob("checkpoint-*")):
-        return model
-    found = list_checkpoints(path)
-    if not found:
-        raise ValueError(f"model {model!r}: a run folder without a complete checkpoint (none of its checkpoint-<step> "
-                         "folders has trainer_state.json); name a model or a checkpoint folder")
-    print(f"[grpokit] {model}: the run's newest complete checkpoint, {found[-1]}", flush=True)
-    return str(found[-1])
-
-
-def _eval(argv: list[str]) -> int:
-    ns = _eval_args(argv)
-    from grpokit.config import RecipeError, _yaml_load, load_recipe
-    from grpokit.evalstats import format_summary, paired_comparison
-    from grpokit.evaluate import evaluate
-    from grpokit.heldout import answer_extractor, check_scorer, default_scorer
-    from grpokit.models import eos_token_ids, load_model, load_tokenizer, model_max_positions, resolve_model_path
-    from grpokit.rewards import get_reward_function
-    from grpokit.build import resolve_device
-    from grpokit.rows import load_data_rows, load_prompts
-
-    def fail(msg: str) -> int:
-        print(f"grpokit eval: error: {msg}", file=sys.stderr)
-        return 2
-
-    # every check that needs no model comes first
-    if ns.samples is not None and ns.samples < 1:
-        return fail(f"--samples must be >= 1 (k completions per problem), got {ns.samples}")
-    if ns.samples and ns.temperature <= 0:
-        return fail(f"--temperature must be > 0 with --samples, got {ns.temperature}")
-    if (ns.dataset is None) == (ns.heldout_of is None):
-        return fail("give --dataset NAME or --heldout-of RECIPE.yaml (one of them)")
-    try:
-        held = _heldout_of(ns) if ns.heldout_of else None
-    except (RecipeError, ValueError, FileNotFoundError, ImportError) as e:
-        return fail(f"--heldout-of {ns.heldout_of}: {e}")
-    ns.max_new_tokens = ns.max_new_tokens or (held.max_new_tokens if held else 256)
-    scorer_name = ns.scorer or (held.scorer if held else default_scorer(ns.dataset))
-    try:
-        check_scorer(scorer_name, ns.dataset)
-        scorer = get_reward_function(scorer_name)
-        ns.model = _newest_checkpoint_of_run(ns.model)
-        ns.against = ns.against and _newest_checkpoint_of_run(ns.against)
-        models = [ns.model] + ([ns.against] if ns.against else [])
-        for m in models:
-            resolve_model_path(m)
-        recipe = held.recipe if held else load_recipe(DEFAULT_RECIPE)
-        options = dict(_yaml_load(ns.data_options) or {}) if ns.data_options else {}
-        if ns.prompt_template is not None:
-            recipe.data.prompt_template = ns.prompt_template
-        if ns.system_prompt is not None:
-            recipe.data.system_prompt = ns.system_prompt
-        device = resolve_device(ns.device)
-        tok = load_tokenizer(ns.model)
-        limit = None if ns.limit is None else ns.skip + ns.limit
-        rows = held.rows if held else load_data_rows(recipe, dataset=ns.dataset, split=ns.split, limit=limit,
-                                                     seed=ns.data_seed, options=options,
-                                                     shuffle_seed=ns.shuffle_seed)[ns.skip:]
-        if not rows:
-            return fail(f"no rows of {ns.dataset}/{ns.split} left after --skip {ns.skip}")
-        rows, prompts, _ = load_prompts(recipe, tok, dataset=ns.dataset, split=ns.split, limit=None, rows=rows,
-                                        max_new_tokens=ns.max_new_tokens, max_positions=model_max_positions(ns.model),
-                                        new_tokens_key="--max-new-tokens")
-    except (ValueError, FileNotFoundError, TypeError, ImportError) as e:  # unknown data/scorer, missing
-        return fail(str(e))  # model, file or optional package (the message names its extra)
-    results = {}
-    from grpokit.backends import install_backend
-    from grpokit.rollout.engine import load_engine
-
-    for m in models:
-        model = load_model(m, device=device).eval()
-        install_backend(model, "auto", announce=False)  # the fast generation path where it is exact
-        engine = load_engine("hf", model=model, tokenizer=tok, eos_token_ids=eos_token_ids(model, tok))
-        results[m] = evaluate(engine, prompts, rows, max_new_tokens=ns.max_new_tokens, batch_size=ns.batch_size,
-                              scorer=scorer, num_samples=ns.samples or 0, temperature=ns.temperature, seed=ns.seed,
-                              extract_answer=answer_extractor(scorer_name))
-        r = results[m]
-        print(f"{m} on {ns.dataset}/{ns.split} ({r['total']} problems, scorer {scorer_name}, "
-              f"{r['seconds']:.0f} s):\n{format_summary(r['metrics'])}", flush=True)
-    out = {"dataset": ns.dataset, "split": ns.split, "skip": ns.skip, "scorer": scorer_name,
-           "models": results}
-    if ns.against:
-        pc = paired_comparison(results[ns.model]["outcomes"], results[ns.against]["outcomes"])
-        out["paired"] = pc
-        print(_paired_line(ns.against, ns.model, "greedy", pc))
-        if ns.samples:
-            out["paired_sampled"] = _print_paired_sampled(results[ns.model], results[ns.against], ns.samples,
-                                                          ns.against, ns.model)
-    path = Path(ns.output or f"eval_{ns.dataset}_{ns.split}.json")
-    path.write_text(json.dumps(out, indent=1, default=str))
-    print(f"-> {path}")
-    return 0
-
-
-def _print_paired_sampled(a: dict, b: dict, k: int, name_b: str, name_a: str) -> dict:
-    """The paired mean@k (sign test) and maj@k (McNemar) comparisons of two ``evaluate`` results
-    with samples, printed; returns ``{"mean@k": ..., "maj@k": ...}`` for the output JSON."""
-    from grpokit.evalstats import paired_comparison, paired_sampled_comparison
-
-    ms = paired_sampled_comparison(a["sampled_correct"], b["sampled_correct"], k)
-    mj = paired_comparison(a["maj_outcomes"], b["maj_outcomes"])
-    print(f"paired ({name_b} - {name_a}), mean@{k}: {ms['diff']:+.3f} [{ms['diff_lo']:+.3f}, {ms['diff_hi']:+.3f}] "
-          f"(95 %, {ms['interval']}); problems where the second is better {ms['b_better']}, the first "
-          f"{ms['a_better']}; exact sign test p = {ms['p_value']:.3g}")
-    print(_paired_line(name_b, name_a, f"maj@{k}", mj))
-    return {f"mean@{k}": ms, f"maj@{k}": mj}
-
-
-def _paired_line(name_b: str, name_a: str, metric: str, pc: dict) -> str:
-    """One printed line of a :func:`grpokit.evalstats.paired_comparison` result ``pc`` for ``metric``."""
-    return (f"paired ({name_b} - {name_a}), {metric}: {pc['diff']:+.3f} [{pc['diff_lo']:+.3f}, {pc['diff_hi']:+.3f}] "
-            f"(95 %, {pc['interval']}); only the second right {pc['b_only']}, only the first {pc['a_only']}; "
-            f"exact McNemar p = {pc['p_value']:.3g}")
-
-
 def _export(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog="grpokit export", description="Write a checkpoint's model without its training state. A LoRA "
@@ -278,14 +171,18 @@ def _export(argv: list[str]) -> int:
     ns = p.parse_args(argv)
     from grpokit.lora import export_checkpoint
     from grpokit.models import load_model
+    from grpokit.outputs import check_output_dir
 
     def load_base(name: str, dtype, trust_remote_code: bool):
         return load_model(name, dtype=dtype, device="cpu", trust_remote_code=trust_remote_code)
 
     try:
+        check_output_dir(ns.out, "OUT")  # a file, below a file, not writable; export_checkpoint: not empty
         print(export_checkpoint(ns.checkpoint, ns.out, merge=ns.merge, load_base=load_base))
-    except (ValueError, FileNotFoundError, FileExistsError, ImportError) as e:
-        print(f"grpokit export: error: {e}", file=sys.stderr)
+    except USER_ERRORS as e:
+        if _show_traceback():
+            raise
+        print(f"grpokit export: error: {_one_line(e)}", file=sys.stderr)
         return 1
     return 0
 
@@ -318,35 +215,47 @@ def _sft(argv: list[str]) -> int:
     from grpokit.sft import main_sft
 
     try:
+        if ns.heldout_of:
+            ns.heldout_of = str(find_recipe(ns.heldout_of))
         record = main_sft(ns, default_recipe=DEFAULT_RECIPE)
-    except (ValueError, FileNotFoundError, FileExistsError, ImportError) as e:
-        print(f"grpokit sft: error: {e}", file=sys.stderr)
+    except USER_ERRORS as e:
+        if _show_traceback():
+            raise
+        print(f"grpokit sft: error: {_one_line(e)}", file=sys.stderr)
         return 1
     print(f"-> {ns.out} ({record['rows']} rows, {record['steps']} steps, {record['seconds']:.0f} s, "
           f"mean loss {record['train_loss']:.4f})")
     return 0
 
 
+def _eval(argv: list[str]) -> int:
+    from grpokit.eval_command import eval_command
+
+    return eval_command(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: grpokit {train,eval,export,sft} ...\n  train [RECIPE.yaml] [key=value ...]  run GRPO "
-              "(default: the demo)\n  eval MODEL --dataset NAME [--split test --limit N]\n"
+        print("usage: grpokit {train,eval,export,sft} ...\n  train [RECIPE] [key=value ...]  run GRPO "
+              f"(RECIPE: a file or a packaged name: {', '.join(packaged_recipes())}; none: the demo)\n"
+              "  eval MODEL --dataset NAME [--split test --limit N]\n"
               "  export CHECKPOINT OUT [--merge]  the model of a checkpoint (LoRA: --merge = a full model)\n"
               "  sft MODEL OUT --dataset NAME --completion-template T  supervised warm-up before GRPO")
         return 0
     cmd, rest = argv[0], argv[1:]
-    if cmd == "train":
-        return _train(rest)
-    if cmd == "eval":
-        return _eval(rest)
-    if cmd == "export":
-        return _export(rest)
-    if cmd == "sft":
-        return _sft(rest)
-    print(f"grpokit: unknown command {cmd!r}; use train, eval, export or sft", file=sys.stderr)
-    return 2
+    commands = {"train": _train, "eval": _eval, "export": _export, "sft": _sft}
+    if cmd not in commands:
+        print(f"grpokit: unknown command {cmd!r}; use train, eval, export or sft", file=sys.stderr)
+        return 2
+    try:
+        return commands[cmd](rest)
+    except KeyboardInterrupt:  # Ctrl-C while loading or evaluating (training handles its own)
+        if _show_traceback():
+            raise
+        print(f"grpokit {cmd}: interrupted", file=sys.stderr)
+        return 128 + int(signal.SIGINT)
 
 
 if __name__ == "__main__":

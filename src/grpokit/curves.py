@@ -11,7 +11,7 @@
   computed, and at μ = 1 the ratio is 1 at every token, so those panels could not move.
 
 :func:`curve_panels` decides what is drawn (no plotting library; tests read it);
-:func:`plot_curves` draws it with matplotlib (the optional extra ``grpokit[plots]``; without it a run
+:func:`plot_curves` draws it (:func:`draw_panels`) with matplotlib (the optional extra ``grpokit[plots]``; without it a run
 warns once and leaves curves.png out).
 """
 
@@ -163,31 +163,49 @@ def plot_curves(metrics_path: str | Path, out_png: str | Path, *, beta: float = 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = curve_panels(read_metrics(metrics_path), beta=beta, num_iterations=num_iterations, before=before)
+    fig = draw_panels(curve_panels(read_metrics(metrics_path), beta=beta, num_iterations=num_iterations,
+                                   before=before))
+    fig.savefig(out_png, dpi=90)
+    plt.close(fig)
+    return True
+
+
+def draw_panels(panels: list[dict[str, Any]]) -> Any:
+    """A matplotlib figure of :func:`curve_panels`' ``panels`` (two rows), not saved or closed.
+
+    Steps are whole numbers, so the step axis has integer ticks only (``MaxNLocator(integer=True)``;
+    the held-out panel ticks its evaluation steps). Every line keeps its label in the legend, one
+    starting with ``_`` too (a reward function ``_private``; matplotlib would hide such a label if
+    the legend collected the labels itself)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
     ncol = math.ceil(len(panels) / 2)
     fig, axes = plt.subplots(2, ncol, figsize=(4.6 * ncol, 7.0), squeeze=False)
     for ax, panel in zip(axes.flat, panels):
+        handles, labels = [], []
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         for i, ln in enumerate(panel["lines"]):
             color = f"C{i // 2}" if panel["lines"][-1]["kind"] == "smooth" else f"C{i}"
             if ln["kind"] == "interval":
                 y = ln["y"]
                 err = [[v - lo for v, lo in zip(y, ln["lo"])], [hi - v for v, hi in zip(y, ln["hi"])]]
-                ax.errorbar(ln["x"], y, yerr=err, marker="o", capsize=3, label=ln["label"], color=color)
+                drawn = ax.errorbar(ln["x"], y, yerr=err, marker="o", capsize=3, color=color)
                 if i == 0:
                     ax.set_xticks(ln["x"], [f"{s}\n{m:.0f} min" for s, m in zip(ln["x"], ln["minutes"])])
             elif ln["kind"] == "smooth":
-                ax.plot(ln["x"], _nan(ln["y"]), color=color, linewidth=2.0, label=ln["label"])
+                (drawn,) = ax.plot(ln["x"], _nan(ln["y"]), color=color, linewidth=2.0)
             else:
-                ax.plot(ln["x"], _nan(ln["y"]), color=color, linewidth=0.8, alpha=0.45 if
-                        panel["lines"][-1]["kind"] == "smooth" else 1.0, label=ln["label"])
+                (drawn,) = ax.plot(ln["x"], _nan(ln["y"]), color=color, linewidth=0.8, alpha=0.45 if
+                                   panel["lines"][-1]["kind"] == "smooth" else 1.0)
+            handles.append(drawn)
+            labels.append(ln["label"])
         ax.set_title(panel["title"])
         ax.set_xlabel("step")
         ax.set_ylabel(panel["ylabel"])
         if len(panel["lines"]) > 1:
-            ax.legend(fontsize=7)
+            ax.legend(handles, labels, fontsize=7)  # explicit labels: none dropped for a leading "_"
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
     fig.tight_layout()
-    fig.savefig(out_png, dpi=90)
-    plt.close(fig)
-    return True
+    return fig

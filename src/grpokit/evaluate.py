@@ -59,8 +59,12 @@ def evaluate(
 
     Returns:
         ``accuracy``, ``correct``, ``total``, ``unscorable`` (completions, greedy and sampled, the
-        scorer gave no score: counted wrong), ``truncated_frac`` (greedy),
-        ``seconds``, ``examples`` (the first five greedy completions), ``outcomes`` (per problem,
+        scorer gave no score: counted wrong), ``truncated_frac`` (greedy completions that reached
+        ``max_new_tokens`` without an EOS: their answers count as wrong; :func:`measured_little`),
+        ``seconds``, ``examples`` (the first five greedy completions: the row's ``question``, the
+        ``prompt`` the model was given, ``completion``, ``correct``, ``truncated``), ``settings``
+        (what decides the numbers: ``max_new_tokens``, ``num_samples`` and, with samples,
+        ``temperature`` and ``seed``, the scorer), ``outcomes`` (per problem,
         greedy correct or not, for :func:`grpokit.evalstats.paired_comparison`) and ``metrics``
         (:func:`grpokit.evalstats.summarize`: each metric's value and 95 % interval); with samples
         also ``sampled_correct`` (per problem, how many of the k samples were correct, for
@@ -102,8 +106,10 @@ def evaluate(
             ok = _score(guard, chunk_rows, ro.completions, 1, unscorable)
             greedy += ok
             truncated += int(ro.truncated.sum())
-            examples += [{"question": r["prompt"], "answer": r.get("answer"), "completion": c, "correct": o}
-                         for r, c, o in zip(chunk_rows, ro.completions, ok)][: max(0, 5 - len(examples))]
+            examples += [{"question": r["prompt"], "prompt": p, "answer": r.get("answer"), "completion": c,
+                          "correct": o, "truncated": bool(t)}
+                         for r, p, c, o, t in zip(chunk_rows, chunk, ro.completions, ok, ro.truncated.tolist())
+                         ][: max(0, 5 - len(examples))]
         for start in range(0, len(prompts) if num_samples else 0, per_call):
             chunk_rows, chunk = rows[start : start + per_call], prompts[start : start + per_call]
             ro = engine.generate(chunk, num_samples, sampled_params, seed * 100003 + start)
@@ -120,8 +126,56 @@ def evaluate(
         "unscorable": unscorable[0], "truncated_frac": truncated / total if total else 0.0,
         "seconds": time.perf_counter() - t0, "examples": examples, "outcomes": greedy,
         "metrics": summary,
+        "settings": {"max_new_tokens": max_new_tokens, "greedy": True, "num_samples": num_samples,
+                     "temperature": temperature if num_samples else None, "seed": seed if num_samples else None,
+                     "scorer": name, "scorer_timeout_s": scorer_timeout_s},
     }
     if sampled:
         out["sampled_correct"] = [sum(s) for s in sampled]
         out["maj_outcomes"] = [evalstats.maj_at_k(ans, s) for ans, s in zip(answers, sampled)]
     return out
+
+
+def measured_little(res: dict[str, Any], *, budget: str) -> list[str]:
+    """What makes an :func:`evaluate` result ``res`` measure less than it seems, one sentence each
+    (empty when nothing): at least :data:`grpokit.metrics.TRUNCATED_WARN_FRAC` of the greedy
+    completions cut at the token budget (their answers count as wrong), completions the scorer
+    could not score. ``budget``: how the token budget was set, e.g. ``"--max-new-tokens=256"`` or
+    ``"eval.max_new_tokens=64"``. The run's evaluations warn with them (``RunWarning``), ``grpokit
+    eval`` prints them."""
+    from grpokit.metrics import TRUNCATED_WARN_FRAC
+
+    said = []
+    if res["truncated_frac"] >= TRUNCATED_WARN_FRAC:
+        said.append(f"{res['truncated_frac']:.0%} of the greedy completions reached {budget} without an EOS: "
+                    "their answers count as wrong")
+    if res.get("unscorable"):
+        said.append(f"the scorer gave no score (raised, timed out, or could not read the reference) for "
+                    f"{res['unscorable']} completions (counted as wrong)")
+    return said
+
+
+def prompt_settings(data: Any, tokenizer: Any, too_long: int | None) -> dict[str, Any]:
+    """How an evaluation's prompts were made, for its record: the recipe's ``data`` section's
+    ``prompt_template``, ``system_prompt`` and ``max_prompt_tokens``, whether the tokenizer's chat
+    template was applied (``chat_template``: False means plain text), and ``prompts_too_long``
+    (prompts left out as too long for ``max_prompt_tokens`` or the context)."""
+    return {"prompt_template": data.prompt_template, "system_prompt": data.system_prompt,
+            "chat_template": bool(getattr(tokenizer, "chat_template", None)),
+            "max_prompt_tokens": data.max_prompt_tokens, "prompts_too_long": too_long}
+
+
+def default_output_name(dataset: str, split: str) -> str:
+    """``grpokit eval``'s default output file, ``eval_<dataset>_<split>.json`` in the working
+    folder: a data file's name without its folders and suffix, every character that is not a
+    letter, digit, ``.``, ``-`` or ``_`` written as ``_``.
+
+    >>> default_output_name("data/qa.jsonl", "test"), default_output_name("reasoning_gym:chain_sum", "train")
+    ('eval_qa_test.json', 'eval_reasoning_gym_chain_sum_train.json')
+    """
+    import re
+    from pathlib import Path
+
+    path = Path(dataset)
+    name = path.stem if path.suffix in (".jsonl", ".json", ".csv", ".parquet") else path.name
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", f"eval_{name}_{split}") + ".json"

@@ -43,6 +43,7 @@ class HeldOutEval:
         if not rows:
             raise ValueError(f"eval: every held-out problem of {e.dataset}/{e.split} is also a training question")
         self.rows, self.prompts = rows, None
+        self.tokenizer, self.too_long = None, None  # set by prepare, with the prompts
         self.note = (f"{len(rows)} held-out problems, none a training question ({dropped} left out as "
                      f"training questions; data seed {heldout.eval_seed(recipe)})")
 
@@ -57,16 +58,18 @@ class HeldOutEval:
 
         e = self.recipe.eval
         key = "eval.max_new_tokens" if e.max_new_tokens else "rollout.max_new_tokens (eval.max_new_tokens unset)"
-        self.rows, self.prompts, _ = load_prompts(
+        self.rows, self.prompts, self.too_long = load_prompts(
             self.recipe, tokenizer, dataset=e.dataset, split=e.split, limit=e.limit, rows=self.rows,
             max_new_tokens=self.max_new_tokens, max_positions=max_positions, new_tokens_key=key, section="eval")
+        self.tokenizer = tokenizer
 
     def run(self, engine: RolloutEngine, out: Path, when: str) -> dict[str, Any]:
         """Evaluate the model ``engine`` generates from, now (greedy, and ``eval.num_samples``
         samples at ``rollout.temperature``); writes ``out/eval_<when>.json``, prints the summary and
         returns :func:`grpokit.evaluate.evaluate`'s result with ``dataset``, ``split``, ``when``,
-        ``scorer`` and ``held_out`` added."""
-        from grpokit.evaluate import evaluate
+        ``scorer`` and ``held_out`` added, and in its ``settings`` the prompt template, system prompt,
+        whether the chat template was applied and how many prompts were left out as too long."""
+        from grpokit.evaluate import evaluate, prompt_settings
         from grpokit.evalstats import format_summary
         from grpokit.heldout import answer_extractor
 
@@ -77,6 +80,8 @@ class HeldOutEval:
                        num_samples=e.num_samples, temperature=r.rollout.temperature, seed=r.train.seed,
                        extract_answer=answer_extractor(self.scorer))
         res.update(dataset=e.dataset, split=e.split, when=when, scorer=self.scorer, held_out=self.note)
+        # the prompts as the model got them: with the budget and the sampling, what the numbers depend on
+        res["settings"].update(prompt_settings(r.data, self.tokenizer, self.too_long), batch_size=e.batch_size)
         save_eval(out, res, when)
         print(f"[grpokit] eval {when}: {e.dataset}/{e.split} accuracy {res['accuracy']:.3f} "
               f"({res['correct']}/{res['total']}, greedy; {self.note}; scorer {self.scorer})\n"
@@ -87,17 +92,12 @@ class HeldOutEval:
     def _warn(self, res: dict[str, Any], when: str) -> None:
         """An evaluation that measured little (most answers cut, rows the scorer could not score)
         says so, as a training step does (``grpokit.metrics.RunWarning``)."""
-        from grpokit.metrics import TRUNCATED_WARN_FRAC, RunWarning
+        from grpokit.evaluate import measured_little
+        from grpokit.metrics import RunWarning
 
-        if res["truncated_frac"] >= TRUNCATED_WARN_FRAC:
-            key = "eval.max_new_tokens" if self.recipe.eval.max_new_tokens else "rollout.max_new_tokens"
-            warnings.warn(f"eval {when}: {res['truncated_frac']:.0%} of the greedy completions reached "
-                          f"{key}={self.max_new_tokens} without an EOS: their answers count as wrong",
-                          RunWarning, stacklevel=3)
-        if res.get("unscorable"):
-            warnings.warn(f"eval {when}: the scorer gave no score (raised, timed out, or could not read the "
-                          f"reference) for {res['unscorable']} completions (counted as wrong)", RunWarning,
-                          stacklevel=3)
+        key = "eval.max_new_tokens" if self.recipe.eval.max_new_tokens else "rollout.max_new_tokens"
+        for text in measured_little(res, budget=f"{key}={self.max_new_tokens}"):
+            warnings.warn(f"eval {when}: {text}", RunWarning, stacklevel=3)
 
 
 def save_eval(out: Path, res: dict[str, Any], when: str) -> dict[str, Any]:

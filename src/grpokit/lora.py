@@ -39,10 +39,13 @@ from typing import Any
 import torch
 
 from grpokit.dtypes import DTYPES
+from grpokit.filemodes import honour_umask
 from grpokit.importing import require
+from grpokit.textio import read_utf8
 
 __all__ = [
-    "ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "adapter_dropout", "adapters_disabled", "apply_lora", "export_checkpoint",
+    "ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "adapter_dropout", "adapters_disabled", "apply_lora", "base_recorded_as",
+    "export_checkpoint", "merged_adapter",
     "is_adapter_checkpoint", "is_peft_model", "load_adapter_weights", "merged_copy", "merged_state_dict",
     "require_peft",
 ]
@@ -177,6 +180,50 @@ def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
+@contextlib.contextmanager
+def base_recorded_as(model: torch.nn.Module, name: str | None) -> Iterator[None]:
+    """Inside the block peft's ``save_pretrained`` of ``model`` records ``name`` as the base model
+    (``adapter_config.json``'s ``base_model_name_or_path``, the model card's ``base_model`` and its
+    ``base_model:adapter:`` tag): the hub id or path the user gave (``model.name_or_path``), not the
+    folder the base was loaded from (:func:`grpokit.models.resolve_model_path`: an alias's cache
+    folder, a local folder made absolute), so that the adapter names its base on any machine.
+    Restored on exit; a no-op for a model without adapters or ``name`` None."""
+    if not name or not is_peft_model(model):
+        yield
+        return
+    base = model.get_base_model()
+    configs = list(model.peft_config.values())
+    old = [c.base_model_name_or_path for c in configs], base.__dict__.get("name_or_path"), base.config.name_or_path
+    for c in configs:
+        c.base_model_name_or_path = str(name)
+    base.name_or_path = base.config.name_or_path = str(name)
+    try:
+        yield
+    finally:
+        for c, v in zip(configs, old[0]):
+            c.base_model_name_or_path = v
+        base.name_or_path, base.config.name_or_path = old[1], old[2]
+
+
+def merged_adapter(base: torch.nn.Module, folder: str | Path) -> torch.nn.Module:
+    """``base`` with the LoRA adapter of ``folder`` (``adapter_config.json``,
+    ``adapter_model.safetensors``) folded into its weights (peft's ``merge_and_unload``,
+    ``W + scale·B·A``): a plain transformers model in eval mode with every parameter trainable (as
+    ``from_pretrained`` leaves one), the adapted model to float rounding.
+    ``base`` is changed in place (use a model loaded for it).
+
+    Raises:
+        ImportError: peft is missing (names the extra).
+    """
+    peft = require_peft(f"the LoRA adapter {folder}")
+    with _quiet():
+        model = peft.PeftModel.from_pretrained(base, str(folder)).eval()
+    merged = model.merge_and_unload().eval()
+    for p in merged.parameters():  # peft froze the base weights; a plain model's are trainable
+        p.requires_grad_(True)
+    return merged
+
+
 def is_adapter_checkpoint(folder: str | Path) -> bool:
     """True if ``folder`` holds a LoRA adapter (``adapter_config.json``)."""
     return (Path(folder) / ADAPTER_CONFIG).is_file()
@@ -228,6 +275,9 @@ def export_checkpoint(ckpt: str | Path, out: str | Path, *, merge: bool,
       ``PeftModel.from_pretrained(base, out)``).
     - full checkpoint: its model and tokenizer files, copied (they are already a full model).
 
+    Every file written gets the mode of a new file (``0o666 & ~umask``, :mod:`grpokit.filemodes`),
+    and a copied ``adapter_config.json`` names the base as the run's ``recipe.json`` does.
+
     Raises:
         FileNotFoundError: ``ckpt`` is not a checkpoint folder.
         FileExistsError: ``out`` exists and is not empty.
@@ -243,21 +293,20 @@ def export_checkpoint(ckpt: str | Path, out: str | Path, *, merge: bool,
         return f"{ckpt} holds a full model (no LoRA adapter): copied its model and tokenizer files to {out}"
     if not merge:
         _copy_files(ckpt, out, [ADAPTER_CONFIG, ADAPTER_WEIGHTS, *_TOKENIZER_FILES])
+        _record_base(ckpt, out / ADAPTER_CONFIG)
         return f"copied the LoRA adapter of {ckpt} to {out} (load it with peft: PeftModel.from_pretrained(base, out))"
-    peft = require_peft("grpokit export --merge")
+    require_peft("grpokit export --merge")
     from transformers import AutoTokenizer
 
     name, dtype, trust = _base_of(ckpt)
-    base = load_base(name, dtype, trust)
-    with _quiet():
-        model = peft.PeftModel.from_pretrained(base, str(ckpt)).eval()
-    merged = model.merge_and_unload()  # a model loaded for the export only, not a training model
+    merged = merged_adapter(load_base(name, dtype, trust), ckpt)  # loaded for the export only
     tmp = out.parent / f".{out.name}.tmp-export"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         merged.save_pretrained(tmp, safe_serialization=True)
         if any((ckpt / f).is_file() for f in _TOKENIZER_FILES):
             AutoTokenizer.from_pretrained(str(ckpt), trust_remote_code=trust).save_pretrained(tmp)
+        honour_umask(tmp)  # safetensors writes the weights private (0o600)
         _move_into(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -268,20 +317,35 @@ def _base_of(ckpt: Path) -> tuple[str, torch.dtype, bool]:
     """``(model name or path, dtype, trust_remote_code)`` of the base model a checkpoint was trained on."""
     recipe_file = ckpt / "recipe.json"
     if recipe_file.is_file():
-        m = json.loads(recipe_file.read_text(encoding="utf-8")).get("model", {})
+        m = json.loads(read_utf8(recipe_file)).get("model", {})
         if m.get("name_or_path"):
             return m["name_or_path"], DTYPES.get(m.get("dtype"), torch.float32), bool(m.get("trust_remote_code"))
-    name = json.loads((ckpt / ADAPTER_CONFIG).read_text(encoding="utf-8")).get("base_model_name_or_path")
+    name = json.loads(read_utf8(ckpt / ADAPTER_CONFIG)).get("base_model_name_or_path")
     if not name:
         raise ValueError(f"{ckpt}: neither recipe.json nor {ADAPTER_CONFIG} names the base model")
     return name, torch.float32, False
 
 
+def _record_base(ckpt: Path, config_file: Path) -> None:
+    """Name the base model in the copied ``adapter_config.json`` as the run's recipe does
+    (``model.name_or_path``): a checkpoint written before :func:`base_recorded_as` names this
+    machine's folder. Left as it is without a ``recipe.json``."""
+    recipe_file = ckpt / "recipe.json"
+    name = json.loads(read_utf8(recipe_file)).get("model", {}).get("name_or_path") if recipe_file.is_file() else None
+    config = json.loads(read_utf8(config_file))
+    if name and config.get("base_model_name_or_path") != name:
+        config["base_model_name_or_path"] = name
+        config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
 def _copy_files(src: Path, out: Path, names: list[str]) -> None:
+    """Copy the files ``names`` of ``src`` (those that exist) into ``out``, with the mode of a new
+    file (a checkpoint's weights may have been written private, 0o600)."""
     out.mkdir(parents=True, exist_ok=True)
     for name in names:
         if (src / name).is_file():
             shutil.copy2(src / name, out / name)
+            honour_umask(out / name)
 
 
 def _move_into(tmp: Path, out: Path) -> None:

@@ -125,6 +125,35 @@ class RunLogger:
             self._tb.close()
 
 
+def sample_lines(rows: list[dict[str, Any]], exp: Any, tokenizer: Any) -> list[dict[str, Any]]:
+    """The ``samples.jsonl`` lines of one step's experience ``exp`` (``N = B·G`` completions of the
+    ``B`` ``rows``), one per completion:
+
+    - ``prompt``: the row's question (what reward functions get as ``prompts``), ``answer``;
+    - ``model_prompt``: the text the model was given, decoded from its prompt tokens (template,
+      system prompt, chat template and BOS as the model saw them; padding left out);
+    - ``completion``, ``reward`` (None: unscorable), ``truncated`` (no EOS within the limit);
+    - ``advantage``: the completion's advantage; under process supervision (token advantages
+      ``(N, T)``) that of its first token, the sum of its normalized step rewards.
+    """
+    adv = exp.advantages
+    if adv is not None and adv.dim() == 2:
+        adv = adv[:, 0]  # token advantages: the first token's sums every step's normalized reward
+    group = exp.group_index.tolist()
+    firsts = {b: i for i, b in reversed(list(enumerate(group)))}  # a group's first row (its prompt's tokens)
+    seen = {b: tokenizer.decode(exp.prompt_ids[i][exp.prompt_mask[i]].tolist(), skip_special_tokens=False)
+            for b, i in firsts.items()}
+    truncated = exp.truncated.tolist() if exp.truncated is not None else [None] * len(group)
+
+    def num(v: float) -> float | None:
+        return float(v) if math.isfinite(v) else None
+
+    return [{"prompt": rows[b]["prompt"], "answer": rows[b].get("answer"), "model_prompt": seen[b],
+             "completion": text, "reward": num(r), "advantage": None if adv is None else num(float(adv[i])),
+             "truncated": truncated[i]}
+            for i, (b, text, r) in enumerate(zip(group, exp.completions, exp.rewards.tolist()))]
+
+
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """All lines of a ``metrics.jsonl`` (read as UTF-8), as dicts.
 

@@ -22,6 +22,12 @@ Decisions written down here:
   completion).
 - ``load_model`` returns the model as ``from_pretrained`` leaves it: in **eval** mode. The trainer
   calls ``.train()`` itself when it needs to.
+- A LoRA adapter folder (``adapter_config.json``: a LoRA run's checkpoint, an exported adapter)
+  is a model too: its base (``base_model_name_or_path``, resolved here as any name is, so an
+  alias or the user's path works, :func:`resolve_model_paths`) with the adapter merged into its
+  weights, a plain model (evaluated, fine-tuned or trained from as any other; equal to the
+  adapted model to float rounding, as ``grpokit export --merge``); its config (context length)
+  is the base's, its tokenizer its own, else the base's.
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ from typing import Any
 
 import torch
 
+from grpokit.filemodes import honour_umask
+
 log = logging.getLogger(__name__)
 
 SMOLLM2_NAME = "smollm2-135m-instruct"
@@ -50,6 +58,8 @@ ALIASES: dict[str, str] = {"smollm2-135m-instruct": SMOLLM2_NAME, "smollm2": SMO
 """Lower-case alias -> packaged model name (the name of its cache folder)."""
 
 _MARKER = "grpokit_source.json"  # written last: its presence means the folder is complete
+ADAPTER_CONFIG = "adapter_config.json"  # a LoRA adapter folder (peft), as grpokit.lora names it
+_TOKENIZER_CONFIGS = ("tokenizer_config.json", "tokenizer.json", "tokenizer.model")
 _SMOLLM2_EOS_TOKENS = ("<|im_end|>", "<|endoftext|>")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 
@@ -91,6 +101,51 @@ def resolve_model_path(name_or_path: str) -> str:
     return name_or_path
 
 
+def adapter_base(path: str | Path) -> str | None:
+    """The base model a LoRA adapter folder names (``adapter_config.json``'s
+    ``base_model_name_or_path``: a hub id, an alias or a path), or None when ``path`` is not an
+    adapter folder (no ``adapter_config.json``: a full model, a hub id).
+
+    Raises:
+        ValueError: ``adapter_config.json`` is not valid JSON or names no base model (names the file).
+    """
+    config = Path(path) / ADAPTER_CONFIG
+    if not config.is_file():
+        return None
+    from grpokit.textio import read_utf8
+
+    try:
+        base = json.loads(read_utf8(config)).get("base_model_name_or_path")
+    except (json.JSONDecodeError, AttributeError) as e:
+        raise ValueError(f"{config}: not a JSON object ({e})") from None
+    if not base or not isinstance(base, str):
+        raise ValueError(f"{config}: no base_model_name_or_path, so the LoRA adapter names no base model")
+    return base
+
+
+def resolve_model_paths(name_or_path: str) -> tuple[str, str | None]:
+    """``(path, base)``: :func:`resolve_model_path` of ``name_or_path`` and, when that is a LoRA
+    adapter folder (:func:`adapter_base`), :func:`resolve_model_path` of the base model it names
+    (an alias or a relative path as the recipe gave it: relative to the working folder); ``base``
+    is None for a full model. Loads nothing.
+
+    Raises:
+        FileNotFoundError: as :func:`resolve_model_path`, for the model or the adapter's base (the
+            message names the adapter folder and ``base_model_name_or_path``).
+        ValueError: as :func:`adapter_base`; an adapter that names its own folder as its base.
+    """
+    path = resolve_model_path(name_or_path)
+    base = adapter_base(path) if Path(path).is_dir() else None
+    if base is None:
+        return path, None
+    with _of_adapter(name_or_path):
+        resolved = resolve_model_path(base)
+    if Path(resolved) == Path(path):
+        raise ValueError(f"LoRA adapter {name_or_path}: its {ADAPTER_CONFIG} names the adapter folder itself as "
+                         "its base model (base_model_name_or_path)")
+    return path, resolved
+
+
 def load_model(
     name_or_path: str,
     *,
@@ -101,7 +156,11 @@ def load_model(
     """Load a causal LM (``AutoModelForCausalLM``) by alias, local folder or hub id.
 
     Args:
-        name_or_path: see :func:`resolve_model_path`.
+        name_or_path: see :func:`resolve_model_path`; or a LoRA adapter folder (a LoRA run's
+            checkpoint, ``grpokit export`` without ``--merge``): its base model
+            (:func:`resolve_model_paths`: an alias, hub id or path) with the adapter merged into
+            its weights (:func:`grpokit.lora.merged_adapter`): a plain model that evaluates,
+            fine-tunes and trains as any other.
         dtype: parameter dtype (the packaged model is stored in float32).
         device: where to put the model.
         trust_remote_code: passed to ``from_pretrained``.
@@ -111,11 +170,19 @@ def load_model(
 
     Raises:
         FileNotFoundError: unknown local path, or a hub id that cannot be loaded (e.g. not in the
-            local Hugging Face cache while ``HF_HUB_OFFLINE=1``); the message names it.
+            local Hugging Face cache while ``HF_HUB_OFFLINE=1``); the message names it (for an
+            adapter: the base model and the adapter).
+        ImportError: an adapter folder without peft (names the extra).
     """
     from transformers import AutoModelForCausalLM
 
-    path = resolve_model_path(name_or_path)
+    path, base = resolve_model_paths(name_or_path)
+    if base is not None:  # a LoRA adapter: its base (an adapter folder itself, maybe), the adapter merged in
+        from grpokit.lora import merged_adapter
+
+        with _of_adapter(name_or_path):
+            model = load_model(base, dtype=dtype, device="cpu", trust_remote_code=trust_remote_code)
+        return merged_adapter(model, path).to(device)
     with _clear_load_errors(name_or_path, path, "model"):
         model = AutoModelForCausalLM.from_pretrained(
             path, dtype=dtype, trust_remote_code=trust_remote_code
@@ -123,8 +190,19 @@ def load_model(
     return model.to(device)
 
 
+@contextlib.contextmanager
+def _of_adapter(name: str) -> Iterator[None]:
+    """A base model that cannot be found: the message also names the LoRA adapter ``name`` and the key."""
+    try:
+        yield
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"LoRA adapter {name}: the base model its {ADAPTER_CONFIG} names "
+                                f"(base_model_name_or_path): {e}") from None
+
+
 def load_tokenizer(name_or_path: str, *, trust_remote_code: bool = False) -> Any:
-    """Load the tokenizer of a model, set up for generation: left padding and a pad token.
+    """Load the tokenizer of a model, set up for generation: left padding and a pad token. A LoRA
+    adapter folder's own tokenizer, else its base model's.
 
     If the tokenizer has no pad token, one is chosen among its existing tokens, preferring the unk
     token, then the eos token (a warning is logged in that case). Which one does not matter for
@@ -137,7 +215,10 @@ def load_tokenizer(name_or_path: str, *, trust_remote_code: bool = False) -> Any
     """
     from transformers import AutoTokenizer
 
-    path = resolve_model_path(name_or_path)
+    path, base = resolve_model_paths(name_or_path)
+    if base is not None and not any((Path(path) / f).is_file() for f in _TOKENIZER_CONFIGS):
+        with _of_adapter(name_or_path):  # an adapter folder without a tokenizer of its own
+            return load_tokenizer(base, trust_remote_code=trust_remote_code)
     with _clear_load_errors(name_or_path, path, "tokenizer"):
         tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     tok.padding_side = "left"
@@ -191,14 +272,18 @@ def max_positions(config: Any) -> int | None:
 
 
 def model_max_positions(name_or_path: str, *, trust_remote_code: bool = False) -> int | None:
-    """:func:`max_positions` of a model's config, read without loading its weights.
+    """:func:`max_positions` of a model's config (a LoRA adapter folder: its base model's), read
+    without loading its weights.
 
     Raises:
         FileNotFoundError: as :func:`load_model`.
     """
     from transformers import AutoConfig
 
-    path = resolve_model_path(name_or_path)
+    path, base = resolve_model_paths(name_or_path)
+    if base is not None:
+        with _of_adapter(name_or_path):
+            return model_max_positions(base, trust_remote_code=trust_remote_code)
     with _clear_load_errors(name_or_path, path, "config"):
         config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     return max_positions(config)
@@ -315,8 +400,8 @@ def _ensure_smollm2(target: Path) -> Path:
             return target
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
         try:
-            os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
             _build_smollm2(tmp)
+            honour_umask(tmp)  # mkdtemp makes it 0o700 and safetensors the weights 0o600
             if target.exists():  # incomplete leftover (no marker): move it aside, then replace
                 trash = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
                 os.replace(target, trash / "old")

@@ -170,3 +170,45 @@ def make_optimizer(model: torch.nn.Module, t) -> tuple[torch.optim.Optimizer, to
         return 1.0
 
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+def hyperparameters(optimizer: torch.optim.Optimizer) -> list[dict]:
+    """Every setting of each of ``optimizer``'s param groups (``lr``, ``betas``, ``weight_decay``,
+    ``eps``, ``initial_lr``, ...: all but ``params``), copied: what :func:`keep_hyperparameters` restores."""
+    return [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+
+
+def keep_hyperparameters(optimizer: torch.optim.Optimizer, saved: list[dict]) -> None:
+    """Write ``saved`` (:func:`hyperparameters` of this optimizer, taken before a checkpoint's state was
+    loaded) back into its param groups. ``Optimizer.load_state_dict`` restores the checkpoint's
+    ``lr``/``betas``/``weight_decay`` with the moments; on resume the recipe's values are the ones
+    that apply (docs/resume.md), so the moments and step counts come from the checkpoint and the
+    settings from the optimizer built from the recipe.
+
+    Raises:
+        ValueError: the optimizer has another number of param groups than ``saved``.
+    """
+    if len(saved) != len(optimizer.param_groups):
+        raise ValueError(f"keep_hyperparameters: {len(saved)} saved param groups for "
+                         f"{len(optimizer.param_groups)} in the optimizer")
+    for group, settings in zip(optimizer.param_groups, saved):
+        group.update(settings)
+
+
+def load_schedule_state(scheduler: torch.optim.lr_scheduler.LRScheduler, state: dict) -> None:
+    """Load a checkpoint's schedule ``state`` (its position: ``last_epoch``, the optimizer steps done)
+    into ``scheduler`` and keep the scheduler's own base rates, the recipe's ``train.learning_rate``
+    (the checkpoint's ``base_lrs`` are those of the run that wrote it). A ``LambdaLR`` (what
+    :func:`make_optimizer` builds) then sets each group's ``lr`` to ``base_lr · factor(last_epoch)``,
+    the value its next ``step()`` would have set, with ``factor`` the recipe's schedule
+    (``warmup_steps``, ``lr_scheduler``, ``max_steps``): the next optimizer step runs at the recipe's
+    rate. With the same recipe this is the rate of the uninterrupted run, to the bit (the same
+    product ``LambdaLR`` computes). Other schedulers: their ``base_lrs`` kept, ``lr`` as loaded."""
+    base = list(scheduler.base_lrs)
+    scheduler.load_state_dict(state)
+    scheduler.base_lrs = base
+    if isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
+        lrs = [b * f(scheduler.last_epoch) for b, f in zip(base, scheduler.lr_lambdas, strict=True)]
+        for group, lr in zip(scheduler.optimizer.param_groups, lrs, strict=True):
+            group["lr"] = lr
+        scheduler._last_lr = lrs  # what get_last_lr() reports

@@ -82,7 +82,7 @@ class PPO:
         for sl, mb in exp.micro_batches(self.micro_batch_size):
             v = critic.values(mb, autocast_bf16=self.autocast_bf16)
             out[sl, : v.shape[1]] = v
-        return out * exp.completion_mask
+        return torch.where(exp.completion_mask, out, torch.zeros_like(out))  # not out·mask: inf·0 = NaN
 
     @torch.no_grad()
     def advantages(self, exp: Any) -> torch.Tensor:
@@ -97,7 +97,8 @@ class PPO:
         kl = None
         if a.kl_in_reward and a.beta > 0:  # π_ref: the reference model, or the policy with LoRA adapters off
             exp.ref_logprobs = reference_logprobs(self.model, self.ref_model, exp, **kw)
-            kl = (exp.old_logprobs - exp.ref_logprobs) * mask  # k1, per token (Ouyang et al. 2022 eq. 2)
+            # k1, per token (Ouyang et al. 2022 eq. 2); masked tokens selected out (token_rewards too)
+            kl = torch.where(mask, exp.old_logprobs - exp.ref_logprobs, torch.zeros_like(exp.old_logprobs))
         rewards = exp.rewards if exp.rewards is not None else torch.zeros(len(exp), dtype=torch.float64)
         per_token = algo.token_rewards(rewards.to(exp.device), mask, step_rewards=exp.step_rewards,
                                        step_ends=exp.step_ends, kl=kl, kl_coef=a.beta)
@@ -151,7 +152,8 @@ class PPO:
             losses.append(total), fracs.append(frac), norms.append(gn)
         opt.zero_grad(set_to_none=True)
         m = exp.completion_mask
-        value_sum, count = sum_over_ranks([float((exp.old_values.double() * m).sum()), float(m.sum())], ranks)
+        v_sum = torch.where(m, exp.old_values.double(), torch.zeros((), dtype=torch.float64, device=m.device)).sum()
+        value_sum, count = sum_over_ranks([float(v_sum), float(m.sum())], ranks)
         return {"value_loss": sum(losses) / len(losses), "value_clip_frac": sum(fracs) / len(fracs),
                 "critic_grad_norm": sum(norms) / len(norms), "value_mean": value_sum / max(count, 1.0)}
 

@@ -66,21 +66,24 @@ def load_prompts(recipe: Recipe, tokenizer, *, dataset: str, split: str, limit: 
                  rows: list[dict] | None = None, max_new_tokens: int | None = None,
                  max_positions: int | None = None, new_tokens_key: str = "rollout.max_new_tokens",
                  section: str = "data"):
-    """Rows of ``dataset``/``split`` (or the given ``rows``) and their chat prompts; prompts longer
+    """Rows of ``dataset``/``split`` (or the given ``rows``) and their chat prompts
+    (:func:`grpokit.data.render_prompts`: conversational rows, a chat template without a system
+    role); prompts longer
     than ``data.max_prompt_tokens``, or whose tokens plus ``max_new_tokens`` exceed the model's
     ``max_positions``, are dropped and counted.
 
     Raises:
         ValueError: ``max_new_tokens >= max_positions`` (no room for any prompt), or no prompt
-            left; the message names ``new_tokens_key``, both numbers and the dataset.
+            left; the message names ``new_tokens_key``, both numbers and the dataset. A row whose
+            messages the chat template refuses (names the section, dataset and row).
     """
-    from grpokit.data import build_chat_prompt, filter_by_prompt_length
+    from grpokit.data import filter_by_prompt_length, render_prompts
 
     d = recipe.data
     if rows is None:
         rows = load_data_rows(recipe, dataset=dataset, split=split, limit=limit)
-    prompts = [build_chat_prompt(tokenizer, r["prompt"], system_prompt=d.system_prompt,
-                                 template=d.prompt_template) for r in rows]
+    prompts = render_prompts(tokenizer, rows, system_prompt=d.system_prompt, template=d.prompt_template,
+                             source=f"{section}: {dataset}/{split}")
     keep, skipped = filter_by_prompt_length(prompts, tokenizer, d.max_prompt_tokens)
     if not keep:
         raise ValueError(f"{section}: all {len(rows)} prompts of {dataset}/{split} are longer than "

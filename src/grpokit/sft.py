@@ -28,9 +28,11 @@ from typing import Any
 
 import torch
 
-from grpokit.data import build_chat_prompt
+from grpokit.data import render_prompts
+from grpokit.filemodes import honour_umask
 from grpokit.heldout import drop_questions
 from grpokit.models import encode_prompts
+from grpokit.outputs import check_output_dir
 
 __all__ = ["IGNORE_INDEX", "collate", "completion_rows", "drop_heldout_questions", "encode_rows", "main_sft", "run_sft"]
 
@@ -79,7 +81,7 @@ def completion_rows(rows: list[dict], completion_template: str) -> tuple[list[di
 def encode_rows(tokenizer: Any, rows: list[dict], *, prompt_template: str,
                 system_prompt: str | None = None) -> list[dict[str, list[int]]]:
     """Token ids and labels of each row: the chat-templated prompt as GRPO sees it
-    (:func:`grpokit.models.encode_prompts`), then the completion and the end-of-turn token.
+    (:func:`grpokit.data.render_prompts`, :func:`grpokit.models.encode_prompts`), then the completion and the end-of-turn token.
 
     Returns:
         One dict per row: ``input_ids`` (P + C + 1 ints) and ``labels`` (``IGNORE_INDEX`` at the P
@@ -91,8 +93,8 @@ def encode_rows(tokenizer: Any, rows: list[dict], *, prompt_template: str,
     eos = getattr(tokenizer, "eos_token_id", None)
     if eos is None:
         raise ValueError("sft: the tokenizer has no eos_token_id, so the completions could not be taught to end")
-    prompts = [build_chat_prompt(tokenizer, r["prompt"], system_prompt=system_prompt, template=prompt_template)
-               for r in rows]
+    prompts = render_prompts(tokenizer, rows, system_prompt=system_prompt, template=prompt_template, source="sft",
+                             system_key="the system prompt (--system-prompt or data.system_prompt)")
     prompt_ids = encode_prompts(tokenizer, prompts)
     completion_ids = tokenizer([r["completion"] for r in rows], add_special_tokens=False)["input_ids"]
     encoded = []
@@ -121,11 +123,10 @@ def collate(features: list[dict[str, list[int]]], pad_token_id: int) -> dict[str
 
 
 def _check_out(out: str | Path) -> Path:
-    """``out`` as a Path; FileExistsError when it exists and is not an empty folder."""
-    out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise FileExistsError(f"sft: output folder {out} exists and is not empty; choose another or remove it")
-    return out
+    """``out`` as a Path, checked as the output folder ``OUT`` (:func:`grpokit.outputs.check_output_dir`:
+    FileExistsError when it is a file or a folder that is not empty, NotADirectoryError below a file,
+    PermissionError where it cannot be written)."""
+    return check_output_dir(out, "OUT", empty=True)
 
 
 def run_sft(model: torch.nn.Module, tokenizer: Any, encoded: list[dict[str, list[int]]], out: str | Path, *,
@@ -150,7 +151,8 @@ def run_sft(model: torch.nn.Module, tokenizer: Any, encoded: list[dict[str, list
         and ``train_loss`` (the mean of the logged losses over the run).
 
     Raises:
-        FileExistsError: ``out`` exists and is not an empty folder.
+        FileExistsError: ``out`` is a file, or a folder that is not empty.
+        NotADirectoryError / PermissionError: ``out`` is below a file, or cannot be written.
         ValueError: ``encoded`` is empty.
     """
     from transformers import Trainer, TrainingArguments
@@ -181,6 +183,7 @@ def run_sft(model: torch.nn.Module, tokenizer: Any, encoded: list[dict[str, list
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / "sft_info.json").write_text(json.dumps(record, indent=1, default=str))
+        honour_umask(tmp)  # mkdtemp made it 0o700 and safetensors the weights 0o600
         if out.exists():
             out.rmdir()
         os.replace(tmp, out)
@@ -196,12 +199,13 @@ def main_sft(ns: Any, *, default_recipe: str | Path) -> dict[str, Any]:
     Raises:
         ValueError: bad arguments, data or template (the message names the argument or dataset);
             no row left after the held-out questions are left out.
-        FileExistsError: ``ns.out`` is a non-empty folder.
+        OSError: ``ns.out`` is a file, a non-empty folder, below a file or not writable
+            (:func:`_check_out`).
         FileNotFoundError: unknown model, dataset file or recipe.
     """
     from grpokit.build import resolve_device
     from grpokit.config import RecipeError, load_recipe
-    from grpokit.models import load_model, load_tokenizer, resolve_model_path
+    from grpokit.models import load_model, load_tokenizer, resolve_model_paths
     from grpokit.rows import load_data_rows, section_rows
 
     for name in ("epochs", "learning_rate"):
@@ -227,7 +231,7 @@ def main_sft(ns: Any, *, default_recipe: str | Path) -> dict[str, Any]:
           f"of {ns.completion_template!r}, {dropped} held-out questions"
           f"{f' of {ns.heldout_of}' if ns.heldout_of else ' (no --heldout-of: not checked)'}", flush=True)
     device = resolve_device(ns.device)
-    resolve_model_path(ns.model)
+    resolve_model_paths(ns.model)  # a LoRA adapter folder: its base model too
     tokenizer = load_tokenizer(ns.model)
     encoded = encode_rows(tokenizer, rows, prompt_template=template, system_prompt=system)
     model = load_model(ns.model, device=device)

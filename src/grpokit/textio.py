@@ -7,6 +7,10 @@ message names the file, the line and the byte offset::
 
     data.jsonl: line 3: not valid UTF-8 (byte 0xe9 at offset 57 of the file)
 
+A leading UTF-8 byte-order mark (``EF BB BF``, what Excel and many Windows tools write) is dropped,
+as ``encoding="utf-8-sig"`` drops it, so a file reads the same rows with or without one; byte
+offsets in messages still count it (they are offsets in the file).
+
 Lines are split as ``open(..., newline="")`` splits them (``\\n``, ``\\r\\n`` or a lone ``\\r``;
 the line ending is kept), so line numbers agree with an editor's and with ``csv``.
 Imports the standard library only.
@@ -22,6 +26,7 @@ __all__ = ["NotUtf8Error", "read_utf8", "iter_utf8_lines"]
 
 _LONE_CR = re.compile(r"(?<=\r)(?!\n)")  # the place after a "\r" that does not start "\r\n"
 _LONE_CR_BYTES = re.compile(rb"\r(?!\n)")
+BOM = "\ufeff"  # U+FEFF decoded; b"\xef\xbb\xbf" in the file
 
 
 class NotUtf8Error(ValueError):
@@ -47,7 +52,7 @@ def _line_breaks(prefix: bytes) -> int:
 
 
 def read_utf8(path: str | Path) -> str:
-    """The whole file decoded as UTF-8 (a leading byte-order mark is kept, as ``encoding="utf-8"`` does).
+    """The whole file decoded as UTF-8, without a leading byte-order mark (as ``encoding="utf-8-sig"``).
 
     Raises:
         NotUtf8Error: a byte sequence that is not UTF-8 (message: file, line, byte offset).
@@ -55,17 +60,19 @@ def read_utf8(path: str | Path) -> str:
     """
     data = Path(path).read_bytes()
     try:
-        return data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         # a "\r" just before the bad byte is a line end only if the bad byte is not "\n": it never is
         raise NotUtf8Error.at(path, 1 + _line_breaks(data[: e.start]), e.start, data[e.start]) from None
+    return text[1:] if text.startswith(BOM) else text
 
 
 def iter_utf8_lines(path: str | Path) -> Iterator[tuple[int, str]]:
     """``(line_number, line)`` for each line of the file, decoded as UTF-8, read lazily.
 
     Lines keep their ending (``\\n``, ``\\r\\n`` or ``\\r``), as with ``open(path, newline="")``,
-    so the lines can be handed to ``csv.reader``. Line numbers start at 1.
+    so the lines can be handed to ``csv.reader``. Line numbers start at 1. A leading byte-order
+    mark is not part of line 1.
 
     Raises:
         NotUtf8Error: when the reading reaches a byte sequence that is not UTF-8.
@@ -79,6 +86,8 @@ def iter_utf8_lines(path: str | Path) -> Iterator[tuple[int, str]]:
             except UnicodeDecodeError as e:
                 line = lineno + 1 + _line_breaks(raw[: e.start])
                 raise NotUtf8Error.at(path, line, offset + e.start, raw[e.start]) from None
+            if offset == 0 and text.startswith(BOM):
+                text = text[1:]
             offset += len(raw)
             for piece in _LONE_CR.split(text) if "\r" in text else (text,):
                 if piece:

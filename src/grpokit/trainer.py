@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import math
-import signal
 import time
 import warnings
 from pathlib import Path
@@ -35,47 +34,24 @@ import torch
 
 from grpokit.algo import LogprobGap
 from grpokit.build import Run, build_run
-from grpokit.checkpoint import (find_resume_checkpoint, load_model_weights, load_training_state, read_model_state,
-                                rng_state, save_checkpoint, set_rng_state)
+from grpokit.checkpoint import (find_resume_checkpoint, load_model_weights, load_training_state, read_checkpoint_recipe,
+                                read_model_state, rng_state, save_checkpoint, set_rng_state)
 from grpokit.collect import refill_groups_with_signal, sample_and_score
 from grpokit.config import AlgoConfig, EvalConfig, Recipe, RolloutConfig, TrainConfig
+from grpokit.config.resume import check_resume
 from grpokit.curves import plot_curves
-from grpokit.distributed import (any_rank, full_state, gather_objects, gathered, is_sharded, load_full_state,
+from grpokit.distributed import (any_rank, barrier, full_state, gather_objects, gathered, is_sharded, load_full_state,
                                  reduce_gradients, shutdown, sum_over_ranks)
 from grpokit.evaluator import save_eval
 from grpokit.experience import Experience
 from grpokit.lora import adapter_dropout
 from grpokit.memory import release_memory
-from grpokit.metrics import TRUNCATED_WARN_FRAC, NullLogger, RunLogger, RunWarning
+from grpokit.metrics import TRUNCATED_WARN_FRAC, NullLogger, RunLogger, RunWarning, sample_lines
+from grpokit.outputs import check_output_dir
 from grpokit.policy import batch_logprobs, completion_logprobs, reference_logprobs
+from grpokit.optim import hyperparameters, keep_hyperparameters, load_schedule_state
 from grpokit.state import TrainState
-
-
-class _StopFlag:
-    """SIGTERM/SIGINT: finish the step, checkpoint, stop. A second signal aborts at once."""
-
-    def __init__(self):
-        self.requested = False
-        self._old = {}
-
-    def __enter__(self):
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
-                self._old[sig] = signal.signal(sig, self._handle)
-            except ValueError:  # not the main thread
-                pass
-        return self
-
-    def _handle(self, signum, frame):
-        if self.requested:
-            raise KeyboardInterrupt(f"second signal {signum}: aborting")
-        self.requested = True
-        print(f"\n[grpokit] signal {signum}: stopping after this step (checkpoint first); "
-              "send again to abort", flush=True)
-
-    def __exit__(self, *exc):
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
+from grpokit.stopping import StopFlag, nothing_to_do, stop_signal
 
 
 def optimize(run: Run, exp: Experience, t: TrainConfig, *, temperature: float, autocast_bf16: bool = False,
@@ -173,8 +149,8 @@ def _gradient_pass(run: Run, exp: Experience, loss_mask: torch.Tensor, it: int, 
                 stat_keys.add(k)
                 sums[f"{k}@{it}"] = sums.get(f"{k}@{it}", 0.0) + w * v.item()
         if ent is not None:
-            m = mb.completion_mask.float()
-            sums["entropy"] = sums.get("entropy", 0.0) + float((ent * m).sum()) / max(n_all, 1)
+            ent_sum = torch.where(mb.completion_mask, ent, torch.zeros_like(ent)).sum()  # not ent·mask: NaN·0
+            sums["entropy"] = sums.get("entropy", 0.0) + float(ent_sum) / max(n_all, 1)
     return loss_total
 
 
@@ -225,7 +201,9 @@ def warn_if_step_did_nothing(metrics: dict[str, Any], advantages: torch.Tensor, 
     Each kind is said on its first step and then at most once every :data:`WARN_EVERY_STEPS`
     steps (``warned_at``: kind -> step it was last said, updated here; the metrics line of every
     step has the numbers: ``truncated_frac``, ``frac_zero_std``, ``unscorable_frac``,
-    ``reward_failures``, ``skipped_updates``).
+    ``reward_failures``, ``skipped_updates``). Under process supervision ``no_signal`` quotes
+    ``step_frac_zero_std``: the advantages come from the step rewards, so that is the fraction
+    that explains them (``frac_zero_std`` of the outcome rewards follows it).
     """
     step = metrics["step"]
     found: dict[str, str] = {}
@@ -235,9 +213,15 @@ def warn_if_step_did_nothing(metrics: dict[str, Any], advantages: torch.Tensor, 
             f"{max_new_tokens} without an EOS; raise rollout.max_new_tokens (or ask for "
             "shorter answers) so that rewards see whole answers")
     if not bool(advantages.ne(0).any()):
-        why = ("every reward was unscorable" if metrics["unscorable_frac"] == 1.0 else
-               f"every group's rewards were equal (frac_zero_std={metrics['frac_zero_std']:.2f}, "
-               f"unscorable_frac={metrics['unscorable_frac']:.2f})")
+        if metrics["unscorable_frac"] == 1.0:
+            why = "every reward was unscorable"
+        elif metrics.get("step_frac_zero_std") is not None:  # process supervision: the step rewards decide
+            why = (f"every group's step rewards were equal (step_frac_zero_std={metrics['step_frac_zero_std']:.2f}; "
+                   f"outcome rewards: frac_zero_std={metrics['frac_zero_std']:.2f}, "
+                   f"unscorable_frac={metrics['unscorable_frac']:.2f})")
+        else:
+            why = (f"every group's rewards were equal (frac_zero_std={metrics['frac_zero_std']:.2f}, "
+                   f"unscorable_frac={metrics['unscorable_frac']:.2f})")
         found["no_signal"] = (f"no learning signal: {why}, so every advantage is 0 and the policy-"
                               "gradient term of this update is zero" + (
                                   " (the optimizer step was skipped: zero gradient)" if metrics.get("zero_grad_updates")
@@ -277,33 +261,100 @@ def save_run_checkpoint(run: Run, recipe: Recipe) -> Path | None:
     )
 
 
-def resume(run: Run, ckpt: Path) -> None:
+def resume(run: Run, ckpt: Path, recipe: Recipe | None = None) -> None:
     """Load ``ckpt``'s weights, optimizer, schedule, RNG and loop state into ``run`` (on every rank:
     each reads the checkpoint and takes its own RNG state; a checkpoint of another world size
-    resumes with rank 0's, and sampling, seeded per row, is unchanged)."""
+    resumes with rank 0's, and sampling, seeded per row, is unchanged).
+
+    The optimizers' moments and step counts and the schedule's position come from the checkpoint;
+    their settings (``lr``, ``betas``, ``weight_decay``, the schedule's base rate and shape, PPO's
+    ``critic_learning_rate``) stay those of ``run``'s optimizers, built from the recipe, so a
+    recipe that changed them runs at its own values from the next step (docs/resume.md).
+    ``recipe``: compared with the checkpoint's ``recipe.json`` (:func:`check_resume_recipe`);
+    each changed key is said on rank 0 and appended to ``run.state.extra["recipe_changes"]``
+    (``{"step", "key", "old", "new"}``, saved with every later checkpoint).
+
+    Raises:
+        RecipeError: ``recipe`` changes a key that cannot change on resume (names each, old -> new).
+        ValueError: a damaged checkpoint, or one that does not fit the run's model (names the file).
+    """
+    changes = check_resume_recipe(ckpt, recipe) if recipe is not None else []
     state, blob = load_training_state(ckpt)
+    settings = hyperparameters(run.optimizer)  # the recipe's: load_state_dict brings the checkpoint's back
     if is_sharded(run.model):
         load_full_state(run.model, run.optimizer, read_model_state(ckpt), blob["optimizer"])
     else:
         load_model_weights(run.model, ckpt)
         run.optimizer.load_state_dict(blob["optimizer"])
+    keep_hyperparameters(run.optimizer, settings)
     run.engine.sync_weights()  # an engine with its own copy of the weights (vllm) must not sample the old ones
-    run.scheduler.load_state_dict(blob["scheduler"])
+    load_schedule_state(run.scheduler, blob["scheduler"])  # the position; the recipe's base rate and shape
+    own = _algorithm_optimizers(run.algorithm)  # PPO's value-model AdamW: critic_learning_rate as above
+    own_settings = [hyperparameters(o) for o in own]
     run.algorithm.load_state_dict(blob.get("algorithm", {}))
+    for opt, kept in zip(own, own_settings, strict=True):
+        keep_hyperparameters(opt, kept)
     per_rank = blob.get("rng_ranks")
     set_rng_state(per_rank[run.ranks.rank] if per_rank and len(per_rank) == run.ranks.world_size else blob["rng"])
     run.state = TrainState(step=state["step"], epoch=state["epoch"], position=state["position"],
                            consecutive_skips=state.get("consecutive_skips", 0), extra=state.get("extra", {}))
+    if changes:
+        run.state.extra["recipe_changes"] = list(run.state.extra.get("recipe_changes", [])) + [
+            {"step": run.state.step, "key": k, "old": old, "new": new} for k, old, new in changes]
+        if run.ranks.is_main:
+            said = ", ".join(f"{k} {old!r} -> {new!r}" for k, old, new in changes)
+            print(f"[grpokit] resuming {ckpt} with changed keys (the recipe's values apply from step "
+                  f"{run.state.step + 1}): {said}", flush=True)
+
+
+def check_resume_recipe(ckpt: Path, recipe: Recipe) -> list[tuple[str, Any, Any]]:
+    """The recipe keys that differ between checkpoint ``ckpt``'s ``recipe.json`` and ``recipe`` as
+    ``(key, old, new)``, when each may change on resume (the recipe's value applies from the next
+    step: :mod:`grpokit.config.resume`, docs/resume.md); [] for a checkpoint without
+    ``recipe.json``. Reads one small file: :func:`train` calls it before any model loads.
+
+    Raises:
+        RecipeError: a key that cannot change on resume differs (each named, ``old -> new``).
+        ValueError: ``recipe.json`` is damaged (:func:`grpokit.checkpoint.read_checkpoint_recipe`).
+    """
+    old = read_checkpoint_recipe(ckpt)
+    return [] if old is None else check_resume(old, recipe, str(ckpt))
+
+
+def _algorithm_optimizers(algorithm: Any) -> list[torch.optim.Optimizer]:
+    """The optimizers an algorithm holds as attributes (PPO: ``critic_optimizer``), in a fixed order."""
+    held = vars(algorithm) if hasattr(algorithm, "__dict__") else {}
+    return [v for _, v in sorted(held.items()) if isinstance(v, torch.optim.Optimizer)]
 
 
 def train(recipe: Recipe, *, progress: bool = True, run: Run | None = None) -> dict[str, Any]:
     """Run GRPO as the recipe says; returns a summary (last metrics, eval results, paths).
 
     ``run``: parts already built from ``recipe`` (:func:`grpokit.build.build_run`; tests pass
-    their own, and close them), else built here after the resume checkpoint is found (a bad
-    ``train.resume`` fails before anything loads) and its reward workers closed at the end."""
-    out = Path(recipe.train.output_dir)
+    their own, and close them), else built here after the checks below and its reward workers
+    closed at the end.
+
+    Before anything loads: ``train.output_dir`` must be a folder that can be written or made
+    (:func:`grpokit.outputs.check_output_dir`) and ``train.resume`` must resolve. A run whose resume
+    checkpoint is already at (or past) ``train.max_steps`` has nothing to do: it says so, writes
+    nothing and returns ``{"nothing_to_do": True, "step": ..., "resumed_from": ...}``.
+    A run stopped by SIGTERM/SIGINT finishes its step, checkpoints it, says where it stopped and
+    returns with ``stopped_at`` (the step) and ``stop_signal`` (the signal's number) in its summary.
+
+    Raises:
+        OSError: ``train.output_dir`` is a file, below a file, or not writable (the message names the key).
+        ValueError: ``train.resume`` names no complete checkpoint; bad data, rewards or device
+            (:func:`grpokit.build.build_run`); a ``RecipeError`` when the recipe changes a key that
+            cannot change on resume (:func:`check_resume_recipe`, before anything loads).
+        RuntimeError: a fault of the run (reward failures, non-finite updates).
+    """
+    out = check_output_dir(recipe.train.output_dir, "train.output_dir")
     start = find_resume_checkpoint(out, recipe.train.resume)
+    finished = nothing_to_do(recipe, start)
+    if finished is not None:
+        return finished
+    if start is not None:
+        check_resume_recipe(start, recipe)  # keys that cannot change on resume: refused before anything loads
     if run is not None:
         return _train(recipe, run, start, progress)
     run = build_run(recipe)  # validates data and rewards before any model loads, then loads models
@@ -323,7 +374,7 @@ def _train(recipe: Recipe, run: Run, start: Path | None, progress: bool) -> dict
     memo: dict[str, Any] = {"warned_at": {}}  # warnings said, the last periodic evaluation
     ev = run.evaluator
     if start is not None:
-        resume(run, start)
+        resume(run, start, recipe)
         logger.truncate_after(run.state.step)
         summary["resumed_from"] = str(start)
         if main:
@@ -337,7 +388,7 @@ def _train(recipe: Recipe, run: Run, start: Path | None, progress: bool) -> dict
     bar = tqdm(total=recipe.train.max_steps, initial=run.state.step, disable=not (progress and main), desc="grpo",
                unit="step", dynamic_ncols=True)
     last: dict[str, Any] = {}
-    with _StopFlag() as stop:
+    with StopFlag() as stop:
         while run.state.step < recipe.train.max_steps:
             last = run_step(run, logger, memo, rollout_cfg=recipe.rollout, algo_cfg=recipe.algo,
                             train_cfg=recipe.train, eval_cfg=recipe.eval, autocast_bf16=recipe.model.autocast_bf16)
@@ -354,9 +405,16 @@ def _train(recipe: Recipe, run: Run, start: Path | None, progress: bool) -> dict
             if (every and step % every == 0) or stopping or step == recipe.train.max_steps:
                 save_run_checkpoint(run, recipe)
             if stopping:
-                summary["stopped_at"] = step
+                summary["stopped_at"], summary["stop_signal"] = step, stop_signal(stop, run.ranks)
                 break
     bar.close()
+    if "stopped_at" in summary and main:
+        t = recipe.train
+        again = ("run the same command to continue" if t.resume == "auto" else
+                 f"continue with train.resume=auto (this command has train.resume={t.resume})")
+        print(f"[grpokit] stopped at step {summary['stopped_at']} of {t.max_steps}; " + (
+            again if summary["stopped_at"] < t.max_steps else "the evaluation after training was not run"),
+            flush=True)
     summary["last_metrics"] = last
     if "stopped_at" not in summary:
         if ev is not None and recipe.eval.after:
@@ -373,6 +431,8 @@ def _train(recipe: Recipe, run: Run, start: Path | None, progress: bool) -> dict
     logger.close()
     if main:
         (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    if "stopped_at" in summary:  # a stopped rank exits non-zero and torchrun then ends the others: not before
+        barrier(run.ranks)  # rank 0 has written everything
     return summary
 
 
@@ -433,9 +493,5 @@ def run_step(run: Run, logger: RunLogger, memo: dict[str, Any], *, rollout_cfg: 
                              warned_at=memo["warned_at"])
     every = train_cfg.sample_every
     if every and (step % every == 0 or step == 1):
-        logger.log_samples(step, [
-            {"prompt": rows[b]["prompt"], "answer": rows[b]["answer"],
-             "completion": text, "reward": float(r) if math.isfinite(r) else None}
-            for b, text, r in zip(exp.group_index.tolist(), exp.completions, exp.rewards.tolist())
-        ])
+        logger.log_samples(step, sample_lines(rows, exp, run.tokenizer))
     return metrics

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ._checks import check_dim, check_same_shape
 from .kl import kl_penalty
 
 AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm")
+
+#: ``ratio_mean`` reads the log-ratio clamped to ±20 nats (ratio within ``[2e-9, 4.9e8]``), so that
+#: an overflowing ratio (a token with A = 0, or one the clip holds still) logs a finite mean.
+LOG_RATIO_STATS_CLAMP = 20.0
 
 
 def aggregate_loss(
@@ -29,7 +35,9 @@ def aggregate_loss(
     ``N_glob`` and ``tokens_glob`` default to this batch's sequence and unmasked-token counts. For
     micro-batching, pass the counts of the whole batch: the micro-batch losses (and gradients) then
     sum to the full-batch one. A sequence without unmasked tokens adds 0 to the numerator and counts
-    in ``N_glob``; nothing produces NaN.
+    in ``N_glob``; nothing produces NaN. Masked positions are left out by selection
+    (``torch.where``), not multiplied by 0: a NaN or ±inf loss there changes neither the value nor
+    the gradient (which is 0 there).
 
     Args:
         per_token_loss: ``(N, T)`` float.
@@ -52,9 +60,10 @@ def aggregate_loss(
     """
     fn = "aggregate_loss"
     check_same_shape(fn, per_token_loss=per_token_loss, completion_mask=completion_mask)
-    mask = completion_mask.to(per_token_loss.dtype)
+    keep = completion_mask.bool()
+    mask = keep.to(per_token_loss.dtype)
     n_seq = per_token_loss.shape[0] if num_sequences is None else num_sequences
-    masked = per_token_loss * mask
+    masked = torch.where(keep, per_token_loss, torch.zeros_like(per_token_loss))  # not l·mask: inf·0 = NaN
     if aggregation == "seq_mean_token_mean":
         per_seq = masked.sum(-1) / mask.sum(-1).clamp(min=1.0)
         return per_seq.sum() / max(n_seq, 1)
@@ -103,6 +112,15 @@ def policy_loss(
     each token is weighted by ``w = min(exp(old_logp − sampler_logp), C)`` (no gradient through
     ``w``; the KL term is not weighted): ``l_t = −w·min(r·A, clip(r)·A) + β·KL_t``.
 
+    Tokens that count for nothing change nothing: masked tokens (``completion_mask`` False) are
+    selected out (``torch.where``) of the surrogate, the KL, every statistic and the gradient before
+    any ``exp`` or product, so NaN/±inf log-probs or advantages there, or an extreme gap to
+    ``ref_logp`` (k3's ``exp(d)``), leave loss, stats and gradient as in the clean batch. A token
+    with ``A = 0`` adds exactly 0 to the surrogate and its gradient whatever its ratio (its KL term
+    still counts). A token with ``A > 0`` whose ratio overflows takes the clipped value with zero
+    gradient; one with ``A < 0`` whose ratio overflows has an infinite loss (the trainer skips
+    such an update).
+
     Args:
         logp: ``(N, T)`` float log-probs under π_θ (requires grad for training).
         old_logp: ``(N, T)`` log-probs under π_old (no grad).
@@ -119,7 +137,8 @@ def policy_loss(
     Returns:
         ``(loss, stats)``; ``stats`` (detached, masked means over this batch's tokens):
         ``clip_frac_low`` (share of tokens with r < 1−ε_low and A < 0: clipped, no gradient),
-        ``clip_frac_high`` (r > 1+ε_high and A > 0), ``kl``, ``ratio_mean``, ``num_tokens``;
+        ``clip_frac_high`` (r > 1+ε_high and A > 0), ``kl``, ``ratio_mean`` (of
+        ``exp(clamp(logp − old_logp, ±LOG_RATIO_STATS_CLAMP))``: finite), ``num_tokens``;
         with ``tis_cap > 0`` also ``tis_weight_mean`` (mean w) and ``tis_capped_frac`` (w = C).
 
     Raises:
@@ -152,28 +171,40 @@ def policy_loss(
         )
     if tis_cap < 0:
         raise ValueError(f"{fn}: tis_cap must be >= 0 (0 = off), got {tis_cap}")
-    advantages = advantages.to(logp.dtype)
-    ratio = torch.exp(logp - old_logp)
+    mask = completion_mask.bool()
+    zeros = torch.zeros_like(logp)
+    # Tokens that count for nothing change nothing: a masked token, or one with A = 0 (its surrogate
+    # is 0 whatever the ratio), gets A = 0 and log-ratio 0 *before* any exp or product, so that
+    # neither the value nor the gradient can meet inf·0 (a where only after the exp would keep the
+    # value but not the gradient, whose chain rule still multiplies 0 by inf).
+    advantages = torch.where(mask, advantages.to(logp.dtype).expand_as(logp), zeros)  # (N, T)
+    live = advantages != 0
+    log_ratio = torch.where(live, logp - old_logp, zeros)
+    # A > 0 and r > 1 + ε_high: min() takes the clipped constant. Bounding the log-ratio at
+    # log(1 + ε_high) + 1 there leaves every value min() can select unchanged and keeps exp finite.
+    log_ratio = torch.where(advantages > 0, log_ratio.clamp(max=math.log1p(clip_eps_high) + 1.0), log_ratio)
+    ratio = torch.exp(log_ratio)
     clipped = torch.clamp(ratio, 1.0 - clip_eps_low, 1.0 + clip_eps_high)
-    per_token = -torch.minimum(ratio * advantages, clipped * advantages)
+    per_token = torch.where(live, -torch.minimum(ratio * advantages, clipped * advantages), zeros)
     tis = None
     if tis_cap > 0:
         if sampler_logp is None:
             raise ValueError(f"{fn}: tis_cap={tis_cap} > 0 needs sampler_logp (the rollout engine's log-probs)")
         check_same_shape(fn, logp=logp, sampler_logp=sampler_logp)
-        tis = torch.exp(old_logp.detach() - sampler_logp.to(logp.dtype)).clamp(max=tis_cap)
+        log_w = torch.where(mask, old_logp.detach() - sampler_logp.to(logp.dtype), zeros)
+        tis = torch.exp(log_w).clamp(max=tis_cap)  # an overflow (inf) is capped at C
         per_token = per_token * tis
-    mask = completion_mask.bool()
-    if beta > 0:
-        if ref_logp is None:
-            raise ValueError(f"{fn}: beta={beta} > 0 needs ref_logp (the reference model's log-probs)")
+    if beta > 0 and ref_logp is None:
+        raise ValueError(f"{fn}: beta={beta} > 0 needs ref_logp (the reference model's log-probs)")
+    if ref_logp is not None:
         check_same_shape(fn, logp=logp, ref_logp=ref_logp)
-        kl = kl_penalty(logp, ref_logp, kl_estimator)
-        per_token = per_token + beta * kl
-    elif ref_logp is not None:
-        kl = kl_penalty(logp, ref_logp, kl_estimator)
+        # masked tokens: both log-probs 0 before the estimator, so KL_t = 0 exactly, gradient 0
+        kl = kl_penalty(torch.where(mask, logp, zeros), torch.where(mask, ref_logp.to(logp.dtype), zeros),
+                        kl_estimator)
+        if beta > 0:
+            per_token = per_token + beta * kl
     else:
-        kl = torch.zeros_like(logp)
+        kl = zeros
     loss = aggregate_loss(
         per_token,
         mask,
@@ -185,16 +216,25 @@ def policy_loss(
     with torch.no_grad():
         m = mask.to(logp.dtype)
         n = m.sum().clamp(min=1.0)
-        low = (ratio < 1.0 - clip_eps_low) & (advantages < 0)
-        high = (ratio > 1.0 + clip_eps_high) & (advantages > 0)
+
+        def masked_mean(x: torch.Tensor) -> torch.Tensor:
+            return torch.where(mask, x, zeros).sum() / n
+
+        # the ratio as it is, for the statistics only: masked tokens left out, log-ratio clamped to
+        # ±LOG_RATIO_STATS_CLAMP so that an overflowing ratio (of a token with A = 0, or a clipped one)
+        # logs a finite mean
+        raw = (logp - old_logp).detach()
+        true_ratio = raw.exp()  # may be inf: compared only, never summed
+        low = (true_ratio < 1.0 - clip_eps_low) & (advantages < 0)
+        high = (true_ratio > 1.0 + clip_eps_high) & (advantages > 0)
         stats = {
-            "clip_frac_low": (low.to(m.dtype) * m).sum() / n,
-            "clip_frac_high": (high.to(m.dtype) * m).sum() / n,
-            "kl": (kl.detach() * m).sum() / n,
-            "ratio_mean": (ratio.detach() * m).sum() / n,
+            "clip_frac_low": masked_mean(low.to(m.dtype)),
+            "clip_frac_high": masked_mean(high.to(m.dtype)),
+            "kl": masked_mean(kl.detach()),
+            "ratio_mean": masked_mean(raw.clamp(-LOG_RATIO_STATS_CLAMP, LOG_RATIO_STATS_CLAMP).exp()),
             "num_tokens": m.sum(),
         }
         if tis is not None:
-            stats["tis_weight_mean"] = (tis * m).sum() / n
-            stats["tis_capped_frac"] = ((tis >= tis_cap).to(m.dtype) * m).sum() / n
+            stats["tis_weight_mean"] = masked_mean(tis)
+            stats["tis_capped_frac"] = masked_mean((tis >= tis_cap).to(m.dtype))
     return loss, stats

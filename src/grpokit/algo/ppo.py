@@ -32,7 +32,9 @@ def token_rewards(
     ``step_ends`` given): the step reward at each step's last token (``step_ends``), and ``rewards``
     is not used. With ``kl`` (per-token KL(π‖π_ref) estimates) every unmasked token also gets
     ``−kl_coef · kl_t`` (the KL penalty in the reward, Ouyang et al. 2022 eq. 2). A row without an
-    unmasked token gets nothing; a NaN reward (unscorable) counts as 0.
+    unmasked token gets nothing; a NaN or ±inf reward (unscorable, as in
+    :func:`grpokit.algo.group_advantages`) counts as 0. Masked tokens are selected out
+    (``torch.where``), so NaN/inf in ``kl`` or ``step_rewards`` there change nothing.
 
     Args:
         rewards: ``(N,)`` float outcome rewards.
@@ -63,15 +65,18 @@ def token_rewards(
     if step_rewards is not None:
         check_same_shape(fn, step_rewards=step_rewards, step_ends=step_ends, completion_mask=completion_mask)
         ends = step_ends.bool() & mask
-        out = torch.where(ends, torch.nan_to_num(step_rewards.double(), nan=0.0), out)
+        sr = step_rewards.double()
+        out = torch.where(ends & torch.isfinite(sr), sr, out)
     else:
         has = mask.any(-1)
         last = (mask.long().cumsum(-1) == mask.sum(-1, keepdim=True)) & mask  # the last unmasked token
-        value = torch.nan_to_num(rewards.double(), nan=0.0)[:, None].expand_as(out)
+        r = rewards.double()
+        value = torch.where(torch.isfinite(r), r, torch.zeros_like(r))[:, None].expand_as(out)
         out = torch.where(last & has[:, None], value, out)
     if kl is not None:
         check_same_shape(fn, kl=kl, completion_mask=completion_mask)
-        out = out - kl_coef * kl.double() * mask
+        if kl_coef != 0:  # 0·kl is not 0 for an infinite kl
+            out = torch.where(mask, out - kl_coef * kl.double(), out)
     return out
 
 
@@ -84,7 +89,9 @@ def masked_whiten(
     all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """``(x − mean) / sqrt(var + eps)`` over the unmasked entries (population variance); masked
-    entries are 0. ``shift_mean=False`` only rescales (adds the mean back).
+    entries are 0 and never read (selection, not multiplication: NaN/inf there change nothing).
+    ``shift_mean=False`` only rescales (adds the mean back). With ``var + eps == 0`` (a constant
+    batch and ``eps = 0``) the centred values are 0 (not ``0 · inf``).
 
     Args:
         values: ``(N, T)`` float.
@@ -100,21 +107,24 @@ def masked_whiten(
         ValueError: mismatched shapes.
     """
     check_same_shape("masked_whiten", values=values, mask=mask)
-    m = mask.to(torch.float64)
-    x = values.double()
-    sums = torch.stack([(x * m).sum(), m.sum()])
+    keep = mask.bool()
+    m = keep.to(torch.float64)
+    zeros = torch.zeros_like(m)
+    x = torch.where(keep, values.double(), zeros)
+    sums = torch.stack([x.sum(), m.sum()])
     if all_reduce is not None:
         sums = all_reduce(sums)
     n = sums[1].clamp(min=1.0)
     mean = sums[0] / n
-    sq = ((x - mean) ** 2 * m).sum()
+    sq = torch.where(keep, (x - mean) ** 2, zeros).sum()
     if all_reduce is not None:
         sq = all_reduce(sq.reshape(1))[0]
     var = sq / n
-    out = (x - mean) * torch.rsqrt(var + eps)
+    inv_std = torch.where(var + eps > 0, torch.rsqrt(var + eps), torch.zeros_like(var))
+    out = (x - mean) * inv_std
     if not shift_mean:
         out = out + mean
-    return (out * m).to(values.dtype)
+    return torch.where(keep, out, zeros).to(values.dtype)
 
 
 def value_loss(
@@ -140,7 +150,9 @@ def value_loss(
 
     Returns:
         ``(loss, clip_frac)``: 0-dim loss; the fraction of unmasked tokens where the clipped term
-        was the larger (those tokens give zero gradient).
+        was the larger (those tokens give zero gradient). Masked tokens are selected out before
+        any product (``torch.where``): NaN/inf values or returns there change neither value nor
+        gradient (0 there).
 
     Raises:
         ValueError: mismatched shapes or ``clip_eps <= 0``.
@@ -154,13 +166,19 @@ def value_loss(
     check_same_shape(fn, values=values, old_values=old_values, returns=returns, completion_mask=completion_mask)
     if not clip_eps > 0:
         raise ValueError(f"{fn}: clip_eps must be > 0, got {clip_eps}")
-    mask = completion_mask.to(values.dtype)
+    keep = completion_mask.bool()
+    mask = keep.to(values.dtype)
+    zeros = torch.zeros_like(values)
+    # masked tokens: all three 0 before the squares, so no inf reaches the value or the gradient
+    values = torch.where(keep, values, zeros)
+    old_values = torch.where(keep, old_values.to(values.dtype), zeros)
+    returns = torch.where(keep, returns.to(values.dtype), zeros)
     clipped = old_values + (values - old_values).clamp(-clip_eps, clip_eps)
     unclipped_sq = (values - returns) ** 2
     clipped_sq = (clipped - returns) ** 2
     per_token = 0.5 * torch.maximum(unclipped_sq, clipped_sq)
     n = mask.sum() if num_tokens is None else mask.new_tensor(float(num_tokens))
-    loss = (per_token * mask).sum() / n.clamp(min=1.0)
+    loss = torch.where(keep, per_token, zeros).sum() / n.clamp(min=1.0)
     with torch.no_grad():
-        frac = ((clipped_sq > unclipped_sq).to(mask.dtype) * mask).sum() / mask.sum().clamp(min=1.0)
+        frac = (keep & (clipped_sq > unclipped_sq)).to(mask.dtype).sum() / mask.sum().clamp(min=1.0)
     return loss, frac

@@ -17,6 +17,7 @@ from grpokit.config.schema import (
     RENAMED_KEYS,
     AlgoConfig,
     DataConfig,
+    DuplicateKeyError,
     EvalConfig,
     ModelConfig,
     Recipe,
@@ -31,6 +32,6 @@ from grpokit.config.schema import (
     lora_options,
 )
 
-__all__ = ["RENAMED_KEYS", "AlgoConfig", "DataConfig", "EvalConfig", "ModelConfig", "Recipe", "RecipeError",
+__all__ = ["RENAMED_KEYS", "AlgoConfig", "DataConfig", "DuplicateKeyError", "EvalConfig", "ModelConfig", "Recipe", "RecipeError",
            "Registry", "RewardsConfig", "RolloutConfig", "TrainConfig", "choices_of", "help_text", "load_recipe",
            "lora_options", "parse_override", "recipe_from_dict", "validate"]

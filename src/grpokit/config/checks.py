@@ -2,16 +2,83 @@
 
 from __future__ import annotations
 
+import math
 import re
+from typing import Any, Callable
 
 from grpokit.config.schema import Recipe, RecipeError, _walk, choices_of, lora_options
 
 
 def validate(recipe: Recipe) -> None:
-    """Check values (choices, ranges); raise ``RecipeError`` naming the key and what is allowed."""
+    """Check values (choices, ranges); raise ``RecipeError`` naming the key and what is allowed.
+
+    Every float key must be finite (NaN passes every ``<``/``>`` range test, so it is refused
+    first); every element of every list key is checked (:data:`LIST_ELEMENTS`), the message naming
+    the key and the index (``rewards.weights[1]: expected a number, got 'x'``)."""
+    _check_finite(recipe)
+    _check_lists(recipe)
     _check_values(recipe)
     _check_combinations(recipe)
     _check_more_values(recipe)
+
+
+def number(key: str, value: Any) -> float:
+    """``value`` as a float if it is a finite number; booleans are not numbers here.
+
+    Raises:
+        RecipeError: ``key: expected a number, got 'x'`` (a bool, a string, None, ...) or
+            ``key: expected a finite number, got nan`` (NaN, ±inf).
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise RecipeError(f"{key}: expected a number, got {value!r}")
+    if not math.isfinite(value):
+        raise RecipeError(f"{key}: expected a finite number, got {value!r}")
+    return float(value)
+
+
+def _function_name(key: str, value: Any) -> None:
+    if not isinstance(value, str) or not value.strip():
+        raise RecipeError(f"{key}: expected a reward function name (a built-in name, module:function, rm:MODEL "
+                          f"or http(s)://HOST:PORT/PATH), got {value!r}")
+
+
+def _beta(key: str, value: Any) -> None:
+    if not 0 <= number(key, value) < 1:
+        raise RecipeError(f"{key}: expected a number in [0, 1), got {value!r}")
+
+
+#: list key -> (check of one element ``(f"{key}[{i}]", element)``, whether an element may appear twice)
+LIST_ELEMENTS: dict[str, tuple[Callable[[str, Any], Any], bool]] = {
+    "rewards.functions": (_function_name, False),  # twice would be one function, with the last weight
+    "rewards.weights": (number, True),
+    "train.adam_betas": (_beta, True),
+}
+
+
+def _check_finite(recipe: Recipe) -> None:
+    """Every float key finite (``NaN < 0`` is False, so NaN would pass every range check below)."""
+    for key, value, _ in _walk(recipe):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise RecipeError(f"{key}: expected a finite number, got {value!r}")
+
+
+def _check_lists(recipe: Recipe) -> None:
+    """Each element of each list key (:data:`LIST_ELEMENTS`): its type and range, and duplicates where
+    they are not allowed, named ``key[index]``. ``model.lora.target_modules``: :func:`lora_options`."""
+    for key, value, _ in _walk(recipe):
+        if not isinstance(value, list):
+            continue
+        if key not in LIST_ELEMENTS:  # a list given to a mapping key is _check_type's to refuse
+            continue
+        check, repeats = LIST_ELEMENTS[key]  # every list field of the schema has an entry (a test checks)
+        first: dict[Any, int] = {}
+        for i, item in enumerate(value):
+            check(f"{key}[{i}]", item)
+            if not repeats and item in first:
+                raise RecipeError(f"{key}[{i}]: {item!r} is listed twice (also {key}[{first[item]}]); "
+                                  "list each once" + (" and set its weight in rewards.weights"
+                                                      if key == "rewards.functions" else ""))
+            first.setdefault(item, i)
 
 
 def _check_values(recipe: Recipe) -> None:
@@ -114,9 +181,7 @@ def _check_more_values(recipe: Recipe) -> None:
         raise RecipeError(f"train.max_consecutive_skips: must be >= 1, got {t.max_consecutive_skips}")
     if t.sample_every < 0:
         raise RecipeError(f"train.sample_every: must be >= 0 (0 = never), got {t.sample_every}")
-    if len(t.adam_betas) != 2 or not all(
-        isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in t.adam_betas
-    ):
+    if len(t.adam_betas) != 2:  # each element: _check_lists
         raise RecipeError(f"train.adam_betas: two numbers in [0, 1) expected, got {t.adam_betas}")
     optional_positive = {
         "data.limit": recipe.data.limit, "eval.limit": recipe.eval.limit,

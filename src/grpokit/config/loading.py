@@ -11,8 +11,8 @@ from typing import Any
 import yaml
 
 from grpokit.config.checks import validate
-from grpokit.config.schema import (RENAMED_KEYS, Recipe, RecipeError, _fields, _hints, _walk, _yaml_load,
-                                   choices_of)
+from grpokit.config.schema import (RENAMED_KEYS, DuplicateKeyError, Recipe, RecipeError, _fields, _hints, _walk,
+                                   _yaml_load, choices_of)
 from grpokit.textio import NotUtf8Error, read_utf8
 
 
@@ -120,8 +120,9 @@ def load_recipe(path: str | Path | None = None, overrides: list[str] | tuple = (
 
     Raises:
         RecipeError: unknown section/key, wrong type or out-of-range value; a file that is missing
-            or unreadable, not UTF-8 (message: file, line, byte offset) or not valid YAML (file,
-            line, column). Messages are one line.
+            or unreadable, not UTF-8 (message: file, line, byte offset), not valid YAML (file,
+            line, column) or that writes a section or key twice, at any depth (file, the key, both
+            lines). Messages are one line.
     """
     raw: dict = {}
     if path is not None:
@@ -133,24 +134,43 @@ def load_recipe(path: str | Path | None = None, overrides: list[str] | tuple = (
             raise RecipeError(f"recipe {path}: cannot read: {e.strerror or e}") from None
         except NotUtf8Error as e:  # "<path>: line N: not valid UTF-8 (byte 0x.. at offset K ...)"
             raise RecipeError(f"recipe {e}") from None
+        except DuplicateKeyError as e:  # "train.max_steps is written twice (lines 2 and 7); ..."
+            raise RecipeError(f"recipe {path}: {e}") from None
         except yaml.YAMLError as e:
             raise RecipeError(f"recipe {path}: not valid YAML: {_yaml_problem(e)}") from None
         if not isinstance(raw, dict):
             raise RecipeError(f"recipe {path}: expected a mapping of sections")
+    return recipe_from_dict(apply_overrides(raw, overrides))
+
+
+def apply_overrides(raw: dict, overrides: list[str] | tuple = ()) -> dict:
+    """``raw`` (a recipe's nested dicts, changed in place and returned) with the dotted
+    ``overrides`` (:func:`parse_override`) set, in order.
+
+    Raises:
+        RecipeError: an override that does not parse, or a section of ``raw`` that is not a mapping.
+    """
     for text in overrides:
         (sec, key), value = parse_override(text)
         raw.setdefault(sec, {})
         if not isinstance(raw[sec], dict):
             raise RecipeError(f"{sec}: expected a mapping")
         raw[sec][key] = value
-    return recipe_from_dict(raw)
+    return raw
 
 
-def help_text() -> str:
-    """Every recipe key with its type, default and help, for ``grpokit train --help``."""
+def help_text(other: dict | None = None, label: str = "demo") -> str:
+    """Every recipe key with its type, default and help, for ``grpokit train --help``.
+
+    ``other``: a recipe's nested dicts (the demo recipe's); a key it sets to another value than the
+    default is shown with ``(label: value)`` after the default."""
     lines = []
     for key, value, f in _walk(Recipe()):
         choices = choices_of(f, import_registry=False)
         extra = f" [{' | '.join(choices)}]" if choices else ""
+        sec, name = key.split(".")
+        section = (other or {}).get(sec) or {}
+        if name in section and section[name] != value:
+            extra += f"  ({label}: {section[name]!r})"
         lines.append(f"  {key} = {value!r}{extra}\n      {f.metadata['help']}")
     return "\n".join(lines)

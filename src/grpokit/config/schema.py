@@ -25,8 +25,65 @@ _YamlLoader.add_implicit_resolver(
 )
 
 
+class DuplicateKeyError(yaml.constructor.ConstructorError):
+    """A YAML mapping that writes a key twice (PyYAML alone keeps the last value, silently).
+
+    ``key``: the dotted path of the key (``train`` or ``train.max_steps``); ``lines``: the 1-based
+    lines of its first and second occurrence. The message says both, e.g. ``train.max_steps is
+    written twice (lines 2 and 7); each section and key may appear once``."""
+
+    def __init__(self, key: str, first: yaml.Mark, second: yaml.Mark):
+        self.key, self.lines = key, (first.line + 1, second.line + 1)
+        where = (f"lines {self.lines[0]} and {self.lines[1]}" if first.line != second.line else
+                 f"line {self.lines[0]}, columns {first.column + 1} and {second.column + 1}")
+        super().__init__(problem=f"{key} is written twice ({where}); each section and key may appear once",
+                         problem_mark=second)
+
+    def __str__(self) -> str:
+        return self.problem
+
+
+def _check_unique_keys(node: yaml.Node, path: str = "", _seen: set[int] | None = None) -> None:
+    """Raise :class:`DuplicateKeyError` for the first key written twice in any mapping below
+    ``node`` (at any depth, in lists too). Keys are compared as the scalars they are written as,
+    after YAML's tag resolution (``1`` and ``'1'`` differ); ``<<`` merge keys are YAML's own
+    overriding and are left alone. A node reached again through an alias is checked once."""
+    _seen = set() if _seen is None else _seen
+    if id(node) in _seen:
+        return
+    _seen.add(id(node))
+    if isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _check_unique_keys(item, f"{path}[{i}]", _seen)
+    elif isinstance(node, yaml.MappingNode):
+        seen: dict[tuple[str, str], yaml.Mark] = {}
+        for key_node, value_node in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            name = f"{path}.{key_node.value}" if path else key_node.value
+            ident = (key_node.tag, key_node.value)
+            if ident in seen:
+                raise DuplicateKeyError(name, seen[ident], key_node.start_mark)
+            seen[ident] = key_node.start_mark
+            _check_unique_keys(value_node, name, _seen)
+
+
 def _yaml_load(text: str) -> Any:
-    return yaml.load(text, Loader=_YamlLoader)  # noqa: S506 - a SafeLoader subclass
+    """``text`` parsed as YAML by :class:`_YamlLoader` (safe: plain data only).
+
+    Raises:
+        DuplicateKeyError: a mapping writes a key twice, at any depth (a ``yaml.YAMLError``).
+        yaml.YAMLError: not valid YAML.
+    """
+    loader = _YamlLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_unique_keys(node)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
 
 
 @dataclass(frozen=True)
@@ -82,7 +139,8 @@ def lora_options(value: Any, key: str = "model.lora") -> dict[str, Any] | None:
     Raises:
         RecipeError: not a mapping, an unknown key, ``r`` < 1 or not an integer, ``alpha`` <= 0,
             ``dropout`` outside [0, 1), ``target_modules`` neither a non-empty list of names nor
-            ``all-linear``; the message names ``model.lora.<key>``.
+            ``all-linear``, or a name in it that is empty, not text or listed twice; the message
+            names ``model.lora.<key>`` (and the list index: ``model.lora.target_modules[1]``).
 
     >>> lora_options({"r": 4})["alpha"], lora_options(None)
     (32, None)
@@ -106,8 +164,15 @@ def lora_options(value: Any, key: str = "model.lora") -> dict[str, Any] | None:
         if tm != "all-linear":
             raise RecipeError(f"{key}.target_modules: a list of module names (e.g. [q_proj, v_proj]) or "
                               f"all-linear, got {tm!r}")
-    elif not isinstance(tm, list) or not tm or not all(isinstance(n, str) and n for n in tm):
+    elif not isinstance(tm, list) or not tm:
         raise RecipeError(f"{key}.target_modules: a non-empty list of module names or all-linear, got {tm!r}")
+    else:
+        for i, n in enumerate(tm):
+            if not isinstance(n, str) or not n:
+                raise RecipeError(f"{key}.target_modules[{i}]: expected a module name, got {n!r}")
+            if n in tm[:i]:
+                raise RecipeError(f"{key}.target_modules[{i}]: {n!r} is listed twice (also "
+                                  f"{key}.target_modules[{tm.index(n)}]); list each once")
     out["dropout"] = float(dropout)
     return out
 
@@ -179,7 +244,8 @@ class RolloutConfig:
 @dataclass
 class RewardsConfig:
     functions: list = _f(["math_correct", "format"], "reward functions: built-in names, "
-                         "module:function, rm:PATH_OR_HUB_NAME (a sequence-classification reward model) "
+                         "module:function (a module on sys.path or in the working directory), "
+                         "path/to/file.py:function, rm:PATH_OR_HUB_NAME (a sequence-classification reward model) "
                          "or http(s)://HOST:PORT/PATH (a reward server)")
     weights: list | None = _f(None, "one weight per function (default 1 each)")
     on_error: str = _f("raise", "a reward function that raises or times out: stop the run, or "
@@ -228,8 +294,8 @@ class AlgoConfig:
     process_advantage: str = _f("sum", "process supervision: a token's advantage from the normalized step rewards "
                                 "of its step and the later ones: sum (the paper), mean (their mean: no length "
                                 "bonus) or diff (last step's minus the previous step's)", ("sum", "mean", "diff"))
-    process_reward: str = _f("arithmetic", "process supervision: step scorer (arithmetic, or "
-                             "module:function)")
+    process_reward: str = _f("arithmetic", "process supervision: step scorer (arithmetic, "
+                             "module:function or path/to/file.py:function)")
     overlong_filter: bool = _f(False, "DAPO overlong filtering: completions cut at rollout.max_new_tokens (no EOS) "
                                "are left out of the loss (still in their group's reward statistics)")
     dynamic_sampling: bool = _f(False, "DAPO dynamic sampling: groups whose rewards (process supervision: pooled "

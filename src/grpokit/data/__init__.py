@@ -2,7 +2,10 @@
 
 Every row from :func:`load_rows` has ``prompt`` (question text, no chat template) and ``answer``
 (reference answer, str) plus source-specific columns; rows are returned in source order (no
-shuffling here), the first ``limit`` of them.
+shuffling here), the first ``limit`` of them. A local or Hugging Face prompt column holding a
+list of ``{"role", "content"}`` messages is a conversation: it is kept as ``prompt_messages`` and
+``prompt`` is its last user message (:mod:`grpokit.data.prompts` says how it is rendered).
+Files may start with a UTF-8 byte-order mark (:mod:`grpokit.textio`).
 
 ``dataset`` is resolved in this order:
 
@@ -21,7 +24,7 @@ from typing import Any
 
 from grpokit.data.files import looks_like_path, map_fields, read_hf_dataset, read_local_file
 from grpokit.data.packaged import PACKAGED_DATASETS, load_packaged
-from grpokit.data.prompts import build_chat_prompt, filter_by_prompt_length
+from grpokit.data.prompts import build_chat_prompt, filter_by_prompt_length, render_prompts
 
 __all__ = [
     "PACKAGED_DATASETS",
@@ -29,6 +32,7 @@ __all__ = [
     "build_chat_prompt",
     "filter_by_prompt_length",
     "load_rows",
+    "render_prompts",
 ]
 
 
@@ -79,12 +83,14 @@ def load_rows(
             ``#### x`` or ``\\boxed{x}`` reference is reduced to ``x``.
 
     Returns:
-        A list of dicts, each with at least ``prompt`` (str, non-empty) and ``answer`` (str).
+        A list of dicts, each with at least ``prompt`` (str, non-empty) and ``answer`` (str);
+        conversational rows also ``prompt_messages`` (list of message dicts).
 
     Raises:
         ValueError: unknown dataset (lists the known names), unknown split (lists the splits),
             a row missing its prompt/answer column (row index and fields present), an empty
-            prompt (row index), options/fields given where they do not apply, negative limit,
+            prompt (row index), a malformed list of messages in the prompt column (file, row,
+            field; :func:`grpokit.data.prompts.check_messages`), options/fields given where they do not apply, negative limit,
             a damaged file: bytes that are not UTF-8 (:class:`grpokit.textio.NotUtf8Error`:
             file, line, byte offset), invalid JSON or CSV (file, line), an unreadable parquet
             file. Every message is one line.

@@ -5,6 +5,12 @@ first present of :data:`PROMPT_FIELDS`; the answer from ``answer_field``, else t
 of :data:`ANSWER_FIELDS`. A reference holding ``#### x`` (GSM8K style) becomes ``x`` with commas
 removed; one holding ``\\boxed{..}`` becomes the last box's content; the unreduced text is kept
 as ``solution`` when the row has no ``solution`` column yet. All other columns are kept.
+
+A prompt column holding a list of ``{"role", "content"}`` messages (conversational format) is
+checked (:func:`grpokit.data.prompts.check_messages`) and kept as the row's ``prompt_messages``
+(a column name grpokit sets); the row's ``prompt`` is then the last user message's content, the
+question rewards and held-out checks see. How a conversation is rendered:
+:mod:`grpokit.data.prompts`.
 """
 
 from __future__ import annotations
@@ -12,9 +18,11 @@ from __future__ import annotations
 import csv
 import json
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, Iterable
 
 from grpokit.data.packaged import format_number
+from grpokit.data.prompts import check_messages
 from grpokit.importing import install_hint, require
 from grpokit.textio import iter_utf8_lines, read_utf8
 
@@ -193,7 +201,8 @@ def map_fields(
 
     Raises:
         ValueError: a row lacks the prompt or answer column, or has a null answer (message gives
-            the row index and the fields present).
+            the row index and the fields present); a prompt that is a malformed list of messages
+            (message names ``source``, the row and the field).
     """
     rows = []
     for i, rec in enumerate(records):
@@ -212,7 +221,13 @@ def map_fields(
         row = dict(rec)
         value = rec[a_key]
         raw_answer = format_number(value) if isinstance(value, float) else str(value)
-        row["prompt"] = rec[p_key] if isinstance(rec[p_key], str) else str(rec[p_key])
+        value = rec[p_key]
+        if isinstance(value, (list, tuple, Mapping)) or (hasattr(value, "tolist") and getattr(value, "ndim", 0) == 1):
+            messages = check_messages(value, f"{source}: row {i}, field {p_key!r}")
+            row["prompt_messages"] = messages
+            row["prompt"] = messages[max(j for j, m in enumerate(messages) if m["role"] == "user")]["content"]
+        else:
+            row["prompt"] = value if isinstance(value, str) else str(value)
         row["answer"] = _reduce_reference(raw_answer)
         if row["answer"] != raw_answer.strip() and "solution" not in row:
             row["solution"] = raw_answer

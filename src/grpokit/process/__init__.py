@@ -15,7 +15,8 @@ What lives where:
 - :mod:`grpokit.process.scorer`: :class:`ProcessScorer`, the step scorer of the reward pipeline:
   completions -> steps -> scores -> ``(step_rewards, step_ends)`` and the step metrics.
 - :mod:`grpokit.process.wiring`: :func:`resolve_process_reward` turns ``algo.process_reward`` (a
-  built-in name of :data:`BUILTIN_PROCESS_REWARDS` or ``module:function``) into a guarded callable.
+  built-in name of :data:`BUILTIN_PROCESS_REWARDS`, ``module:function`` or ``path/to/file.py:function``)
+  into a guarded callable, its signature checked.
 
 Token advantages from the step rewards are the algorithm's job (``grpokit.algorithms.GRPO`` with
 ``grpokit.algo.process_advantages``).

@@ -3,7 +3,10 @@
 Protocol (TRL style): a reward function is a plain callable
 ``fn(prompts: list[str], completions: list[str], **columns) -> list[float | None]``; every
 column (``answer=[...]``, ...) is a list aligned with ``completions``; ``None`` means "cannot
-score this sample" (left out of the group statistics downstream).
+score this sample" (left out of the group statistics downstream). TRL's keyword form
+(``def f(completions, **kwargs)``, called ``f(prompts=..., completions=..., **columns)``) and
+``async def`` functions are accepted too; the signature is checked when the function is resolved,
+before any model loads (:mod:`grpokit.rewards.calling`).
 
 Decisions (pinned by tests/rewards/test_registry.py):
 
@@ -21,6 +24,7 @@ import numbers
 from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 from grpokit.importing import import_object, require
+from grpokit.rewards.calling import RewardCall, RewardSignatureError, check_signature
 
 __all__ = [
     "RewardFunction",
@@ -68,12 +72,14 @@ def register_reward(name: str, fn: str | Callable[..., list[float | None]]) -> N
 
 
 def get_reward_function(name: str) -> Callable[..., list[float | None]]:
-    """Resolve a reward function by built-in name or ``"module:function"`` import spec.
+    """Resolve a reward function by built-in name or import spec, and check its signature.
 
     Args:
         name: a key of :data:`BUILTIN_REWARDS` (``math_correct``, ``format``, ``answer_line``,
-            ``number_at_end``, ``reasoning_gym``) or ``"package.module:function"`` (dotted
-            attributes such as ``"mod:Class.method"`` work too).
+            ``number_at_end``, ``reasoning_gym``), ``"package.module:function"`` (a module on
+            ``sys.path`` or in the working directory; dotted attributes such as
+            ``"mod:Class.method"`` work too) or ``"path/to/file.py:function"``
+            (:func:`grpokit.importing.import_object`).
 
     Returns:
         The callable.
@@ -81,6 +87,9 @@ def get_reward_function(name: str) -> Callable[..., list[float | None]]:
     Raises:
         ValueError: unknown name (lists the built-ins), module not importable, attribute
             missing, or not callable -- each message names ``name``.
+        RewardSignatureError: a ``TypeError``: its signature cannot take
+            ``(prompts, completions, **columns)`` in either call form
+            (:func:`grpokit.rewards.calling.check_signature`; the message shows the expected forms).
         ImportError: a built-in reward's optional package is missing (``reasoning_gym`` needs
             ``grpokit[reasoning-gym]``); the message names the extra.
     """
@@ -89,13 +98,16 @@ def get_reward_function(name: str) -> Callable[..., list[float | None]]:
         if name in _BUILTIN_EXTRAS:
             module, extra = _BUILTIN_EXTRAS[name]
             require(module, extra=extra, why=f"reward {name!r}")
-        return import_object(target, what="reward") if isinstance(target, str) else target
-    if ":" in name:
-        return import_object(name, what="reward")
-    raise ValueError(
-        f"unknown reward {name!r}; built-in rewards: {', '.join(sorted(BUILTIN_REWARDS))};"
-        " or give 'module:function'"
-    )
+        fn = import_object(target, what="reward") if isinstance(target, str) else target
+    elif ":" in name:
+        fn = import_object(name, what="reward")
+    else:
+        raise ValueError(
+            f"unknown reward {name!r}; built-in rewards: {', '.join(sorted(BUILTIN_REWARDS))};"
+            " or give 'module:function' or 'path/to/file.py:function'"
+        )
+    check_signature(fn, f"reward {name!r}")
+    return fn
 
 
 def _check_output(name: str, out: Any, n: int) -> list[float | None]:
@@ -140,9 +152,13 @@ def compute_rewards(
         component with non-zero weight is None); ``per_function[name]`` the validated outputs
         (NaN turned into None).
 
+    Each function is called in its call form, an ``async`` one awaited
+    (:class:`grpokit.rewards.calling.RewardCall`).
+
     Raises:
         ValueError: no functions; a weight for an unknown name; misaligned prompts/columns;
             a function returning a non-list, a wrong length or a non-number (names the function).
+        RewardSignatureError: a function's signature cannot take the call (as it is).
         RuntimeError: a reward function raised (chained; names the function).
 
     >>> total, parts = compute_rewards(
@@ -168,7 +184,9 @@ def compute_rewards(
     per_function: dict[str, list[float | None]] = {}
     for name, fn in funcs.items():
         try:
-            out = fn(prompts, completions, **columns)
+            out = RewardCall(fn, name)(prompts, completions, **columns)
+        except RewardSignatureError:
+            raise
         except Exception as e:
             raise RuntimeError(f"reward {name!r} raised {type(e).__name__}: {e}") from e
         per_function[name] = _check_output(name, out, n)

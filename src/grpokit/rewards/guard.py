@@ -16,6 +16,12 @@ survive a fork). The worker sees the trainer's memory as it was at the fork: a r
 that reads state the trainer changes later, or that must run a model on the trainer's GPU, wants
 ``isolation="thread"`` (the former behaviour: a hung call is abandoned in its thread, and a call
 holding the GIL cannot be cut off).
+
+The function is called through :class:`~grpokit.rewards.calling.RewardCall`: in its call form
+(grpokit's positional one or TRL's keywords), its signature bound first, and an ``async`` function
+awaited in the worker (or thread) where the call runs, under the same limit and fault policy as a
+sync one (:mod:`grpokit.rewards.calling`). A call that does not bind to the function's signature
+is a :class:`~grpokit.rewards.calling.RewardSignatureError`, raised whatever ``on_error`` says.
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ import traceback
 import warnings
 from typing import Any, Callable
 
+from grpokit.rewards.calling import RewardCall, RewardSignatureError, check_signature
+
 ISOLATIONS = ("process", "thread")
 
 
@@ -40,10 +48,11 @@ class RewardTimeout(TimeoutError):
     """A reward call ran past its limit (its worker was killed, or its thread abandoned)."""
 
 
-def _serve(conn, trainer_end, trainer_pid: int, fn: Callable) -> None:
-    """The worker's loop: call ``fn`` on each ``(args, kwargs)`` received; send back
-    ``("ok", result)`` or ``("error", exception)``; stop at EOF, ``None``, or when the trainer is
-    gone (it may have been killed with SIGKILL, which runs no clean-up)."""
+def _serve(conn, trainer_end, trainer_pid: int, fn: RewardCall) -> None:
+    """The worker's loop: for each ``(op, args, kwargs)`` received, call ``fn(*args, **kwargs)``
+    (op ``"call"``) or ``fn.rows(*args, **kwargs)`` (op ``"rows"``); send back ``("ok", result)`` or
+    ``("error", exception)``; stop at EOF, ``None``, or when the trainer is gone (it may have been
+    killed with SIGKILL, which runs no clean-up)."""
     trainer_end.close()  # else this process holds its own pipe open and never sees EOF
     _die_with_parent()
     if os.getppid() != trainer_pid:  # the trainer died before the line above took effect
@@ -62,9 +71,12 @@ def _serve(conn, trainer_end, trainer_pid: int, fn: Callable) -> None:
             return
         if msg is None:
             return
-        args, kwargs = msg
+        op, args, kwargs = msg
         try:
-            reply: tuple = ("ok", fn(*args, **kwargs))
+            if op == "rows":
+                reply: tuple = ("ok", [(s, _portable(v) if s == "error" else v) for s, v in fn.rows(*args, **kwargs)])
+            else:
+                reply = ("ok", fn(*args, **kwargs))
         except BaseException as e:  # noqa: BLE001 - reported to the trainer, which decides
             reply = ("error", _portable(e))
         try:
@@ -109,7 +121,7 @@ def _portable(e: BaseException) -> BaseException:
 class _Worker:
     """One forked worker process running one function; restarted after a kill or a crash."""
 
-    def __init__(self, fn: Callable):
+    def __init__(self, fn: RewardCall):
         self.fn, self.proc, self.conn = fn, None, None
 
     def start(self) -> None:
@@ -123,12 +135,12 @@ class _Worker:
         child.close()
         self.conn = parent
 
-    def call(self, timeout_s: float, args: tuple, kwargs: dict) -> Any:
+    def call(self, timeout_s: float, args: tuple, kwargs: dict, op: str = "call") -> Any:
         if self.proc is None or not self.proc.is_alive():
             self.close()
             self.start()
         try:
-            self.conn.send((args, kwargs))
+            self.conn.send((op, args, kwargs))
             ready = self.conn.poll(timeout_s)
         except (BrokenPipeError, OSError) as e:
             code = self._exitcode()
@@ -175,6 +187,17 @@ def _call_in_thread(fn: Callable, timeout_s: float, args: tuple, kwargs: dict) -
         pool.shutdown(wait=False)  # a hung call is abandoned in its thread
 
 
+ROWS_SLACK_S = 1.0
+"""Seconds past ``timeout_s`` that the concurrent row search of an async function may take in all
+(its rows are each cut at ``timeout_s`` inside the event loop)."""
+
+
+def _the_row(value: Any) -> Any:
+    """A one-row call's value: the one element of a list of one, else the value itself (the length
+    check downstream then names it)."""
+    return value[0] if isinstance(value, (list, tuple)) and len(value) == 1 else value
+
+
 class GuardedReward:
     """Wrap a reward function ``fn(prompts, completions, **columns) -> list`` with a time limit
     and a fault policy.
@@ -185,11 +208,16 @@ class GuardedReward:
     completion and the exception; with ``on_error="none"`` the failing rows score ``None``
     (unscorable) and ``self.failures`` counts them. With ``find_row=False`` (a reward server: its
     failures are the server's, not a row's) the failed batch is not searched row by row: the error
-    names the batch, or all its rows score ``None``.
+    names the batch, or all its rows score ``None``. An ``async`` function's rows are searched all at
+    once (:meth:`~grpokit.rewards.calling.RewardCall.rows`, each row cut at ``timeout_s``, the whole
+    search at ``timeout_s`` plus :data:`ROWS_SLACK_S`; should that limit be hit, one row after another).
+    A call that does not bind to the function's signature raises
+    :class:`~grpokit.rewards.calling.RewardSignatureError` whatever ``on_error`` says.
 
     Args:
         name: the function's name in messages (the recipe's name for it).
-        fn: the reward function (any callable; it is not pickled).
+        fn: the reward function (any callable, sync or async, in grpokit's or TRL's call form:
+            :mod:`grpokit.rewards.calling`; it is not pickled).
         timeout_s: limit per call, seconds (> 0).
         on_error: ``"raise"`` or ``"none"``.
         isolation: ``"process"`` (default): each call runs in a forked worker process, killed at
@@ -197,6 +225,8 @@ class GuardedReward:
             ``"thread"``: in a thread of the trainer, abandoned at the limit (a call that holds
             the GIL cannot be cut off).
         find_row: after a failed batch, score each row alone to find the culprit (default).
+        extra_keywords: keywords its caller adds besides the row columns (``("steps",)`` for a
+            process reward), for :meth:`check_signature`.
 
     Raises:
         ValueError: ``on_error``/``isolation`` not one of the choices, ``timeout_s <= 0``.
@@ -205,7 +235,7 @@ class GuardedReward:
     """
 
     def __init__(self, name: str, fn: Callable, *, timeout_s: float = 10.0, on_error: str = "raise",
-                 isolation: str = "process", find_row: bool = True):
+                 isolation: str = "process", find_row: bool = True, extra_keywords: tuple[str, ...] = ()):
         if on_error not in ("raise", "none"):
             raise ValueError(f"rewards.on_error: expected raise or none, got {on_error!r}")
         if isolation not in ISOLATIONS:
@@ -216,9 +246,10 @@ class GuardedReward:
             raise ValueError("rewards.isolation=process needs os.fork (Linux/macOS); use "
                              "rewards.isolation=thread on this platform")
         self.name, self.fn, self.timeout_s, self.on_error = name, fn, timeout_s, on_error
-        self.isolation, self.find_row = isolation, find_row
+        self.isolation, self.find_row, self.extra_keywords = isolation, find_row, tuple(extra_keywords)
         self.failures = 0
-        self._worker = _Worker(fn) if isolation == "process" else None
+        self.caller = RewardCall(fn, name)
+        self._worker = _Worker(self.caller) if isolation == "process" else None
         if self._worker is not None:
             # forked now, while the trainer is small: a fork shares the parent's pages copy-on-write,
             # and a worker forked after the models load would keep a copy of every page the
@@ -226,34 +257,73 @@ class GuardedReward:
             # a crash is forked from the trainer as it is then.
             self._worker.start()
 
-    def _call(self, args: tuple, kwargs: dict) -> Any:
+    def check_signature(self, columns: list[str] | None = None) -> None:
+        """Check, without calling it, that the function can take its calls with these row ``columns``
+        (and :attr:`extra_keywords`); :func:`grpokit.rewards.calling.check_signature`.
+
+        Raises:
+            RewardSignatureError: it cannot (the message shows its signature and the expected forms).
+        """
+        check_signature(self.fn, f"reward function {self.name!r}", columns=columns, extra=self.extra_keywords)
+
+    def _call(self, args: tuple, kwargs: dict, op: str = "call", timeout_s: float | None = None) -> Any:
+        limit = self.timeout_s if timeout_s is None else timeout_s
         if self._worker is not None:
-            return self._worker.call(self.timeout_s, args, kwargs)
-        return _call_in_thread(self.fn, self.timeout_s, args, kwargs)
+            return self._worker.call(limit, args, kwargs, op)
+        return _call_in_thread(self.caller if op == "call" else self.caller.rows, limit, args, kwargs)
 
     def __call__(self, prompts: list[str], completions: list[str], **columns: Any) -> list:
         try:
             return self._call((prompts, completions), columns)
+        except RewardSignatureError:
+            raise  # the recipe's fault, not a row's: no row search, whatever on_error says
         except Exception as e:  # noqa: BLE001 - find the row below
             if not self.find_row:
                 return self._batch_failed(e, len(completions))
+        at_once = self._rows_at_once(prompts, completions, columns) if self.caller.is_async else None
         out = []
         for i in range(len(completions)):
-            row_cols = {k: v[i : i + 1] for k, v in columns.items()}
-            try:
-                value = self._call((prompts[i : i + 1], completions[i : i + 1]), row_cols)
-                out.append(value[0] if isinstance(value, (list, tuple)) and len(value) == 1 else value)
-            except Exception as e:  # noqa: BLE001
-                cause = str(e) if isinstance(e, RewardTimeout) else repr(e)
-                if self.on_error == "raise":
-                    raise RewardError(
-                        f"reward function {self.name!r} failed on row {i} "
-                        f"(completion starts {completions[i][:60]!r}): {cause}. Set "
-                        "rewards.on_error=none to score such rows as unscorable instead."
-                    ) from (None if isinstance(e, RewardTimeout) else e)
-                self.failures += 1
-                out.append(None)
+            if at_once is not None:
+                status, value = at_once[i]
+                if status == "ok":
+                    out.append(_the_row(value))
+                    continue
+                err = RewardTimeout(f"timed out after {self.timeout_s:g} s") if status == "timeout" else value
+            else:
+                row_cols = {k: v[i : i + 1] for k, v in columns.items()}
+                try:
+                    out.append(_the_row(self._call((prompts[i : i + 1], completions[i : i + 1]), row_cols)))
+                    continue
+                except RewardSignatureError:
+                    raise
+                except Exception as e:  # noqa: BLE001
+                    err = e
+            out.append(self._row_failed(i, err, completions))
         return out
+
+    def _rows_at_once(self, prompts: list[str], completions: list[str], columns: dict) -> list | None:
+        """An async function's rows scored concurrently; None when that call failed as a whole (a
+        row blocked the event loop past the limit, the worker died): then rows go one by one."""
+        if len(completions) < 2:
+            return None
+        try:
+            return self._call((prompts, completions, columns, self.timeout_s), {}, op="rows",
+                              timeout_s=self.timeout_s + ROWS_SLACK_S)
+        except RewardSignatureError:
+            raise
+        except Exception:  # noqa: BLE001
+            return None
+
+    def _row_failed(self, i: int, e: BaseException, completions: list[str]) -> None:
+        cause = str(e) if isinstance(e, RewardTimeout) else repr(e)
+        if self.on_error == "raise":
+            raise RewardError(
+                f"reward function {self.name!r} failed on row {i} "
+                f"(completion starts {completions[i][:60]!r}): {cause}. Set "
+                "rewards.on_error=none to score such rows as unscorable instead."
+            ) from (None if isinstance(e, RewardTimeout) else e)
+        self.failures += 1
+        return None
 
     def _batch_failed(self, e: Exception, n: int) -> list:
         cause = str(e) if isinstance(e, RewardTimeout) else f"{type(e).__name__}: {e}"

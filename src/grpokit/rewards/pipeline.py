@@ -17,6 +17,7 @@ import torch
 
 from grpokit.dtypes import dtype_of
 from grpokit.rewards.base import compute_rewards, get_reward_function
+from grpokit.rewards.calling import RewardSignatureError
 from grpokit.rewards.guard import GuardedReward
 from grpokit.rewards.remote import RemoteReward, is_remote
 from grpokit.rewards.rm import RM_PREFIX
@@ -79,11 +80,15 @@ class RewardPipeline:
         Raises:
             ValueError: an unknown name, unimportable function or unloadable reward model (the
                 message starts with ``rewards.functions``).
+            RewardSignatureError: a function whose signature cannot take
+                ``(prompts, completions, **columns)`` in either call form (starts the same way).
         """
         funcs = {}
         for name in rc.functions:
             try:
                 fn = reward_function(name, rc, device)
+            except RewardSignatureError as e:
+                raise RewardSignatureError(f"rewards.functions: {e}") from None
             except ValueError as e:
                 raise ValueError(f"rewards.functions: {e}") from e
             funcs[name] = GuardedReward(name, fn, timeout_s=rc.timeout_s, on_error=rc.on_error,
@@ -91,6 +96,24 @@ class RewardPipeline:
                                         find_row=not isinstance(fn, RemoteReward))
         weights = dict(zip(rc.functions, rc.weights)) if rc.weights else {n: 1.0 for n in rc.functions}
         return cls(funcs, weights, step_scorer)
+
+    def check_columns(self, columns: list[str]) -> None:
+        """Check, before any model loads, that every reward function (and the step scorer's reward)
+        can take its calls with the run's row ``columns`` as keywords
+        (:meth:`GuardedReward.check_signature`).
+
+        Raises:
+            RewardSignatureError: one that cannot; the message starts with the recipe key
+                (``rewards.functions`` / ``algo.process_reward``) and shows the expected forms.
+        """
+        step_reward = getattr(self.step_scorer, "reward", None)
+        keyed = [("rewards.functions", f) for f in self.funcs.values()] + [("algo.process_reward", step_reward)]
+        for key, f in keyed:
+            if isinstance(f, GuardedReward):
+                try:
+                    f.check_signature(list(columns))
+                except RewardSignatureError as e:
+                    raise RewardSignatureError(f"{key}: {e}") from None
 
     def _failures(self) -> int:
         guards = [f for f in self.funcs.values() if isinstance(f, GuardedReward)]

@@ -14,8 +14,9 @@ gradients against plain autograd, and the saved bytes):
   with ``recompute=False``, ``gate(x)`` and ``up(x)`` are kept and only the elementwise part is
   recomputed.
 - LM head + log-softmax + gather (the per-token log-prob): the ``(N, T, V)`` logits and their
-  float32 copy (V = 49,152: 0.3 MB/token) → the ``(N, T)`` log-sum-exp; the backward recomputes
-  the logits chunk by chunk (one more head matmul).
+  float32 copy (V = 49,152: 0.3 MB/token) → the ``(N, T)`` maximum and log-normalizer of the
+  max-subtracted log-sum-exp (8 bytes/token); the backward recomputes the logits chunk by chunk
+  (one more head matmul).
 
 And one for time: the token embedding's weight gradient as a sparse tensor over the distinct ids
 (:func:`embedding`) instead of a dense ``(V, H)`` tensor per call.
@@ -189,64 +190,87 @@ def _vocab_block(rows: int, vocab: int) -> int:
     return min(vocab, max(_MIN_BLOCK, _CHUNK_ELEMENTS // max(rows, 1)))
 
 
-def _block_logits(hidden: torch.Tensor, weight_block: torch.Tensor, temperature: float) -> torch.Tensor:
-    """``(M, b)`` float32 logits of one vocabulary block over the temperature, computed as the
-    model's ``logits.float()`` would be (matmul in the weights' dtype, then upcast)."""
-    z = _f32(F.linear(hidden, weight_block))
-    return z / temperature if temperature != 1.0 else z
+def _block_logits(hidden: torch.Tensor, weight_block: torch.Tensor) -> torch.Tensor:
+    """``(M, b)`` float32 logits of one vocabulary block (not yet over the temperature), computed
+    as the model's ``logits.float()`` would be (matmul in the weights' dtype, then upcast)."""
+    return _f32(F.linear(hidden, weight_block))
 
 
 class _LinearTokenLogprobs(torch.autograd.Function):
     """Blocks run over the vocabulary, so each block of the head weight is read once per pass
     (blocks over positions would re-read the whole 57 MB head for every block); the log-sum-exp
-    (and the entropy) are accumulated online with a running maximum (Milakov & Gimelshein 2018)."""
+    (and the entropy) are accumulated online with a running maximum (Milakov & Gimelshein 2018),
+    in the max-subtracted form of :func:`grpokit.algo.token_logprobs` and
+    :func:`grpokit.algo.token_entropy` (the same values to float32 rounding)."""
 
     @staticmethod
     def forward(ctx, hidden, weight, token_ids, temperature, with_entropy):
         h2, ids = hidden.reshape(-1, hidden.shape[-1]), token_ids.reshape(-1)
         m, vocab = h2.shape[0], weight.shape[0]
         acc = torch.promote_types(hidden.dtype, torch.float32)
+        # Max-subtracted accumulators over the running maximum M of the raw logits x (no
+        # cancellation where the distribution is peaked, see grpokit.algo.token_entropy), with
+        # u = (x − M) / τ: S = ties + tail with ties the count of logits equal to M (exact) and
+        # tail = Σ_{x<M} e^u; eu = Σ e^u·u <= 0. Subtracting before dividing by τ keeps x / τ from
+        # being rounded at the logits' magnitude.
         run_max = torch.full((m,), float("-inf"), dtype=acc, device=hidden.device)
-        run_sum = torch.zeros(m, dtype=acc, device=hidden.device)
-        run_zsum = torch.zeros(m if with_entropy else 0, dtype=acc, device=hidden.device)  # Σ e^(z-max)·z
+        ties = torch.zeros(m, dtype=acc, device=hidden.device)
+        tail = torch.zeros(m, dtype=acc, device=hidden.device)
+        eu = torch.zeros(m if with_entropy else 0, dtype=acc, device=hidden.device)
         picked = torch.zeros(m, dtype=acc, device=hidden.device)
         block = _vocab_block(m, vocab)
         for v0 in range(0, vocab, block):
-            z = _block_logits(h2, weight[v0 : v0 + block], temperature)  # (M, b)
+            z = _block_logits(h2, weight[v0 : v0 + block])  # (M, b) raw logits
             local = ids - v0
             here = (local >= 0) & (local < z.shape[1])
             picked += torch.where(here, z.gather(1, local.clamp(0, z.shape[1] - 1)[:, None]).squeeze(1), 0.0)
             new_max = torch.maximum(run_max, z.amax(-1))
-            rescale = (run_max - new_max).exp_()
-            e = (z - new_max[:, None]).exp_()
-            run_sum.mul_(rescale).add_(e.sum(-1))
+            moved = new_max > run_max  # the old terms now sit below the maximum, scaled by r
+            seen = ties > 0  # False before the first finite maximum: nothing to rescale (-inf − M)
+            shift = torch.where(moved & seen, run_max - new_max, torch.zeros_like(run_max)) / temperature  # <= 0
+            r = shift.exp()
+            u = z - new_max[:, None]  # (M, b) <= 0
+            top = u == 0
+            if temperature != 1.0:
+                u = u / temperature
+            e = u.exp()
             if with_entropy:
-                run_zsum.mul_(rescale).add_((e * z).sum(-1))
+                old_s = ties + tail
+                eu = torch.where(moved & seen, r * (eu + shift * old_s), eu)
+                eu += torch.where(e > 0, e * u, torch.zeros_like(e)).sum(-1)  # e = 0 at z = −inf: add 0
+            tail = torch.where(moved & seen, r * (tail + ties), tail)
+            ties = torch.where(moved, torch.zeros_like(ties), ties)
+            tail += torch.where(top, torch.zeros_like(e), e).sum(-1)
+            ties += top.sum(-1).to(acc)
             run_max = new_max
-        lse = run_max + run_sum.log()
-        entropy = (lse - run_zsum / run_sum) if with_entropy else run_zsum
-        ctx.save_for_backward(hidden, weight, token_ids, lse)
+        log_s = torch.log1p((ties - 1.0) + tail)  # log S, precise when S = 1 + a small tail
+        entropy = (log_s - eu / (ties + tail)) if with_entropy else eu
+        ctx.save_for_backward(hidden, weight, token_ids, run_max, log_s)  # the backward's softmax, same form
         ctx.temperature = temperature
         entropy = entropy.view(token_ids.shape if with_entropy else (0,))
         ctx.mark_non_differentiable(entropy)
-        return (picked - lse).view(token_ids.shape), entropy
+        picked_u = picked - run_max
+        if temperature != 1.0:
+            picked_u = picked_u / temperature
+        return (picked_u - log_s).view(token_ids.shape), entropy
 
     @staticmethod
     def backward(ctx, grad_logp, _grad_entropy):
-        hidden, weight, token_ids, lse = ctx.saved_tensors
+        hidden, weight, token_ids, run_max, log_s = ctx.saved_tensors
         tau = ctx.temperature
         h2, ids, g = hidden.reshape(-1, hidden.shape[-1]), token_ids.reshape(-1), _f32(grad_logp.reshape(-1))
         m, vocab = h2.shape[0], weight.shape[0]
-        grad_h = torch.zeros(h2.shape, dtype=lse.dtype, device=h2.device) if ctx.needs_input_grad[0] else None
+        grad_h = torch.zeros(h2.shape, dtype=log_s.dtype, device=h2.device) if ctx.needs_input_grad[0] else None
         grad_w = torch.empty_like(weight) if ctx.needs_input_grad[1] else None
         rows = torch.arange(m, device=h2.device)
         block = _vocab_block(m, vocab)
         for v0 in range(0, vocab, block):
             w_b = weight[v0 : v0 + block]
-            z = _block_logits(h2, w_b, tau)
-            # d logp / d z = onehot(id) − softmax(z); then d z / d logits = 1 / τ
-            gz = (z - lse[:, None]).exp_().mul_(-g[:, None])
-            del z
+            gz = _block_logits(h2, w_b).sub_(run_max[:, None])  # raw logits − M, in place
+            if tau != 1.0:
+                gz.div_(tau)
+            # d logp / d z = onehot(id) − softmax(z), softmax = exp((x − M) / τ − log S); then d z / d x = 1 / τ
+            gz.sub_(log_s[:, None]).exp_().mul_(-g[:, None])
             local = ids - v0
             here = (local >= 0) & (local < gz.shape[1])
             gz[rows[here], local[here]] += g[here]
@@ -283,8 +307,10 @@ def linear_token_logprobs(
 
     Returns:
         ``logp`` ``(N, T)`` float32 (differentiable w.r.t. ``hidden`` and ``weight``) and the entropy
-        ``(N, T)`` float32 or None. The backward keeps ``hidden``, ``weight`` and an ``(N, T)``
-        log-sum-exp, and runs the head matmul again per chunk.
+        ``(N, T)`` float32 or None. The backward keeps ``hidden``, ``weight`` and two ``(N, T)``
+        tensors (the logits' maximum and ``log Σ exp((z − max) / τ)``), and runs the head matmul
+        again per chunk. Values and gradient in the max-subtracted form (float64 to ~1e-7 for
+        peaked distributions at logits of 40; ``tests/backends/cpu/test_ops_precision.py``).
 
     Raises:
         ValueError: wrong dimensions or dtypes, or τ <= 0.

@@ -1,0 +1,265 @@
+"""``grpokit eval MODEL --dataset NAME``: held-out accuracy of one model, or two paired (``--against``).
+
+Called by :func:`grpokit.cli.main`; its errors follow the rule of that module's docstring."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import yaml
+
+from grpokit.cli_errors import USER_ERRORS
+from grpokit.cli_errors import one_line as _one_line
+from grpokit.cli_errors import show_traceback as _show_traceback
+from grpokit.recipe_args import DEFAULT_RECIPE, find_recipe
+
+
+def _eval_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="grpokit eval", description="Held-out accuracy: greedy, and mean@k / pass@k / maj@k over k samples, "
+        "each with a 95 % interval; --against compares two models on the same problems (exact McNemar test).")
+    p.add_argument("model", help="model path, hub name or alias (smollm2-135m-instruct), or a run's output folder "
+                   "(its newest complete checkpoint)")
+    p.add_argument("--against", default=None, metavar="MODEL", help="a second model (e.g. a checkpoint or a run's "
+                   "output folder) scored on "
+                   "the same problems; prints the paired difference with its interval and the McNemar p-value")
+    p.add_argument("--dataset", default=None, help="required unless --heldout-of names a recipe")
+    p.add_argument("--heldout-of", default=None, metavar="RECIPE.yaml", help="the held-out problems of this "
+                   "recipe's run, exactly as its evaluations use them (eval section, its prompt template and "
+                   "scorer; training questions left out); replaces --dataset/--split/--limit/--skip/--shuffle-seed")
+    p.add_argument("--split", default="test")
+    p.add_argument("--limit", type=int, default=100)
+    p.add_argument("--skip", type=int, default=0, help="start at row N of the split (as data.skip does); the "
+                   "packaged recipes hold out rows 0-99 and train from row 100, so evaluate them with --limit 100")
+    p.add_argument("--data-options", default=None, help="dataset options as YAML, e.g. reasoning_gym's "
+                   "'{size: 500, max_digits: 2}'")
+    p.add_argument("--data-seed", type=int, default=10**9, help="seed of generated data (reasoning_gym); the "
+                   "default is the held-out seed of a run with train.seed=0 (train.seed + 10^9): never its training set")
+    p.add_argument("--shuffle-seed", type=int, default=None, help="shuffle the rows with this seed before --skip "
+                   "and --limit, as a recipe's data.shuffle_seed does (the held-out rows of a run with "
+                   "data.shuffle_seed=S are --shuffle-seed S --limit <eval.limit>)")
+    p.add_argument("--scorer", default=None, help="reward function deciding correctness (default: reasoning_gym "
+                   "for reasoning_gym: data, else math_correct)")
+    p.add_argument("--samples", type=int, default=None, metavar="K", help="also sample K completions per problem")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for --samples")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed for --samples")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="default 256, or the --heldout-of recipe's")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (as model.device)")
+    p.add_argument("--prompt-template", default=None, help="default: the demo recipe's")
+    p.add_argument("--system-prompt", default=None)
+    p.add_argument("--output", default=None, help="JSON file (default: eval_<dataset>_<split>.json in the working "
+                   "folder, the dataset's file name without folders); an existing file is refused before any model "
+                   "loads unless --overwrite")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
+    return p.parse_args(argv)
+
+
+def _heldout_of(ns: argparse.Namespace):
+    """The held-out rows of the recipe ``ns.heldout_of`` (:class:`grpokit.evaluator.HeldOutEval`);
+    sets ``ns.dataset``/``ns.split``/``ns.skip``/``ns.limit`` to what they came from."""
+    from grpokit.config import load_recipe
+    from grpokit.evaluator import HeldOutEval
+    from grpokit.rows import section_rows
+
+    recipe = load_recipe(find_recipe(ns.heldout_of))
+    held = HeldOutEval(recipe, section_rows(recipe, "data"))
+    ns.dataset, ns.split, ns.skip, ns.limit = recipe.eval.dataset, recipe.eval.split, 0, len(held.rows)
+    print(f"[grpokit] eval: {held.note}", flush=True)
+    return held
+
+
+def _newest_checkpoint_of_run(model: str) -> str:
+    """``model`` unchanged, unless it is a run's output folder (a folder without ``config.json`` that holds
+    ``checkpoint-<step>`` folders): then its newest complete checkpoint (announced on stdout).
+
+    Raises:
+        ValueError: the folder holds checkpoint folders but none is complete (names the folder).
+    """
+    from grpokit.checkpoint import list_checkpoints
+
+    path = Path(model).expanduser()
+    if not path.is_dir() or (path / "config.json").exists() or not any(path.glob("checkpoint-*")):
+        return model
+    found = list_checkpoints(path)
+    if not found:
+        raise ValueError(f"model {model!r}: a run folder without a complete checkpoint (none of its checkpoint-<step> "
+                         "folders has trainer_state.json); name a model or a checkpoint folder")
+    print(f"[grpokit] {model}: the run's newest complete checkpoint, {found[-1]}", flush=True)
+    return str(found[-1])
+
+
+def eval_command(argv: list[str]) -> int:
+    ns = _eval_args(argv)
+    from grpokit.build import resolve_device
+    from grpokit.config import RecipeError, load_recipe
+    from grpokit.evaluate import default_output_name
+    from grpokit.heldout import check_scorer, default_scorer
+    from grpokit.models import load_tokenizer, resolve_model_paths
+    from grpokit.outputs import check_output_file
+    from grpokit.rewards import get_reward_function
+    from grpokit.rows import load_data_rows, load_prompts
+
+    def fail(msg: str) -> int:
+        print(f"grpokit eval: error: {msg}", file=sys.stderr)
+        return 2
+
+    # every check that needs no model comes first
+    if ns.samples is not None and ns.samples < 1:
+        return fail(f"--samples must be >= 1 (k completions per problem), got {ns.samples}")
+    if ns.samples and ns.temperature <= 0:
+        return fail(f"--temperature must be > 0 with --samples, got {ns.temperature}")
+    if (ns.dataset is None) == (ns.heldout_of is None):
+        return fail("give --dataset NAME or --heldout-of RECIPE.yaml (one of them)")
+    try:
+        held = _heldout_of(ns) if ns.heldout_of else None
+    except (RecipeError, *USER_ERRORS) as e:
+        return fail(f"--heldout-of {ns.heldout_of}: {_one_line(e)}")
+    ns.max_new_tokens = ns.max_new_tokens or (held.max_new_tokens if held else 256)
+    scorer_name = ns.scorer or (held.scorer if held else default_scorer(ns.dataset))
+    try:
+        out_path = check_output_file(ns.output or default_output_name(ns.dataset, ns.split), "--output")
+        if out_path.exists() and not ns.overwrite:  # never replaced silently
+            return fail(f"--output {out_path}: exists{'' if ns.output else ' (the default output file)'}; name "
+                        "another file with --output, or pass --overwrite to replace it")
+        check_scorer(scorer_name, ns.dataset)
+        scorer = get_reward_function(scorer_name)
+        ns.model = _newest_checkpoint_of_run(ns.model)
+        ns.against = ns.against and _newest_checkpoint_of_run(ns.against)
+        models = [ns.model] + ([ns.against] if ns.against else [])
+        for m in models:
+            resolve_model_paths(m)  # a LoRA adapter's base model too
+        recipe = held.recipe if held else load_recipe(DEFAULT_RECIPE)
+        options = _data_options(ns.data_options)
+        if ns.prompt_template is not None:
+            recipe.data.prompt_template = ns.prompt_template
+        if ns.system_prompt is not None:
+            recipe.data.system_prompt = ns.system_prompt
+        device = resolve_device(ns.device)
+        tok = load_tokenizer(ns.model)
+        limit = None if ns.limit is None else ns.skip + ns.limit
+        rows = held.rows if held else load_data_rows(recipe, dataset=ns.dataset, split=ns.split, limit=limit,
+                                                     seed=ns.data_seed, options=options,
+                                                     shuffle_seed=ns.shuffle_seed)[ns.skip:]
+        if not rows:
+            return fail(f"no rows of {ns.dataset}/{ns.split} left after --skip {ns.skip}")
+        rows, prompts, skipped = load_prompts(recipe, tok, dataset=ns.dataset, split=ns.split, limit=None, rows=rows,
+                                              max_new_tokens=ns.max_new_tokens, max_positions=_shortest_context(models),
+                                              new_tokens_key="--max-new-tokens")
+        settings = _eval_settings(ns, recipe, tok, skipped)
+    except USER_ERRORS as e:  # unknown data/scorer, missing model, file or optional package (the message names
+        if _show_traceback():  # its extra), an output that cannot be written
+            raise
+        return fail(_one_line(e))
+    try:
+        return _eval_models(ns, models, device, tok, prompts, rows, scorer, scorer_name, out_path, settings)
+    except USER_ERRORS as e:  # a model that does not load, a fault while evaluating
+        if _show_traceback():
+            raise
+        print(f"grpokit eval: error: {_one_line(e)}", file=sys.stderr)
+        return 1
+
+
+def _eval_settings(ns: argparse.Namespace, recipe, tok, skipped: int) -> dict:
+    """What decides ``grpokit eval``'s numbers besides the models, for its JSON: the prompts
+    (:func:`grpokit.evaluate.prompt_settings`), the token budget, greedy decoding and the sampling
+    settings, the rows (skip, limit, seeds)."""
+    from grpokit.evaluate import prompt_settings
+
+    return {**prompt_settings(recipe.data, tok, skipped), "tokenizer_of": ns.model, "max_new_tokens": ns.max_new_tokens,
+            "greedy": True, "samples": ns.samples or 0, "temperature": ns.temperature if ns.samples else None,
+            "seed": ns.seed if ns.samples else None, "batch_size": ns.batch_size, "limit": ns.limit, "skip": ns.skip,
+            "data_seed": ns.data_seed, "shuffle_seed": ns.shuffle_seed, "data_options": ns.data_options,
+            "heldout_of": ns.heldout_of}
+
+
+def _shortest_context(models: list[str]) -> int | None:
+    """The fewest positions (prompt + new tokens) of ``models``' configs (None: none states any), so
+    that every prompt kept fits each model compared."""
+    from grpokit.models import model_max_positions
+
+    sizes = [n for n in (model_max_positions(m) for m in models) if n is not None]
+    return min(sizes) if sizes else None
+
+
+def _data_options(text: str | None) -> dict:
+    """``--data-options`` as a mapping ({} when not given).
+
+    Raises:
+        ValueError: not valid YAML, or not a mapping (names ``--data-options``).
+    """
+    from grpokit.config import _yaml_load
+    from grpokit.config.loading import _yaml_problem
+
+    if not text:
+        return {}
+    try:
+        value = _yaml_load(text)
+    except yaml.YAMLError as e:
+        raise ValueError(f"--data-options {text!r}: not valid YAML ({_yaml_problem(e)})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"--data-options {text!r}: expected a mapping such as '{{size: 500, max_digits: 2}}'")
+    return value
+
+
+def _eval_models(ns, models, device, tok, prompts, rows, scorer, scorer_name, out_path: Path, settings: dict) -> int:
+    """``grpokit eval`` after its checks: each model loaded and scored (what measured little said on
+    stderr, :func:`grpokit.evaluate.measured_little`), the paired comparison, the JSON (with
+    ``settings``)."""
+    from grpokit.backends import install_backend
+    from grpokit.evalstats import format_summary, paired_comparison
+    from grpokit.evaluate import evaluate, measured_little
+    from grpokit.heldout import answer_extractor
+    from grpokit.models import eos_token_ids, load_model
+    from grpokit.rollout.engine import load_engine
+
+    results = {}
+    for m in models:
+        model = load_model(m, device=device).eval()
+        install_backend(model, "auto", announce=False)  # the fast generation path where it is exact
+        engine = load_engine("hf", model=model, tokenizer=tok, eos_token_ids=eos_token_ids(model, tok))
+        results[m] = evaluate(engine, prompts, rows, max_new_tokens=ns.max_new_tokens, batch_size=ns.batch_size,
+                              scorer=scorer, num_samples=ns.samples or 0, temperature=ns.temperature, seed=ns.seed,
+                              extract_answer=answer_extractor(scorer_name))
+        r = results[m]
+        print(f"{m} on {ns.dataset}/{ns.split} ({r['total']} problems, scorer {scorer_name}, "
+              f"{r['seconds']:.0f} s):\n{format_summary(r['metrics'])}", flush=True)
+        for text in measured_little(r, budget=f"--max-new-tokens={ns.max_new_tokens}"):
+            print(f"[grpokit] warning: {m}: {text}", file=sys.stderr, flush=True)
+    out = {"dataset": ns.dataset, "split": ns.split, "skip": ns.skip, "scorer": scorer_name,
+           "settings": settings, "models": results}
+    if ns.against:
+        pc = paired_comparison(results[ns.model]["outcomes"], results[ns.against]["outcomes"])
+        out["paired"] = pc
+        print(_paired_line(ns.against, ns.model, "greedy", pc))
+        if ns.samples:
+            out["paired_sampled"] = _print_paired_sampled(results[ns.model], results[ns.against], ns.samples,
+                                                          ns.against, ns.model)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(out, indent=1, default=str))
+    print(f"-> {out_path}")
+    return 0
+
+
+def _print_paired_sampled(a: dict, b: dict, k: int, name_b: str, name_a: str) -> dict:
+    """The paired mean@k (sign test) and maj@k (McNemar) comparisons of two ``evaluate`` results
+    with samples, printed; returns ``{"mean@k": ..., "maj@k": ...}`` for the output JSON."""
+    from grpokit.evalstats import paired_comparison, paired_sampled_comparison
+
+    ms = paired_sampled_comparison(a["sampled_correct"], b["sampled_correct"], k)
+    mj = paired_comparison(a["maj_outcomes"], b["maj_outcomes"])
+    print(f"paired ({name_b} - {name_a}), mean@{k}: {ms['diff']:+.3f} [{ms['diff_lo']:+.3f}, {ms['diff_hi']:+.3f}] "
+          f"(95 %, {ms['interval']}); problems where the second is better {ms['b_better']}, the first "
+          f"{ms['a_better']}; exact sign test p = {ms['p_value']:.3g}")
+    print(_paired_line(name_b, name_a, f"maj@{k}", mj))
+    return {f"mean@{k}": ms, f"maj@{k}": mj}
+
+
+def _paired_line(name_b: str, name_a: str, metric: str, pc: dict) -> str:
+    """One printed line of a :func:`grpokit.evalstats.paired_comparison` result ``pc`` for ``metric``."""
+    return (f"paired ({name_b} - {name_a}), {metric}: {pc['diff']:+.3f} [{pc['diff_lo']:+.3f}, {pc['diff_hi']:+.3f}] "
+            f"(95 %, {pc['interval']}); only the second right {pc['b_only']}, only the first {pc['a_only']}; "
+            f"exact McNemar p = {pc['p_value']:.3g}")

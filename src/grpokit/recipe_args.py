@@ -1,0 +1,171 @@
+"""Which recipe a ``grpokit train`` command line means, and where each of its values came from.
+
+- ``RECIPE`` is a file, or a packaged recipe by name (``arith``, ``arith.yaml``, ``recipes/arith.yaml``,
+  from any folder; a file of that name in the working folder comes first): :func:`find_recipe`.
+- No recipe: the packaged demo recipe (``recipes/demo.yaml``), announced in the run's first line. An
+  override of ``data.dataset`` then starts the data section, and one of ``rewards.functions`` the
+  rewards section, from the defaults (:data:`DEMO_SECTION_OF`): the demo's split, ``data.skip=100``,
+  prompt template and reward weights belong to its MAWPS rows and its two rewards, not to the user's.
+- Every key's origin (the user's file and line, the command line, the demo recipe, or the default) is
+  kept, and :func:`source_note` adds it to an error that names the key.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from grpokit.config import Recipe, RecipeError, _walk, _yaml_load, load_recipe, recipe_from_dict
+from grpokit.config.loading import apply_overrides
+from grpokit.textio import read_utf8
+
+__all__ = ["DEFAULT_RECIPE", "DEMO_SECTION_OF", "PACKAGED_RECIPES", "RecipeArgs", "demo_raw", "find_recipe",
+           "packaged_recipes", "source_note"]
+
+PACKAGED_RECIPES = Path(__file__).resolve().parent / "recipes"
+DEFAULT_RECIPE = PACKAGED_RECIPES / "demo.yaml"
+
+#: with no recipe (the demo runs), an override of one of these keys starts its section from the defaults
+DEMO_SECTION_OF = {"data.dataset": "data", "rewards.functions": "rewards"}
+
+_DEMO_ORIGIN = "from the demo recipe (no recipe was given)"
+
+
+def packaged_recipes() -> list[str]:
+    """The names of the packaged recipes (``grpokit/recipes/*.yaml``), sorted: ``["arith", "demo", ...]``."""
+    return sorted(p.stem for p in PACKAGED_RECIPES.glob("*.yaml"))
+
+
+def find_recipe(name: str | Path) -> Path:
+    """The recipe file a command-line argument names: the path itself when it exists, else the
+    packaged recipe of that name (``arith``, ``arith.yaml``, ``recipes/arith.yaml``), from any folder.
+
+    Raises:
+        RecipeError: neither (the message lists the packaged names).
+    """
+    path = Path(name).expanduser()
+    if path.exists():
+        return path
+    stem = path.name[: -len(path.suffix)] if path.suffix in (".yaml", ".yml") else path.name
+    if path.parent in (Path("."), Path("recipes")) and stem in packaged_recipes():
+        return PACKAGED_RECIPES / f"{stem}.yaml"
+    raise RecipeError(f"recipe file not found: {name}; the packaged recipes, found by name from any folder: "
+                      f"{', '.join(packaged_recipes())}")
+
+
+def demo_raw() -> dict:
+    """The packaged demo recipe's nested dicts."""
+    return _yaml_load(read_utf8(DEFAULT_RECIPE)) or {}
+
+
+def _file_key_lines(path: Path) -> dict[str, int]:
+    """``{"train.max_steps": line}`` for each key a recipe file sets (1-based lines; {} when it cannot be read)."""
+    try:
+        node = yaml.compose(read_utf8(path), Loader=yaml.SafeLoader)
+    except (OSError, ValueError, yaml.YAMLError):
+        return {}
+    lines: dict[str, int] = {}
+    for sec, values in node.value if isinstance(node, yaml.MappingNode) else ():
+        for key, _ in values.value if isinstance(values, yaml.MappingNode) else ():
+            lines[f"{sec.value}.{key.value}"] = key.start_mark.line + 1
+    return lines
+
+
+@dataclass
+class RecipeArgs:
+    """A ``grpokit train`` command line's recipe: ``path`` (None: the demo recipe, whose nested dicts
+    less the sections started afresh are ``demo``), the ``overrides``, and ``fresh``: the demo sections
+    the overrides start from the defaults."""
+
+    path: Path | None
+    overrides: list[str]
+    demo: dict | None = None
+    fresh: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, recipe: str | None, overrides: list[str]) -> RecipeArgs:
+        """The recipe argument (or None) and the overrides of a command line.
+
+        Raises:
+            RecipeError: a recipe that is neither a file nor a packaged name (:func:`find_recipe`).
+        """
+        if recipe is not None:
+            return cls(find_recipe(recipe), list(overrides))
+        demo = demo_raw()
+        keys = {o.partition("=")[0].strip() for o in overrides}
+        fresh = [sec for key, sec in DEMO_SECTION_OF.items() if key in keys]
+        for sec in fresh:
+            demo.pop(sec, None)
+        return cls(None, list(overrides), demo, fresh)
+
+    @property
+    def announcement(self) -> str | None:
+        """What the run says first: that the demo runs (and which of its sections do not), or which packaged
+        recipe a name found; None for a recipe file given by its path."""
+        if self.path is None:
+            why = "".join(f"; {key} given, so the {sec} section starts from the defaults, not the demo's"
+                          for key, sec in DEMO_SECTION_OF.items() if sec in self.fresh)
+            return (f"no recipe given: running the packaged demo recipe ({DEFAULT_RECIPE}; `grpokit train --help` "
+                    f"shows its values){why}")
+        if self.path.is_relative_to(PACKAGED_RECIPES):  # found by name
+            return f"recipe: the packaged {self.path}"
+        return None
+
+    def load(self) -> Recipe:
+        """The recipe (validated).
+
+        Raises:
+            RecipeError: as :func:`grpokit.config.load_recipe`.
+        """
+        if self.demo is None:
+            return load_recipe(self.path, self.overrides)
+        return recipe_from_dict(apply_overrides(self.demo, self.overrides))
+
+    def sources(self) -> dict[str, tuple[str, str]]:
+        """Where each key set came from: ``key -> (origin, how it is named there)``, e.g.
+        ``("from r.yaml", "train.max_steps line 4")``, ``("from the command line", "train.max_steps")``,
+        ``(_DEMO_ORIGIN, "train.max_steps")``; keys left out have their defaults."""
+        out = {}
+        for sec, values in (self.demo or {}).items():
+            for key in values or {}:
+                out[f"{sec}.{key}"] = (_DEMO_ORIGIN, f"{sec}.{key}")
+        if self.path is not None:
+            for key, line in _file_key_lines(self.path).items():
+                out[key] = (f"from {self.path}", f"{key} line {line}")
+        for text in self.overrides:
+            key = text.partition("=")[0].strip()
+            out[key] = ("from the command line", key)
+        return out
+
+
+_NAMED_KEY = re.compile(r"\b(model|data|rollout|rewards|algo|train|eval)\.([a-z0-9_]+)(=?)")
+
+
+def source_note(message: str, sources: dict[str, tuple[str, str]], recipe: Recipe | None = None) -> str:
+    """Where the recipe keys ``message`` names got their values (:meth:`RecipeArgs.sources`), grouped
+    by origin, e.g. `` (from the command line: data.dataset; defaults: data.split)``, or "" when it
+    names none. Left out: a key after ``e.g.`` (an example), and with ``recipe``, a ``key=value``
+    whose value is not the recipe's (advice such as ``use rewards.on_error=none``).
+
+    >>> where = {"data.skip": ("from r.yaml", "data.skip line 3")}
+    >>> source_note("data.split='x' data.skip=5: no rows left; e.g. train.max_steps=9", where)
+    ' (defaults: data.split; from r.yaml: data.skip line 3)'
+    """
+    fields = {key for key, _, _ in _walk(Recipe())}
+    groups: dict[str, list[str]] = {}
+    seen: set[str] = set()
+    for m in _NAMED_KEY.finditer(message):
+        key = f"{m.group(1)}.{m.group(2)}"
+        if key not in fields or key in seen or message.endswith("e.g. ", 0, m.start()):
+            continue
+        if m.group(3) and recipe is not None:
+            value = getattr(getattr(recipe, m.group(1)), m.group(2))
+            if not message.startswith((repr(value), str(value)), m.end()):
+                continue
+        seen.add(key)
+        origin, named = sources.get(key, ("defaults", key))
+        groups.setdefault(origin, []).append(named)
+    return f" ({'; '.join(f'{o}: ' + ', '.join(n) for o, n in groups.items())})" if groups else ""

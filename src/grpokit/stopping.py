@@ -1,0 +1,93 @@
+"""When a run stops early, and when it has nothing to do (the loop of :mod:`grpokit.trainer`).
+
+- SIGTERM/SIGINT (:class:`StopFlag`): the step under way finishes and is checkpointed, then the run
+  stops; ``grpokit train`` exits 128 + the signal (130, 143). With several ranks a signal to any one
+  stops all after the same step (:func:`grpokit.distributed.any_rank`), and each takes its number
+  (:func:`stop_signal`). A second signal stops at once (:class:`StopNow`, a ``KeyboardInterrupt``).
+- A run whose resume checkpoint is already at ``train.max_steps`` (:func:`nothing_to_do`) loads and
+  writes nothing, and says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+from grpokit.config import Recipe
+from grpokit.distributed import Ranks, gather_objects
+from grpokit.textio import read_utf8
+
+__all__ = ["StopFlag", "StopNow", "nothing_to_do", "stop_signal"]
+
+
+class StopNow(KeyboardInterrupt):
+    """A second SIGTERM/SIGINT during a run: it stops at once (the step under way is not saved);
+    ``signum``: that signal's number."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"second signal {signum}: aborting")
+        self.signum = int(signum)
+
+
+class StopFlag:
+    """SIGTERM/SIGINT: finish the step, checkpoint, stop. A second signal aborts at once.
+
+    ``signum``: the first signal received (None: none), which sets the exit status of
+    ``grpokit train`` (128 + signum: 130 for SIGINT, 143 for SIGTERM)."""
+
+    def __init__(self):
+        self.requested = False
+        self.signum: int | None = None
+        self._old = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._old[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread
+                pass
+        return self
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise StopNow(signum)
+        self.requested, self.signum = True, int(signum)
+        print(f"\n[grpokit] signal {signum}: stopping after this step (checkpoint first); "
+              "send again to abort", flush=True)
+
+    def __exit__(self, *exc):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+def nothing_to_do(recipe: Recipe, start: Path | None) -> dict[str, Any] | None:
+    """The summary of a run already done: its resume checkpoint ``start`` is at or past
+    ``train.max_steps`` (said on rank 0's stdout); None when there are steps left (or no checkpoint,
+    or a ``trainer_state.json`` that cannot be read: resuming reports that)."""
+    if start is None:
+        return None
+    try:
+        step = json.loads(read_utf8(start / "trainer_state.json"))["step"]
+    except (ValueError, KeyError, TypeError, OSError):
+        return None
+    max_steps = recipe.train.max_steps
+    if type(step) is not int or step < max_steps:
+        return None
+    rank = int(os.environ.get("RANK", "0"))
+    if rank == 0:
+        where = (f"train.max_steps={max_steps}" if step == max_steps else
+                 f"step {step}, past train.max_steps={max_steps}")
+        print(f"[grpokit] {start} is already at {where}, nothing to do (raise train.max_steps to continue; "
+              "train.resume=none or a new train.output_dir to start over)", flush=True)
+    return {"output_dir": str(recipe.train.output_dir), "rank": rank, "nothing_to_do": True, "step": step,
+            "resumed_from": str(start)}
+
+
+def stop_signal(stop: StopFlag, ranks: Ranks) -> int:
+    """The signal that stopped the run: this rank's, else the lowest rank's that got one (a stop seen
+    on every rank through :func:`grpokit.distributed.any_rank`; collective: every rank calls it)."""
+    got = [s for s in gather_objects(stop.signum, ranks) if s]
+    return stop.signum or (got[0] if got else int(signal.SIGTERM))
