@@ -56,7 +56,7 @@ import os
 import signal
 import sys
 
-from grpokit.cli_errors import USER_ERRORS
+from grpokit.cli_errors import USER_ERRORS, finite_float
 from grpokit.cli_errors import one_line as _one_line
 from grpokit.cli_errors import show_traceback as _show_traceback
 from grpokit.recipe_args import DEFAULT_RECIPE, RecipeArgs, find_recipe, packaged_recipes
@@ -204,9 +204,9 @@ def _sft(argv: list[str]) -> int:
     p.add_argument("--system-prompt", default=None)
     p.add_argument("--heldout-of", default=None, metavar="RECIPE.yaml", help="leave out every row whose question "
                    "is one of this recipe's held-out (eval) problems, compared without case and spaces")
-    p.add_argument("--epochs", type=float, default=1.0)
+    p.add_argument("--epochs", type=finite_float, default=1.0)
     p.add_argument("--max-steps", type=int, default=-1, help="optimizer steps (overrides --epochs when > 0)")
-    p.add_argument("--learning-rate", type=float, default=2e-5)
+    p.add_argument("--learning-rate", type=finite_float, default=2e-5)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--warmup-steps", type=int, default=10)
     p.add_argument("--seed", type=int, default=0)

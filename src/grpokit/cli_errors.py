@@ -18,3 +18,21 @@ def one_line(e: BaseException) -> str:
 
 def show_traceback() -> bool:
     return os.environ.get("GRPOKIT_TRACEBACK", "") not in ("", "0")
+
+
+def finite_float(text: str) -> float:
+    """``argparse`` type of a float flag: a finite number (``nan``, ``inf`` refused, as recipe keys refuse them).
+
+    Raises:
+        argparse.ArgumentTypeError: ``text`` is not a number, or not finite (argparse names the flag, exit 2).
+    """
+    import argparse
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value

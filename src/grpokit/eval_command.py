@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from grpokit.cli_errors import USER_ERRORS
+from grpokit.cli_errors import USER_ERRORS, finite_float
 from grpokit.cli_errors import one_line as _one_line
 from grpokit.cli_errors import show_traceback as _show_traceback
 from grpokit.recipe_args import DEFAULT_RECIPE, find_recipe
@@ -44,7 +44,7 @@ def _eval_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--scorer", default=None, help="reward function deciding correctness (default: reasoning_gym "
                    "for reasoning_gym: data, else math_correct)")
     p.add_argument("--samples", type=int, default=None, metavar="K", help="also sample K completions per problem")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for --samples")
+    p.add_argument("--temperature", type=finite_float, default=1.0, help="sampling temperature for --samples")
     p.add_argument("--seed", type=int, default=0, help="sampling seed for --samples")
     p.add_argument("--max-new-tokens", type=int, default=None, help="default 256, or the --heldout-of recipe's")
     p.add_argument("--batch-size", type=int, default=16)

@@ -58,20 +58,45 @@ def _take(records: Iterable[dict[str, Any]], limit: int | None) -> list[dict[str
     return out
 
 
+class DuplicateFieldError(ValueError):
+    """A JSON object of a data file writes one field twice (``json`` would silently keep the last)."""
+
+
+def _unique_fields(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook`` of every data-file JSON read: the object, or :class:`DuplicateFieldError`."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateFieldError(f"field {key!r} is written twice in one object; each field may appear once")
+        out[key] = value
+    return out
+
+
+def _loads(text: str) -> Any:
+    return json.loads(text, object_pairs_hook=_unique_fields)
+
+
 def _jsonl_records(path: Path, name: str) -> Iterable[dict[str, Any]]:
     """JSON lines of ``path`` (``name``: the path as the user wrote it, for messages)."""
     for lineno, line in iter_utf8_lines(path):
         if not line.strip():
             continue
         try:
-            yield json.loads(line)
+            yield _loads(line)
         except json.JSONDecodeError as e:
             raise ValueError(f"{name}: line {lineno} is not valid JSON: {e}") from None
+        except DuplicateFieldError as e:
+            raise ValueError(f"{name}: line {lineno}: {e}") from None
 
 
 def _csv_records(path: Path, name: str) -> Iterable[dict[str, Any]]:
     """Rows of a CSV file with a header line; a row with more fields than the header is an error."""
     reader = csv.DictReader(line for _, line in iter_utf8_lines(path))
+    header = reader.fieldnames or []
+    twice = sorted({f for f in header if header.count(f) > 1})
+    if twice:
+        raise ValueError(f"{name}: line 1: column {twice[0]!r} appears {header.count(twice[0])} times in the "
+                         "header; each column may appear once")
     while True:
         try:
             rec = next(reader)
@@ -96,7 +121,8 @@ def read_local_file(path_str: str, limit: int | None) -> list[dict[str, Any]]:
         FileNotFoundError: no such file.
         ValueError: unsupported suffix or unreadable content: bytes that are not UTF-8
             (:class:`grpokit.textio.NotUtf8Error`: file, line, byte offset), invalid JSON or CSV
-            (file and line), a parquet file pyarrow/pandas cannot read. Messages are one line.
+            (file and line), a field written twice in one JSON object or a column named twice in a
+            CSV header (file, line, field), a parquet file pyarrow/pandas cannot read. Messages are one line.
         ImportError: parquet without pyarrow/pandas.
     """
     path = Path(path_str).expanduser()
@@ -108,9 +134,11 @@ def read_local_file(path_str: str, limit: int | None) -> list[dict[str, Any]]:
     elif suffix == ".json":
         text = read_utf8(path)
         try:
-            data = json.loads(text)
+            data = _loads(text)
         except json.JSONDecodeError:
             records = _jsonl_records(path, path_str)  # JSON lines saved as .json
+        except DuplicateFieldError as e:
+            raise ValueError(f"{path_str}: {e}") from None
         else:
             if isinstance(data, dict):
                 lists = [v for v in data.values() if isinstance(v, list)]
