@@ -330,7 +330,7 @@ class TrainConfig:
     save_total_limit: int = _f(2, "keep the newest n checkpoints")
     resume: str = _f("auto", "auto = newest complete checkpoint in output_dir; none; or a path")
     max_consecutive_skips: int = _f(3, "stop after this many non-finite updates in a row")
-    parallel: str = _f("auto", "data parallel over the processes torchrun launches (grpokit.distributed; README "
+    parallel: str = _f("auto", "data parallel over the processes torchrun launches (grpokit.distributed; docs/scaling.md "
                        "'Several processes'): ddp (every rank holds the model, gradients summed by all_reduce), fsdp2 "
                        "(FSDP2 sharding), none (one process; an error with more); auto = ddp with more than one "
                        "process, else none. train.prompts_per_step must be divisible by the number of processes; "
