@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from grpokit.config import Recipe
+from grpokit.data import dataset_label
 from grpokit.distributed import SINGLE, GatheredEngine, Ranks, barrier, rank_device
 from grpokit.dtypes import dtype_of
 from grpokit.outputs import check_output_dir
@@ -218,7 +219,8 @@ def build_run(recipe: Recipe) -> Run:
         out.mkdir(parents=True, exist_ok=True)
         n = ranks.world_size
         where = f" on {n} rank{'s' if n > 1 else ''} ({ranks.parallel})" if ranks.active else ""
-        print(f"[grpokit] {len(rows)} prompts ({skipped} skipped as too long) from {d.dataset}/{d.split}; "
+        print(f"[grpokit] {len(rows)} prompts ({skipped} skipped as too long) from "
+              f"{dataset_label(d.dataset, d.split)}; "
               f"model {m.name_or_path} on {device}{where}; β={recipe.algo.beta}; G={r.group_size}", flush=True)
     barrier(ranks)
     return Run(model=model, ref_model=ref_model, tokenizer=tokenizer, eos_ids=eos_ids, device=device, engine=engine,

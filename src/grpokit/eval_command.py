@@ -14,6 +14,7 @@ import yaml
 from grpokit.cli_errors import USER_ERRORS, finite_float
 from grpokit.cli_errors import one_line as _one_line
 from grpokit.cli_errors import show_traceback as _show_traceback
+from grpokit.data import dataset_label
 from grpokit.recipe_args import DEFAULT_RECIPE, find_recipe
 
 
@@ -145,7 +146,7 @@ def eval_command(argv: list[str]) -> int:
                                                      seed=ns.data_seed, options=options,
                                                      shuffle_seed=ns.shuffle_seed)[ns.skip:]
         if not rows:
-            return fail(f"no rows of {ns.dataset}/{ns.split} left after --skip {ns.skip}")
+            return fail(f"no rows of {dataset_label(ns.dataset, ns.split)} left after --skip {ns.skip}")
         rows, prompts, skipped = load_prompts(recipe, tok, dataset=ns.dataset, split=ns.split, limit=None, rows=rows,
                                               max_new_tokens=ns.max_new_tokens, max_positions=_shortest_context(models),
                                               new_tokens_key="--max-new-tokens")
@@ -225,7 +226,7 @@ def _eval_models(ns, models, device, tok, prompts, rows, scorer, scorer_name, ou
                               scorer=scorer, num_samples=ns.samples or 0, temperature=ns.temperature, seed=ns.seed,
                               extract_answer=answer_extractor(scorer_name))
         r = results[m]
-        print(f"{m} on {ns.dataset}/{ns.split} ({r['total']} problems, scorer {scorer_name}, "
+        print(f"{m} on {dataset_label(ns.dataset, ns.split)} ({r['total']} problems, scorer {scorer_name}, "
               f"{r['seconds']:.0f} s):\n{format_summary(r['metrics'])}", flush=True)
         for text in measured_little(r, budget=f"--max-new-tokens={ns.max_new_tokens}"):
             print(f"[grpokit] warning: {m}: {text}", file=sys.stderr, flush=True)

@@ -15,6 +15,8 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from grpokit.data import dataset_label
+
 if TYPE_CHECKING:
     from grpokit.rollout.engine import RolloutEngine
 
@@ -41,7 +43,8 @@ class HeldOutEval:
             raise ValueError(f"eval.scorer: {err}") from None
         rows, dropped = heldout.drop_training_questions(train_rows, section_rows(recipe, "eval"))
         if not rows:
-            raise ValueError(f"eval: every held-out problem of {e.dataset}/{e.split} is also a training question")
+            raise ValueError(f"eval: every held-out problem of {dataset_label(e.dataset, e.split)} is also a "
+                             "training question")
         self.rows, self.prompts = rows, None
         self.tokenizer, self.too_long = None, None  # set by prepare, with the prompts
         self.note = (f"{len(rows)} held-out problems, none a training question ({dropped} left out as "
@@ -83,7 +86,7 @@ class HeldOutEval:
         # the prompts as the model got them: with the budget and the sampling, what the numbers depend on
         res["settings"].update(prompt_settings(r.data, self.tokenizer, self.too_long), batch_size=e.batch_size)
         save_eval(out, res, when)
-        print(f"[grpokit] eval {when}: {e.dataset}/{e.split} accuracy {res['accuracy']:.3f} "
+        print(f"[grpokit] eval {when}: {dataset_label(e.dataset, e.split)} accuracy {res['accuracy']:.3f} "
               f"({res['correct']}/{res['total']}, greedy; {self.note}; scorer {self.scorer})\n"
               f"{format_summary(res['metrics'])}", flush=True)
         self._warn(res, when)

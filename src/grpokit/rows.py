@@ -77,16 +77,17 @@ def load_prompts(recipe: Recipe, tokenizer, *, dataset: str, split: str, limit: 
             left; the message names ``new_tokens_key``, both numbers and the dataset. A row whose
             messages the chat template refuses (names the section, dataset and row).
     """
-    from grpokit.data import filter_by_prompt_length, render_prompts
+    from grpokit.data import dataset_label, filter_by_prompt_length, render_prompts
 
     d = recipe.data
     if rows is None:
         rows = load_data_rows(recipe, dataset=dataset, split=split, limit=limit)
+    label = dataset_label(dataset, split)
     prompts = render_prompts(tokenizer, rows, system_prompt=d.system_prompt, template=d.prompt_template,
-                             source=f"{section}: {dataset}/{split}")
+                             source=f"{section}: {label}")
     keep, skipped = filter_by_prompt_length(prompts, tokenizer, d.max_prompt_tokens)
     if not keep:
-        raise ValueError(f"{section}: all {len(rows)} prompts of {dataset}/{split} are longer than "
+        raise ValueError(f"{section}: all {len(rows)} prompts of {label} are longer than "
                          f"data.max_prompt_tokens={d.max_prompt_tokens}")
     if max_positions is not None and max_new_tokens is not None:
         room = max_positions - max_new_tokens  # longest prompt that leaves room for a whole completion
@@ -96,10 +97,10 @@ def load_prompts(recipe: Recipe, tokenizer, *, dataset: str, split: str, limit: 
                              f"has {max_positions} positions (prompt tokens + new tokens must fit)")
         fits, over = filter_by_prompt_length([prompts[i] for i in keep], tokenizer, room)
         if not fits:
-            raise ValueError(f"{section}: all {len(keep)} prompts of {dataset}/{split} are longer than {room} "
+            raise ValueError(f"{section}: all {len(keep)} prompts of {label} are longer than {room} "
                              f"tokens, the most that fits with {context}")
         if over:
-            print(f"[grpokit] note: {over} prompts of {dataset}/{split} skipped: longer than {room} tokens, "
+            print(f"[grpokit] note: {over} prompts of {label} skipped: longer than {room} tokens, "
                   f"the most that fits with {context}", file=sys.stderr, flush=True)
         keep, skipped = [keep[i] for i in fits], skipped + over
     return [rows[i] for i in keep], [prompts[i] for i in keep], skipped

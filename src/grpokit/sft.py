@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from grpokit.data import render_prompts
+from grpokit.data import dataset_label, render_prompts
 from grpokit.filemodes import honour_umask
 from grpokit.heldout import drop_questions
 from grpokit.models import encode_prompts
@@ -226,8 +226,10 @@ def main_sft(ns: Any, *, default_recipe: str | Path) -> dict[str, Any]:
     if ns.heldout_of:
         rows, dropped = drop_heldout_questions(rows, section_rows(recipe, "eval"))
         if not rows:
-            raise ValueError(f"sft: every row of {ns.dataset}/{ns.split} is a held-out problem of {ns.heldout_of}")
-    print(f"[grpokit] sft: {len(rows)} rows of {ns.dataset}/{ns.split}; left out: {no_fields} without the fields "
+            raise ValueError(f"sft: every row of {dataset_label(ns.dataset, ns.split)} is a held-out problem of "
+                             f"{ns.heldout_of}")
+    print(f"[grpokit] sft: {len(rows)} rows of {dataset_label(ns.dataset, ns.split)}; left out: {no_fields} "
+          "without the fields "
           f"of {ns.completion_template!r}, {dropped} held-out questions"
           f"{f' of {ns.heldout_of}' if ns.heldout_of else ' (no --heldout-of: not checked)'}", flush=True)
     device = resolve_device(ns.device)

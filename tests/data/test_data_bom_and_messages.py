@@ -199,6 +199,20 @@ def test_a_template_refusing_a_row_is_one_line_naming_it(tmp_path):
     tok = _tokenizer(strict, name="org/strict")
     path = _jsonl(tmp_path, [{"prompt": "fine", "answer": "1"}, {"prompt": CONVO[1:], "answer": "1"}])
     recipe = recipe_from_dict({"data": {"dataset": path}})
-    with pytest.raises(ValueError, match=r"^data: .*convo.jsonl/train: row 1 \('What is 2\+2\?'\): the chat "
+    with pytest.raises(ValueError, match=r"^data: .*convo.jsonl: row 1 \('What is 2\+2\?'\): the chat "
                                          r"template of org/strict refuses its messages: no assistant$"):
         load_prompts(recipe, tok, dataset=path, split="train", limit=None)
+
+
+def test_messages_name_a_split_only_where_one_is_read(tmp_path):
+    """Local files and reasoning_gym ignore ``split``: their messages name the dataset alone."""
+    from grpokit.data import dataset_label
+
+    f = tmp_path / "qa.jsonl"
+    f.write_text('{"question": "1+1", "answer": "2"}\n')
+    assert dataset_label(str(f), "singleop") == str(f)
+    assert dataset_label("./missing.csv", "test") == "./missing.csv"
+    assert dataset_label("reasoning_gym:basic_arithmetic", "singleop") == "reasoning_gym:basic_arithmetic"
+    assert dataset_label("mawps", "singleop") == "mawps/singleop"
+    assert dataset_label("hf:org/name", "train") == "hf:org/name/train"
+    assert dataset_label("gsm8k", "test") == "gsm8k/test"

@@ -30,6 +30,7 @@ __all__ = [
     "PACKAGED_DATASETS",
     "available_datasets",
     "build_chat_prompt",
+    "dataset_label",
     "filter_by_prompt_length",
     "load_rows",
     "render_prompts",
@@ -51,6 +52,15 @@ def _validate(rows: list[dict[str, Any]], source: str) -> list[dict[str, Any]]:
         if not isinstance(row["answer"], str):
             row["answer"] = str(row["answer"])
     return rows
+
+
+def dataset_label(dataset: str, split: str) -> str:
+    """``dataset/split`` for messages, or ``dataset`` alone where the split does not apply (local files and
+    reasoning_gym ignore it, see :func:`load_rows`), so no message names a split that was never read."""
+    if dataset.startswith("reasoning_gym:") or (not dataset.startswith("hf:") and dataset not in PACKAGED_DATASETS
+                                                and looks_like_path(dataset)):
+        return dataset
+    return f"{dataset}/{split}"
 
 
 def load_rows(
