@@ -110,6 +110,18 @@ def _make_tiny_model(vocab_size: int = SMOLLM2_VOCAB, seed: int = 0, **overrides
 
 
 @pytest.fixture
+def no_model_load(monkeypatch):
+    """``grpokit.models.load_model`` fails the test if called (a check that must come before any model loads)."""
+    import grpokit.models
+
+    calls = []
+    monkeypatch.setattr(grpokit.models, "load_model", lambda *a, **k: calls.append(a) or pytest.fail(
+        "load_model was called"))
+    yield calls
+    assert not calls
+
+
+@pytest.fixture
 def make_tiny_model() -> Callable[..., torch.nn.Module]:
     return _make_tiny_model
 

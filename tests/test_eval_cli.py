@@ -12,7 +12,8 @@ from grpokit.cli import main
 
 
 @pytest.fixture
-def no_model_load(monkeypatch):
+def load_model_raises(monkeypatch):
+    """``load_model`` raises AssertionError: a refused call never gets there, a valid one does."""
     def boom(*a, **k):
         raise AssertionError("a model was loaded")
     monkeypatch.setattr(grpokit.models, "load_model", boom)
@@ -25,7 +26,8 @@ def no_model_load(monkeypatch):
     (["--scorer", "no_such_reward"], "unknown reward 'no_such_reward'"),
     (["--skip", "100", "--limit", "5", "--dataset", "svamp"], None),  # svamp's test split has rows past 100
 ])
-def test_bad_input_is_refused_before_any_model_loads(tiny_model_dir, tmp_path, capsys, no_model_load, args, msg):
+def test_bad_input_is_refused_before_any_model_loads(tiny_model_dir, tmp_path, capsys, load_model_raises, args,
+                                                     msg):
     base = [tiny_model_dir, "--dataset", "mawps", "--split", "singleop", "--limit", "4",
             "--output", str(tmp_path / "e.json")]
     if msg is None:  # a valid call reaches the model load

@@ -359,15 +359,6 @@ def test_one_non_finite_grad_norm_skips_one_update_and_continues(tiny_model_dir,
 # -- bad input is rejected before the model loads -----------------------------------------------
 
 
-@pytest.fixture
-def no_model_load(monkeypatch):
-    calls = []
-    monkeypatch.setattr(grpokit.models, "load_model", lambda *a, **k: calls.append(a) or pytest.fail(
-        "load_model was called"))
-    yield calls
-    assert not calls
-
-
 @pytest.mark.parametrize("sections, names", [
     ({"train": {"max_stepz": 1}}, ["train.max_stepz"]),
     ({"train": {"max_steps": "two"}}, ["train.max_steps", "integer"]),

@@ -162,6 +162,20 @@ def _gist(e: Exception) -> str:
 _RESUME_HINT = "resume from an earlier checkpoint with train.resume=<folder>, or start over with train.resume=none"
 
 
+def _read_json(f: Path) -> Any:
+    """The JSON value of checkpoint file ``f``, read as UTF-8.
+
+    Raises:
+        ValueError: not UTF-8 or not valid JSON (one line naming ``f`` and how to resume from elsewhere).
+    """
+    try:
+        return json.loads(read_utf8(f))
+    except NotUtf8Error as e:
+        raise ValueError(f"{e}; {_RESUME_HINT}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{f}: not valid JSON ({e}); {_RESUME_HINT}") from None
+
+
 def load_training_state(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(trainer_state, {"optimizer", "scheduler", "rng"})`` of a complete checkpoint.
 
@@ -175,12 +189,7 @@ def load_training_state(path: str | Path) -> tuple[dict[str, Any], dict[str, Any
     """
     path = Path(path)
     state_file, blob_file = path / "trainer_state.json", path / "training_state.pt"
-    try:
-        state = json.loads(read_utf8(state_file))
-    except NotUtf8Error as e:
-        raise ValueError(f"{e}; {_RESUME_HINT}") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{state_file}: not valid JSON ({e}); {_RESUME_HINT}") from None
+    state = _read_json(state_file)
     if not isinstance(state, dict) or not all(type(state.get(k)) is int for k in ("step", "epoch", "position")):
         raise ValueError(f"{state_file}: expected an object with integer step, epoch and position; "
                          f"{_RESUME_HINT}")
@@ -205,12 +214,7 @@ def read_checkpoint_recipe(ckpt: str | Path) -> dict[str, Any] | None:
     f = Path(ckpt) / "recipe.json"
     if not f.is_file():
         return None
-    try:
-        recipe = json.loads(read_utf8(f))
-    except NotUtf8Error as e:
-        raise ValueError(f"{e}; {_RESUME_HINT}") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{f}: not valid JSON ({e}); {_RESUME_HINT}") from None
+    recipe = _read_json(f)
     if not isinstance(recipe, dict):
         raise ValueError(f"{f}: expected an object of recipe sections; {_RESUME_HINT}")
     return recipe

@@ -145,11 +145,13 @@ def _train(argv: list[str]) -> int:
 
 
 def _report(summary: dict) -> str:
+    from grpokit.data import dataset_label
+
     lines = [f"output: {summary['output_dir']}"]
     for when in ("before", "after"):
         e = summary.get(f"eval_{when}")
         if e:
-            lines.append(f"eval {when}: {e['dataset']}/{e['split']} accuracy {e['accuracy']:.3f} "
+            lines.append(f"eval {when}: {dataset_label(e['dataset'], e['split'])} accuracy {e['accuracy']:.3f} "
                          f"({e['correct']}/{e['total']})")
     last = summary.get("last_metrics") or {}
     if last:

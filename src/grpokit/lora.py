@@ -313,13 +313,17 @@ def export_checkpoint(ckpt: str | Path, out: str | Path, *, merge: bool,
     return f"merged the LoRA adapter of {ckpt} into {name} -> {out}"
 
 
+def _recipe_model(ckpt: Path) -> dict[str, Any]:
+    """The ``model`` section of the checkpoint's ``recipe.json`` ({} without one)."""
+    recipe_file = ckpt / "recipe.json"
+    return json.loads(read_utf8(recipe_file)).get("model", {}) if recipe_file.is_file() else {}
+
+
 def _base_of(ckpt: Path) -> tuple[str, torch.dtype, bool]:
     """``(model name or path, dtype, trust_remote_code)`` of the base model a checkpoint was trained on."""
-    recipe_file = ckpt / "recipe.json"
-    if recipe_file.is_file():
-        m = json.loads(read_utf8(recipe_file)).get("model", {})
-        if m.get("name_or_path"):
-            return m["name_or_path"], DTYPES.get(m.get("dtype"), torch.float32), bool(m.get("trust_remote_code"))
+    m = _recipe_model(ckpt)
+    if m.get("name_or_path"):
+        return m["name_or_path"], DTYPES.get(m.get("dtype"), torch.float32), bool(m.get("trust_remote_code"))
     name = json.loads(read_utf8(ckpt / ADAPTER_CONFIG)).get("base_model_name_or_path")
     if not name:
         raise ValueError(f"{ckpt}: neither recipe.json nor {ADAPTER_CONFIG} names the base model")
@@ -330,8 +334,7 @@ def _record_base(ckpt: Path, config_file: Path) -> None:
     """Name the base model in the copied ``adapter_config.json`` as the run's recipe does
     (``model.name_or_path``): a checkpoint written before :func:`base_recorded_as` names this
     machine's folder. Left as it is without a ``recipe.json``."""
-    recipe_file = ckpt / "recipe.json"
-    name = json.loads(read_utf8(recipe_file)).get("model", {}).get("name_or_path") if recipe_file.is_file() else None
+    name = _recipe_model(ckpt).get("name_or_path")
     config = json.loads(read_utf8(config_file))
     if name and config.get("base_model_name_or_path") != name:
         config["base_model_name_or_path"] = name

@@ -48,6 +48,7 @@ from typing import Any
 import torch
 
 from grpokit.filemodes import honour_umask
+from grpokit.lora import ADAPTER_CONFIG
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,6 @@ ALIASES: dict[str, str] = {"smollm2-135m-instruct": SMOLLM2_NAME, "smollm2": SMO
 """Lower-case alias -> packaged model name (the name of its cache folder)."""
 
 _MARKER = "grpokit_source.json"  # written last: its presence means the folder is complete
-ADAPTER_CONFIG = "adapter_config.json"  # a LoRA adapter folder (peft), as grpokit.lora names it
 _TOKENIZER_CONFIGS = ("tokenizer_config.json", "tokenizer.json", "tokenizer.model")
 _SMOLLM2_EOS_TOKENS = ("<|im_end|>", "<|endoftext|>")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")

@@ -261,7 +261,7 @@ def save_run_checkpoint(run: Run, recipe: Recipe) -> Path | None:
     )
 
 
-def resume(run: Run, ckpt: Path, recipe: Recipe | None = None) -> None:
+def resume(run: Run, ckpt: Path, changes: list[tuple[str, Any, Any]] = ()) -> None:
     """Load ``ckpt``'s weights, optimizer, schedule, RNG and loop state into ``run`` (on every rank:
     each reads the checkpoint and takes its own RNG state; a checkpoint of another world size
     resumes with rank 0's, and sampling, seeded per row, is unchanged).
@@ -270,15 +270,14 @@ def resume(run: Run, ckpt: Path, recipe: Recipe | None = None) -> None:
     their settings (``lr``, ``betas``, ``weight_decay``, the schedule's base rate and shape, PPO's
     ``critic_learning_rate``) stay those of ``run``'s optimizers, built from the recipe, so a
     recipe that changed them runs at its own values from the next step (docs/resume.md).
-    ``recipe``: compared with the checkpoint's ``recipe.json`` (:func:`check_resume_recipe`);
-    each changed key is said on rank 0 and appended to ``run.state.extra["recipe_changes"]``
-    (``{"step", "key", "old", "new"}``, saved with every later checkpoint).
+    ``changes``: the recipe's changed keys as ``(key, old, new)``, from :func:`check_resume_recipe`
+    (which :func:`train` calls before anything loads); each is said on rank 0 and appended to
+    ``run.state.extra["recipe_changes"]`` (``{"step", "key", "old", "new"}``, saved with every
+    later checkpoint).
 
     Raises:
-        RecipeError: ``recipe`` changes a key that cannot change on resume (names each, old -> new).
         ValueError: a damaged checkpoint, or one that does not fit the run's model (names the file).
     """
-    changes = check_resume_recipe(ckpt, recipe) if recipe is not None else []
     state, blob = load_training_state(ckpt)
     settings = hyperparameters(run.optimizer)  # the recipe's: load_state_dict brings the checkpoint's back
     if is_sharded(run.model):
@@ -353,19 +352,20 @@ def train(recipe: Recipe, *, progress: bool = True, run: Run | None = None) -> d
     finished = nothing_to_do(recipe, start)
     if finished is not None:
         return finished
-    if start is not None:
-        check_resume_recipe(start, recipe)  # keys that cannot change on resume: refused before anything loads
+    # keys that cannot change on resume: refused before anything loads; the others said on resume
+    changes = check_resume_recipe(start, recipe) if start is not None else []
     if run is not None:
-        return _train(recipe, run, start, progress)
+        return _train(recipe, run, start, progress, changes)
     run = build_run(recipe)  # validates data and rewards before any model loads, then loads models
     try:
-        return _train(recipe, run, start, progress)
+        return _train(recipe, run, start, progress, changes)
     finally:
         run.rewards.close()  # the reward worker processes
         shutdown(run.ranks)  # the process group build_run joined (torchrun)
 
 
-def _train(recipe: Recipe, run: Run, start: Path | None, progress: bool) -> dict[str, Any]:
+def _train(recipe: Recipe, run: Run, start: Path | None, progress: bool,
+           changes: list[tuple[str, Any, Any]]) -> dict[str, Any]:
     out = Path(recipe.train.output_dir)
     main = run.ranks.is_main  # with several ranks only rank 0 writes files and prints
     logger = RunLogger(out) if main else NullLogger(out)
@@ -374,7 +374,7 @@ def _train(recipe: Recipe, run: Run, start: Path | None, progress: bool) -> dict
     memo: dict[str, Any] = {"warned_at": {}}  # warnings said, the last periodic evaluation
     ev = run.evaluator
     if start is not None:
-        resume(run, start, recipe)
+        resume(run, start, changes)
         logger.truncate_after(run.state.step)
         summary["resumed_from"] = str(start)
         if main:

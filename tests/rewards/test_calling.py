@@ -10,7 +10,6 @@ import fake_rewards as fr
 import pytest
 from helpers import tiny_recipe, tiny_recipe_dict, write_recipe
 
-import grpokit.models
 from grpokit.cli import main
 from grpokit.process.wiring import resolve_process_reward
 from grpokit.rewards import compute_rewards, get_reward_function
@@ -178,13 +177,6 @@ def test_a_call_that_does_not_bind_raises_whatever_on_error(isolation):
         assert EXPECTED in str(e.value) and "on_error" not in str(e.value)
     finally:
         guard.close()
-
-
-@pytest.fixture
-def no_model_load(monkeypatch):
-    def boom(*a, **k):
-        raise AssertionError("a model was loaded")
-    monkeypatch.setattr(grpokit.models, "load_model", boom)
 
 
 @pytest.mark.parametrize("reward, shown", [

@@ -6,7 +6,7 @@ import math
 import re
 from typing import Any, Callable
 
-from grpokit.config.schema import Recipe, RecipeError, _walk, choices_of, lora_options
+from grpokit.config.schema import Recipe, RecipeError, _walk, check_elements, choices_of, lora_options
 
 
 def validate(recipe: Recipe) -> None:
@@ -71,14 +71,8 @@ def _check_lists(recipe: Recipe) -> None:
         if key not in LIST_ELEMENTS:  # a list given to a mapping key is _check_type's to refuse
             continue
         check, repeats = LIST_ELEMENTS[key]  # every list field of the schema has an entry (a test checks)
-        first: dict[Any, int] = {}
-        for i, item in enumerate(value):
-            check(f"{key}[{i}]", item)
-            if not repeats and item in first:
-                raise RecipeError(f"{key}[{i}]: {item!r} is listed twice (also {key}[{first[item]}]); "
-                                  "list each once" + (" and set its weight in rewards.weights"
-                                                      if key == "rewards.functions" else ""))
-            first.setdefault(item, i)
+        check_elements(key, value, check, repeats=repeats,
+                       twice_hint=" and set its weight in rewards.weights" if key == "rewards.functions" else "")
 
 
 def _check_values(recipe: Recipe) -> None:

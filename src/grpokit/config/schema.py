@@ -133,6 +133,28 @@ def _f(default, help: str, choices: tuple | Registry | None = None, **kw):
 LORA_DEFAULTS: dict[str, Any] = {"r": 16, "alpha": 32, "target_modules": "all-linear", "dropout": 0.0}
 
 
+def check_elements(key: str, items: list, check: Any, *, repeats: bool = True, twice_hint: str = "") -> None:
+    """Each element of the list ``items`` of ``key`` through ``check(f"{key}[{i}]", element)`` (which
+    raises :class:`RecipeError` naming that index); with ``repeats=False`` an element listed twice is
+    refused, naming both indices (``twice_hint``: how to go on, appended to the message).
+
+    Raises:
+        RecipeError: from ``check``, or ``key[i]: 'x' is listed twice (also key[j]); list each once``.
+    """
+    first: dict[Any, int] = {}
+    for i, item in enumerate(items):
+        check(f"{key}[{i}]", item)
+        if not repeats and item in first:
+            raise RecipeError(f"{key}[{i}]: {item!r} is listed twice (also {key}[{first[item]}]); list each once"
+                              + twice_hint)
+        first.setdefault(item, i)
+
+
+def _module_name(key: str, value: Any) -> None:
+    if not isinstance(value, str) or not value:
+        raise RecipeError(f"{key}: expected a module name, got {value!r}")
+
+
 def lora_options(value: Any, key: str = "model.lora") -> dict[str, Any] | None:
     """``model.lora`` checked and completed with :data:`LORA_DEFAULTS` (None stays None: off).
 
@@ -167,12 +189,7 @@ def lora_options(value: Any, key: str = "model.lora") -> dict[str, Any] | None:
     elif not isinstance(tm, list) or not tm:
         raise RecipeError(f"{key}.target_modules: a non-empty list of module names or all-linear, got {tm!r}")
     else:
-        for i, n in enumerate(tm):
-            if not isinstance(n, str) or not n:
-                raise RecipeError(f"{key}.target_modules[{i}]: expected a module name, got {n!r}")
-            if n in tm[:i]:
-                raise RecipeError(f"{key}.target_modules[{i}]: {n!r} is listed twice (also "
-                                  f"{key}.target_modules[{tm.index(n)}]); list each once")
+        check_elements(f"{key}.target_modules", tm, _module_name, repeats=False)
     out["dropout"] = float(dropout)
     return out
 

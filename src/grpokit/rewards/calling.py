@@ -89,10 +89,12 @@ def _call_args(form: str, prompts: Any, completions: Any) -> tuple[tuple, dict]:
     return ((), {"prompts": prompts, "completions": completions}) if form == "keyword" else ((prompts, completions), {})
 
 
-def _show(sig: inspect.Signature, form: str, keywords: Sequence[str]) -> tuple[str, str]:
-    """``(the signature as f(...), the call it gets as f(...))`` for messages."""
+def _signature_error(what: str, sig: inspect.Signature, form: str, keywords: Sequence[str],
+                     why: TypeError) -> RewardSignatureError:
+    """The error for a call ``f(prompts, completions, k=...)`` (in ``form``) that ``sig`` cannot take."""
     head = "prompts=, completions=" if form == "keyword" else "prompts, completions"
-    return f"f{sig}", f"f({head}{''.join(f', {k}=' for k in keywords)})"
+    call = f"f({head}{''.join(f', {k}=' for k in keywords)})"
+    return RewardSignatureError(f"{what}: its signature f{sig} cannot take the call {call}: {why}; {EXPECTED_FORMS}")
 
 
 def check_signature(fn: Callable, what: str, *, columns: Sequence[str] | None = None,
@@ -135,9 +137,7 @@ and one per column)
                 if p.name not in bound.arguments and p.default is p.empty and p.kind is p.POSITIONAL_ONLY:
                     raise TypeError(f"missing a required positional argument: {p.name!r}")
     except TypeError as e:
-        shown, call = _show(sig, form, keywords if columns is not None else extra)
-        raise RewardSignatureError(f"{what}: its signature {shown} cannot take the call {call}: {e}; "
-                                   f"{EXPECTED_FORMS}") from None
+        raise _signature_error(what, sig, form, keywords if columns is not None else extra, e) from None
 
 
 def _run(awaitable: Any) -> Any:
@@ -177,9 +177,8 @@ class RewardCall:
             try:
                 self.signature.bind(*args, **kwargs)
             except TypeError as e:
-                shown, call = _show(self.signature, self.form, list(keywords))
-                raise RewardSignatureError(f"reward function {self.name!r}: its signature {shown} cannot take "
-                                           f"the call {call}: {e}; {EXPECTED_FORMS}") from None
+                raise _signature_error(f"reward function {self.name!r}", self.signature, self.form,
+                                       list(keywords), e) from None
         return self.fn(*args, **kwargs)
 
     def __call__(self, prompts: Any, completions: Any, **keywords: Any) -> Any:
