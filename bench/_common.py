@@ -97,16 +97,16 @@ class Result:
 
 
 def model_path() -> str:
-    from grpokit.models import resolve_model_path
+    from grpokit.models.loading import resolve_model_path
 
     return resolve_model_path(MODEL_ALIAS)
 
 
 def ordered_rows(tokenizer, w: Workload) -> list[dict]:
     """The rows grpokit's trainer takes, in its order (``next_prompt_indices`` over the rows that
-    ``grpokit.rows.load_prompts`` keeps), each with its chat prompt under ``"prompt_text"``."""
+    ``grpokit.data.rows.load_prompts`` keeps), each with its chat prompt under ``"prompt_text"``."""
     from grpokit.data import build_chat_prompt, filter_by_prompt_length, load_rows
-    from grpokit.state import TrainState, next_prompt_indices
+    from grpokit.trainer.state import TrainState, next_prompt_indices
 
     rows = load_rows(DATASET, SPLIT, seed=w.seed)
     prompts = [build_chat_prompt(tokenizer, r["prompt"]) for r in rows]

@@ -10,7 +10,7 @@ alternates between seeds): grpokit with ``grpokit train`` (this venv), checkpoin
 what is matched: rows and order, G, B, sampling, reward, loss aggregation, optimizer, schedule).
 
 Both are scored by the same code on the same problems: grpokit's own held-out evaluation
-(``grpokit.evaluator.HeldOutEval``: greedy, ``eval.max_new_tokens``, the recipe's scorer) on the
+(``grpokit.eval.evaluate.HeldOutEval``: greedy, ``eval.max_new_tokens``, the recipe's scorer) on the
 held-out rows it gives for that seed. grpokit's periodic evaluations are read from its ``metrics.jsonl`` (``eval/greedy`` and
 its Wilson interval, ``train_minutes``: training wall-clock without evaluations or checkpointing);
 each TRL checkpoint is loaded into grpokit's built run (``load_model_weights``) and evaluated after the
@@ -121,9 +121,9 @@ def time_to_accuracy_summary(grpokit: dict, trl: dict, goal: float = GOAL_RATIO)
 
 
 def paired(before: list[bool], after: list[bool]) -> dict:
-    """``after`` − ``before`` on the same problems (:func:`grpokit.evalstats.paired_comparison`),
+    """``after`` − ``before`` on the same problems (:func:`grpokit.eval.stats.paired_comparison`),
     with ``agree`` = its 95 % interval contains 0."""
-    from grpokit.evalstats import paired_comparison
+    from grpokit.eval.stats import paired_comparison
 
     out = paired_comparison(before, after)
     out["agree"] = out["diff_lo"] <= 0.0 <= out["diff_hi"]
@@ -187,7 +187,7 @@ def render_report(summary: dict) -> str:
 
 
 def _point(res: dict, step: int, minutes: float) -> dict:
-    from grpokit.evalstats import wilson_interval
+    from grpokit.eval.stats import wilson_interval
 
     lo, hi = wilson_interval(res["correct"], res["total"])
     return {"step": step, "minutes": minutes, "acc": res["accuracy"], "lo": lo, "hi": hi,
@@ -401,7 +401,7 @@ def main() -> None:
             print(f"\n## seed {seed}: {peer} (load average {[round(x, 2) for x in os.getloadavg()]})", flush=True)
             shutil.rmtree(dirs[peer], ignore_errors=True)  # no file of an earlier run is read as this one's
             dirs[peer].mkdir(parents=True)
-            cmd = ([sys.executable, "-m", "grpokit.cli", "train", a.recipe, *ov[peer], f"train.save_steps={every}",
+            cmd = ([sys.executable, "-m", "grpokit", "train", a.recipe, *ov[peer], f"train.save_steps={every}",
                     "train.resume=none", "--no-progress"] if peer == "grpokit" else
                    [a.trl_python, str(HERE / "run_trl_efficacy.py"), "--recipe", a.recipe,
                     "--result", str(dirs[peer] / "trl_run.json"), *ov[peer]])

@@ -40,7 +40,7 @@ WRAPPER = ("import json, resource, subprocess, sys; rc = subprocess.call(sys.arg
 
 def read_run(run_dir: Path) -> dict:
     """Evaluations, timings and peak memory of one finished run folder."""
-    from grpokit.evalstats import wilson_interval
+    from grpokit.eval.stats import wilson_interval
 
     evals = []
     for path in sorted(run_dir.glob("eval_*.json")):
@@ -70,7 +70,7 @@ def read_run(run_dir: Path) -> dict:
 
 def compare(runs: dict) -> dict:
     """``runs[(estimator, seed)]`` -> per-seed rows: gains over the base and PPO − GRPO (paired)."""
-    from grpokit.evalstats import paired_comparison
+    from grpokit.eval.stats import paired_comparison
 
     rows = []
     for seed in sorted({s for _, s in runs}):
@@ -153,7 +153,7 @@ def main() -> None:
             run_dir = out / f"{name}-seed{seed}"
             if not a.report_only:
                 cmd = [sys.executable, "-c", WRAPPER, str(out / f"{name}-seed{seed}.rss.json"), sys.executable, "-m",
-                       "grpokit.cli", "train", RECIPES[name], f"train.seed={seed}", f"train.output_dir={run_dir}",
+                       "grpokit", "train", RECIPES[name], f"train.seed={seed}", f"train.output_dir={run_dir}",
                        "train.resume=none", "--no-progress", *(QUICK if a.quick else [])]
                 print(f"## {name} seed {seed}: {' '.join(cmd[3:])}", flush=True)
                 with open(out / f"{name}-seed{seed}.log", "w") as log:

@@ -1,4 +1,4 @@
-"""Benchmark child: grpokit's own training loop (``grpokit.trainer.run_step``) on the workload.
+"""Benchmark child: grpokit's own training loop (``grpokit.trainer.loop.run_step``) on the workload.
 
 Run by ``bench_vs_trl.py`` in the main ``.venv``; writes one JSON ``Result``. Phases are timed by
 wrapping the functions the trainer calls (generation, the no-grad log-prob passes, rewards); the
@@ -51,7 +51,7 @@ def build_recipe(w: Workload, out_dir: str, recompute_mlp: bool | None = None, b
 
 def _processed_tokens(batch, share: bool) -> tuple[int, int]:
     """(non-padding, padded) tokens one ``completion_logprobs`` call runs through the model."""
-    from grpokit.policy import distinct_rows
+    from grpokit.models.logprobs import distinct_rows
 
     n, p = batch.prompt_ids.shape
     t = batch.completion_ids.shape[1]
@@ -85,8 +85,8 @@ def main() -> None:
                  versions=versions())
 
     import grpokit.rollout.hf as hf
-    import grpokit.trainer as trainer
-    from grpokit.build import build_run
+    import grpokit.trainer.loop as trainer
+    from grpokit.trainer.build import build_run
     from grpokit.metrics import RunLogger
 
     share = not a.plain
@@ -183,7 +183,7 @@ def _loss_and_grad(s, r, batch, advantages, *, share: bool, autocast: bool):
     """The trainer's μ = 1 loss on ``batch`` (micro-batches, batch-wide normalization) and the
     flattened gradient, computed with the given path (``s``: model and ref_model; ``r``: the recipe)."""
     from grpokit import algo
-    from grpokit.policy import batch_logprobs, completion_logprobs
+    from grpokit.models.logprobs import batch_logprobs, completion_logprobs
 
     temp, mbs = r.rollout.temperature, r.train.micro_batch_size
     ref = batch_logprobs(s.ref_model, batch, temperature=temp, micro_batch_size=mbs, autocast_bf16=autocast,

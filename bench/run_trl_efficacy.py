@@ -13,9 +13,9 @@ training, the time spent saving checkpoints left out), per step TRL's logged met
 
 What is matched to grpokit, and why:
 
-- Work: the recipe's model folder, the training rows grpokit keeps (``grpokit.rows.section_rows``
+- Work: the recipe's model folder, the training rows grpokit keeps (``grpokit.data.rows.section_rows``
   + ``load_prompts``: same chat template, same length filter) taken in grpokit's order
-  (``grpokit.state.next_prompt_indices``, ``shuffle_dataset=False``); G = ``rollout.group_size``,
+  (``grpokit.trainer.state.next_prompt_indices``, ``shuffle_dataset=False``); G = ``rollout.group_size``,
   B = ``train.prompts_per_step``; ``generation_batch_size = B·G`` with micro-batches of
   ``train.micro_batch_size``, so TRL generates once per optimizer step and μ = 1 (no π_old pass).
 - Sampling: ``rollout.temperature``, top-p 1, top-k 0, no min-p, no repetition penalty (grpokit
@@ -103,8 +103,8 @@ def check_supported(recipe) -> None:
 def ordered_rows(recipe, tokenizer, max_positions: int | None) -> tuple[list[dict], list[str], list[int]]:
     """grpokit's training rows and chat prompts (as ``build_run`` builds them), and the row index of
     every prompt of every step, in the order grpokit's trainer takes them."""
-    from grpokit.rows import load_prompts, section_rows
-    from grpokit.state import TrainState, next_prompt_indices
+    from grpokit.data.rows import load_prompts, section_rows
+    from grpokit.trainer.state import TrainState, next_prompt_indices
 
     d, t = recipe.data, recipe.train
     rows, prompts, _ = load_prompts(recipe, tokenizer, dataset=d.dataset, split=d.split, limit=d.limit,
@@ -120,7 +120,7 @@ def grpokit_schedule(recipe):
     """The learning-rate factor function of grpokit's ``make_optimizer`` (its LambdaLR's lambda)."""
     import torch
 
-    from grpokit.optim import make_optimizer
+    from grpokit.trainer.optim import make_optimizer
 
     _, sched = make_optimizer(torch.nn.Linear(1, 1), recipe.train)
     return sched.lr_lambdas[0]
@@ -131,14 +131,14 @@ def evaluate_checkpoints(recipe_path: str, overrides: list[str], result_path: Pa
     in ``result_path`` with grpokit's held-out evaluation (``build_run(recipe).evaluator``): the held-out
     rows it gives for this recipe and seed, greedy, ``eval.max_new_tokens``, the recipe's scorer, the
     model prepared as grpokit prepares its own (``build_run``: speed backend, eval mode, EOS ids), the
-    weights read by ``grpokit.checkpoint.load_model_weights``. Writes ``eval_before.json`` and ``eval_step<N>.json`` next to
+    weights read by ``grpokit.trainer.checkpoint.load_model_weights``. Writes ``eval_before.json`` and ``eval_step<N>.json`` next to
     the checkpoints (``train.output_dir``)."""
     import warnings
 
     from grpokit.config import load_recipe
     from grpokit.metrics import RunWarning
-    from grpokit.build import build_run
-    from grpokit.checkpoint import load_model_weights
+    from grpokit.trainer.build import build_run
+    from grpokit.trainer.checkpoint import load_model_weights
 
     result = json.loads(result_path.read_text())
     show = warnings.showwarning  # a RunWarning is one line, as `grpokit train` prints it
@@ -172,7 +172,7 @@ def main() -> None:
     from trl import GRPOConfig, GRPOTrainer
 
     from grpokit.config import load_recipe
-    from grpokit.models import encode_prompts, load_tokenizer, model_max_positions, resolve_model_path
+    from grpokit.models.loading import encode_prompts, load_tokenizer, model_max_positions, resolve_model_path
     from grpokit.rewards import compute_rewards
     from grpokit.rewards.pipeline import RewardPipeline
 

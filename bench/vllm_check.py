@@ -116,9 +116,9 @@ def agreement(out: dict) -> bool:
     from transformers import AutoModelForCausalLM
 
     from grpokit.algo import LogprobGap
-    from grpokit.checkpoint import load_model_weights
-    from grpokit.models import load_tokenizer
-    from grpokit.policy import batch_logprobs
+    from grpokit.trainer.checkpoint import load_model_weights
+    from grpokit.models.loading import load_tokenizer
+    from grpokit.models.logprobs import batch_logprobs
     from grpokit.rollout import SamplingParams, load_engine
 
     ok = True
@@ -184,7 +184,7 @@ def agreement(out: dict) -> bool:
         ckpt = tempfile.mkdtemp(prefix="grpokit-vllm-ckpt-")
         other.save_pretrained(ckpt, safe_serialization=True)
         load_model_weights(model, ckpt)
-        vl.sync_weights()  # what grpokit.trainer.resume does
+        vl.sync_weights()  # what grpokit.trainer.loop.resume does
 
     for label, change in (("fused_adamw_step_then_sync", fused_step), ("untold_inplace_change", untold),
                           ("checkpoint_loaded", resume)):
@@ -221,7 +221,7 @@ def agreement(out: dict) -> bool:
     ok &= split_rows == full_rows
 
     # 7. a LoRA policy: vLLM gets the adapters folded in (out of place); its greedy rows are the peft model's
-    from grpokit.lora import apply_lora
+    from grpokit.models.lora import apply_lora
 
     lora_model = apply_lora(AutoModelForCausalLM.from_pretrained(_tiny_folder(tok, seed=2)).eval(),
                             {"r": 4, "alpha": 8, "target_modules": "all-linear", "dropout": 0.0}, announce=False)
@@ -244,11 +244,11 @@ def agreement(out: dict) -> bool:
 def throughput(out: dict, engines: list[str], steps: int, dtype: str) -> None:
     import torch
 
-    from grpokit.build import load_policy
+    from grpokit.trainer.build import load_policy
     from grpokit.config import load_recipe
-    from grpokit.models import eos_token_ids, load_tokenizer, model_max_positions
+    from grpokit.models.loading import eos_token_ids, load_tokenizer, model_max_positions
     from grpokit.rollout import SamplingParams, load_engine
-    from grpokit.rows import load_prompts
+    from grpokit.data.rows import load_prompts
 
     recipe = load_recipe(ROOT / "recipes" / "demo.yaml")
     m, d, r, t = recipe.model, recipe.data, recipe.rollout, recipe.train

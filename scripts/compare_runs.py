@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from grpokit.importing import require
+from grpokit.utils.importing import require
 from grpokit.metrics import read_metrics
 
 

@@ -6,7 +6,7 @@ Usage: python scripts/heldout_by_kind.py RECIPE.yaml EVAL.json [EVAL.json ...] [
 Each EVAL.json is a run's ``eval_before.json``/``eval_after.json``/``eval_stepN.json`` or the
 ``--output`` of ``grpokit eval --heldout-of RECIPE`` (one row per model of its ``models``). Its
 per-problem ``outcomes`` must be in the order of the recipe's held-out rows
-(:class:`grpokit.evaluator.HeldOutEval`); a length that differs is an error naming the file.
+(:class:`grpokit.eval.evaluate.HeldOutEval`); a length that differs is an error naming the file.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from pathlib import Path
 def heldout_rows(recipe_path: str) -> list[dict]:
     """The held-out rows of a recipe's run, in the order its evaluations score them."""
     from grpokit.config import load_recipe
-    from grpokit.evaluator import HeldOutEval
-    from grpokit.rows import section_rows
+    from grpokit.eval.evaluate import HeldOutEval
+    from grpokit.data.rows import section_rows
 
     recipe = load_recipe(recipe_path)
     return HeldOutEval(recipe, section_rows(recipe, "data")).rows

@@ -3,7 +3,7 @@
 Fixtures (all CPU, float32, deterministic):
 
 ``smollm2_tokenizer`` (session)
-    The real SmolLM2-135M-Instruct tokenizer from ``grpokit.models.load_tokenizer("smollm2-135m-instruct")``:
+    The real SmolLM2-135M-Instruct tokenizer from ``grpokit.models.loading.load_tokenizer("smollm2-135m-instruct")``:
     left padding, ``<|im_start|>`` = 1 (bos), ``<|im_end|>`` = 2 (eos and pad), ``<|endoftext|>`` = 0,
     ChatML chat template, vocab 49152. The first use in a fresh cache builds the model folder from the
     packaged GGUF (~15-20 s, once); later sessions load it in ~0.1 s. Treat it as read-only.
@@ -56,7 +56,7 @@ SMOLLM2_BOS, SMOLLM2_EOS, SMOLLM2_PAD, SMOLLM2_ENDOFTEXT = 1, 2, 2, 0
 
 @pytest.fixture(scope="session")
 def smollm2_tokenizer():
-    from grpokit.models import load_tokenizer
+    from grpokit.models.loading import load_tokenizer
 
     return load_tokenizer("smollm2-135m-instruct")
 
@@ -111,11 +111,11 @@ def _make_tiny_model(vocab_size: int = SMOLLM2_VOCAB, seed: int = 0, **overrides
 
 @pytest.fixture
 def no_model_load(monkeypatch):
-    """``grpokit.models.load_model`` fails the test if called (a check that must come before any model loads)."""
-    import grpokit.models
+    """``grpokit.models.loading.load_model`` fails the test if called (a check that must come before any model loads)."""
+    import grpokit.models.loading
 
     calls = []
-    monkeypatch.setattr(grpokit.models, "load_model", lambda *a, **k: calls.append(a) or pytest.fail(
+    monkeypatch.setattr(grpokit.models.loading, "load_model", lambda *a, **k: calls.append(a) or pytest.fail(
         "load_model was called"))
     yield calls
     assert not calls

@@ -38,16 +38,17 @@ def gather_and_reduce(rank: int, world: int, port: int, out: str) -> None:
     gradients (bucketed), and agree on a stop flag raised on rank 1 only."""
     import torch.distributed as dist
 
-    import grpokit.distributed as gd
-    from grpokit.algorithms import load_algorithm
+    import grpokit.utils.distributed as gd
+    from grpokit.estimators.base import load_algorithm
     from grpokit.config import AlgoConfig
     from grpokit.rewards.pipeline import ScoredRows, reward_metrics
+    from grpokit.trainer.collect import gather_scored
 
     _join(rank, world, port)
     ranks = gd.Ranks(rank=rank, world_size=world, parallel="ddp")
     share = _group(SHARES[rank], 2)
     scored = ScoredRows({"f": SHARES[rank]}, failures=rank + 1)
-    whole, sc = gd.gather_scored(share, scored, ranks, pad_id=0)
+    whole, sc = gather_scored(share, scored, ranks, pad_id=0)
     algo = load_algorithm(AlgoConfig(advantage_scale="batch"), 3)
     advantages = algo.advantages(whole)
     sums = gd.sum_over_ranks([1.0 + rank, 0.5], ranks)

@@ -1,4 +1,4 @@
-"""grpokit.checkpoint: atomic, pruned, NaN-free, safetensors-only checkpoints; safe loading."""
+"""grpokit.trainer.checkpoint: atomic, pruned, NaN-free, safetensors-only checkpoints; safe loading."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from grpokit.checkpoint import (
+from grpokit.trainer.checkpoint import (
     find_resume_checkpoint,
     list_checkpoints,
     load_training_state,
@@ -234,9 +234,9 @@ def test_resume_with_changed_optimizer_keys_runs_at_the_recipes_values(tiny_mode
     resume with lr 1e-3, weight decay 0.1, betas (0.8, 0.95) and max_steps 2: step 2 must run at
     1e-3 · (1 - 1/2) = 5e-4 (the recipe's rate and schedule at optimizer step 1), not the
     checkpoint's 0 or 0.01·0.5, with the recipe's weight decay and betas; the record says so."""
-    import grpokit.build
+    import grpokit.trainer.build
     from grpokit.metrics import read_metrics
-    from grpokit.trainer import train
+    from grpokit.trainer.loop import train
     from helpers import tiny_recipe
 
     first = {"max_steps": 1, "save_steps": 1, "learning_rate": 0.01, "lr_scheduler": "linear", "weight_decay": 0.0}
@@ -244,7 +244,7 @@ def test_resume_with_changed_optimizer_keys_runs_at_the_recipes_values(tiny_mode
     assert load_training_state(tmp_path / "checkpoint-1")[1]["optimizer"]["param_groups"][0]["lr"] == 0.0
     changed = first | {"max_steps": 2, "learning_rate": 1e-3, "weight_decay": 0.1, "adam_betas": [0.8, 0.95]}
     recipe = tiny_recipe(tiny_model_dir, tmp_path, algo={"beta": 0.0}, train=changed)
-    run = grpokit.build.build_run(recipe)
+    run = grpokit.trainer.build.build_run(recipe)
     seen = _spy_on_updates(run.optimizer)
     try:
         train(recipe, progress=False, run=run)
@@ -270,7 +270,7 @@ def test_resume_with_changed_optimizer_keys_runs_at_the_recipes_values(tiny_mode
 def test_resume_with_the_same_recipe_keeps_the_rate_bit_for_bit(parts):
     """The schedule's position from the checkpoint, the rate recomputed: the same value ``LambdaLR``
     would have set (so an unchanged resume stays exact)."""
-    from grpokit.optim import hyperparameters, keep_hyperparameters, load_schedule_state
+    from grpokit.trainer.optim import hyperparameters, keep_hyperparameters, load_schedule_state
 
     opt, sched = parts["optimizer"], parts["scheduler"]
     sched.step()  # last_epoch 2: lr = 0.01 / 3
@@ -285,14 +285,14 @@ def test_resume_with_the_same_recipe_keeps_the_rate_bit_for_bit(parts):
 
 
 def test_resume_refuses_changed_keys_by_name_before_the_model_loads(tiny_model_dir, tmp_path, monkeypatch):
-    import grpokit.trainer
+    import grpokit.trainer.loop
     from grpokit.config import RecipeError
-    from grpokit.trainer import train
+    from grpokit.trainer.loop import train
     from helpers import tiny_recipe
 
     train(tiny_recipe(tiny_model_dir, tmp_path, algo={"beta": 0.0}, train={"max_steps": 1, "save_steps": 1}),
           progress=False)
-    monkeypatch.setattr(grpokit.trainer, "build_run", lambda r: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(grpokit.trainer.loop, "build_run", lambda r: pytest.fail("a model was loaded"))
     changed = tiny_recipe(tiny_model_dir, tmp_path, algo={"beta": 0.0}, data={"limit": 6},
                           train={"max_steps": 2, "seed": 1, "learning_rate": 1e-3})
     with pytest.raises(RecipeError) as e:
@@ -338,7 +338,7 @@ def test_keys_that_may_change_on_resume_are_returned_not_refused():
 
 def test_a_damaged_recipe_json_is_a_one_line_value_error(tmp_path):
     from grpokit.config import Recipe
-    from grpokit.trainer import check_resume_recipe
+    from grpokit.trainer.loop import check_resume_recipe
 
     assert check_resume_recipe(tmp_path, Recipe()) == []  # no recipe.json: nothing to compare
     (tmp_path / "recipe.json").write_text('{"train": ')
@@ -364,8 +364,8 @@ def test_resume_keeps_the_settings_of_every_optimizer_and_loads_their_moments(tm
     new recipe say lr 1e-3 / weight decay 0.05 and lr 1e-4: those stay, the moments come back."""
     from types import SimpleNamespace
 
-    from grpokit.distributed import SINGLE
-    from grpokit.trainer import resume
+    from grpokit.utils.distributed import SINGLE
+    from grpokit.trainer.loop import resume
 
     critic = torch.nn.Linear(2, 1)
     critic_opt = torch.optim.AdamW(critic.parameters(), lr=1e-2)

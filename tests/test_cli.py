@@ -1,12 +1,12 @@
-"""grpokit.cli: ``grpokit train`` end to end on the tiny model, errors, and ``--help``."""
+"""grpokit.cli.main: ``grpokit train`` end to end on the tiny model, errors, and ``--help``."""
 
 from __future__ import annotations
 
 import pytest
 from helpers import tiny_recipe_dict, write_recipe
 
-import grpokit.models
-from grpokit.cli import main
+import grpokit.models.loading
+from grpokit.cli.main import main
 from grpokit.metrics import read_metrics
 
 
@@ -22,7 +22,7 @@ def test_train_writes_outputs(tiny_model_dir, tmp_path, capsys):
 
 
 def test_unknown_key_returns_2_before_loading(tiny_model_dir, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(grpokit.models, "load_model", lambda *a, **k: pytest.fail("model loaded"))
+    monkeypatch.setattr(grpokit.models.loading, "load_model", lambda *a, **k: pytest.fail("model loaded"))
     recipe = write_recipe(tmp_path / "r.yaml", tiny_recipe_dict(tiny_model_dir, tmp_path))
     assert main(["train", str(recipe), "train.max_stepz=1"]) == 2
     err = capsys.readouterr().err
@@ -55,8 +55,8 @@ def test_two_recipe_files_is_an_error(tmp_path):
 @pytest.mark.parametrize("suffix", [".jsonl", ".csv", ".json"])
 def test_non_utf8_data_file_exits_1_with_one_line(tmp_path, capsys, monkeypatch, suffix):
     """Data errors come before any model or tokenizer loads: the model folder need not exist."""
-    monkeypatch.setattr(grpokit.models, "load_model", lambda *a, **k: pytest.fail("model loaded"))
-    monkeypatch.setattr(grpokit.models, "load_tokenizer", lambda *a, **k: pytest.fail("tokenizer loaded"))
+    monkeypatch.setattr(grpokit.models.loading, "load_model", lambda *a, **k: pytest.fail("model loaded"))
+    monkeypatch.setattr(grpokit.models.loading, "load_tokenizer", lambda *a, **k: pytest.fail("tokenizer loaded"))
     head = {".jsonl": b'{"prompt": "a", "answer": "1"}\n{"prompt": "b", "answer": "2"}\n{"prompt": "caf',
             ".csv": b"prompt,answer\na,1\ncaf",
             ".json": b'[{"prompt": "a", "answer": "1"},\n{"prompt": "b", "answer": "2"},\n{"prompt": "caf'}[suffix]
@@ -86,9 +86,9 @@ def test_non_utf8_recipe_exits_2_with_one_line(tmp_path, capsys):
 ])
 def test_any_data_error_is_rewrapped_without_failing(tmp_path, capsys, monkeypatch, error):
     """``section_rows`` adds the recipe keys to whatever a loader (HF, reasoning_gym, ...) raises."""
-    import grpokit.rows
+    import grpokit.data.rows
 
-    monkeypatch.setattr(grpokit.rows, "load_data_rows", lambda *a, **k: error())
+    monkeypatch.setattr(grpokit.data.rows, "load_data_rows", lambda *a, **k: error())
     recipe = write_recipe(tmp_path / "r.yaml", tiny_recipe_dict(tmp_path / "no-model", tmp_path / "out"))
     assert main(["train", str(recipe), "--no-progress"]) == 1
     err = capsys.readouterr().err
@@ -208,9 +208,9 @@ FAULTS = ["unknown_key", "wrong_type", "override_without_section", "duplicate_se
 
 @pytest.mark.parametrize("case", FAULTS)
 def test_an_input_fault_is_one_line_before_any_model_loads(tiny_model_dir, tmp_path, capsys, monkeypatch, case):
-    """The rule of ``grpokit.cli``'s docstring: a fault in the user's input is one line naming the key,
+    """The rule of ``grpokit.cli.main``'s docstring: a fault in the user's input is one line naming the key,
     file or argument (no traceback), and it comes before any model loads; nothing is written."""
-    monkeypatch.setattr(grpokit.models, "load_model", lambda *a, **k: pytest.fail("model loaded"))
+    monkeypatch.setattr(grpokit.models.loading, "load_model", lambda *a, **k: pytest.fail("model loaded"))
     argv, status, needles = _fault_case(case, tiny_model_dir, tmp_path, monkeypatch)
     try:
         code, by_argparse = main([*argv, "--no-progress"] if argv[0] == "train" else argv), False
@@ -236,10 +236,10 @@ def test_an_input_fault_is_one_line_before_any_model_loads(tiny_model_dir, tmp_p
 @pytest.fixture
 def captured(monkeypatch) -> list:
     """``grpokit train`` stops where training would start: the recipe it would run is appended."""
-    import grpokit.trainer
+    import grpokit.trainer.loop
 
     seen = []
-    monkeypatch.setattr(grpokit.trainer, "train", lambda recipe, **k: seen.append(recipe) or {"nothing_to_do": True})
+    monkeypatch.setattr(grpokit.trainer.loop, "train", lambda recipe, **k: seen.append(recipe) or {"nothing_to_do": True})
     return seen
 
 
@@ -268,7 +268,7 @@ def test_own_data_or_rewards_without_a_recipe_do_not_inherit_the_demos(captured,
 
 def test_an_error_names_the_demo_recipe_as_the_values_source(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(grpokit.models, "load_model", lambda *a, **k: pytest.fail("model loaded"))
+    monkeypatch.setattr(grpokit.models.loading, "load_model", lambda *a, **k: pytest.fail("model loaded"))
     assert main(["train", "data.split=nope", "--no-progress"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("grpokit train: error: data.dataset='mawps' data.split='nope': ")
@@ -306,13 +306,13 @@ def test_a_file_of_a_packaged_name_comes_first_and_unknown_names_list_the_packag
 
 def test_a_recipe_error_found_by_the_run_exits_2_naming_the_values_source(tmp_path, capsys, monkeypatch):
     """E.g. a key that a checkpoint holds and that cannot change on resume (read before any model loads)."""
-    import grpokit.trainer
+    import grpokit.trainer.loop
     from grpokit.config import RecipeError
 
     def refuse(recipe, **k):
         raise RecipeError("rollout.group_size: 8 -> 4 cannot change on resume")
 
-    monkeypatch.setattr(grpokit.trainer, "train", refuse)
+    monkeypatch.setattr(grpokit.trainer.loop, "train", refuse)
     monkeypatch.chdir(tmp_path)
     assert main(["train", "rollout.group_size=4"]) == 2
     assert capsys.readouterr().err == ("grpokit train: recipe error: rollout.group_size: 8 -> 4 cannot change on "

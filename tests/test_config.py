@@ -14,7 +14,7 @@ from grpokit.config import (
     parse_override,
     recipe_from_dict,
 )
-from grpokit.cli import DEFAULT_RECIPE
+from grpokit.cli.main import DEFAULT_RECIPE
 
 
 def test_defaults_and_demo_recipe_validate():
@@ -250,10 +250,10 @@ def test_a_bad_choice_names_the_key_and_the_registrys_names(key, value, message)
 
 def test_registry_choices_have_one_source(monkeypatch):
     """``rollout.engine``, ``rollout.sampler``, ``algo.estimator`` and ``model.backend`` accept what
-    the registries hold (grpokit.rollout.engine, grpokit.algorithms, grpokit.backends), read when
+    the registries hold (grpokit.rollout.engine, grpokit.estimators.base, grpokit.backends), read when
     validating: a name registered there is a valid recipe value and shows in the help."""
     import grpokit.backends
-    from grpokit.algorithms import ALGORITHMS
+    from grpokit.estimators.base import ALGORITHMS
     from grpokit.rollout.engine import ENGINES, SAMPLERS
 
     monkeypatch.setitem(ENGINES, "sglang", "somewhere:SGLangEngine")
@@ -295,7 +295,7 @@ def test_train_help_imports_no_torch():
     import subprocess
     import sys
 
-    code = ("import sys; from grpokit.cli import main\n"
+    code = ("import sys; from grpokit.cli.main import main\n"
             "try:\n    main(['train', '--help'])\nexcept SystemExit:\n    pass\n"
             "assert 'torch' not in sys.modules, 'torch imported'\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from grpokit.curves import curve_panels, plot_curves, smooth
+from grpokit.metrics import curve_panels, plot_curves, smooth
 
 
 def _rows(n=4, evals=()):
@@ -89,20 +89,20 @@ def test_plot_writes_a_png(tmp_path):
 def test_a_run_with_evaluations_draws_them(tiny_model_dir, tmp_path, monkeypatch):
     """End to end: the before-training evaluation (eval_before.json as the run writes it) and the
     periodic one reach the held-out panel of the run's curves.png."""
-    import grpokit.trainer
+    import grpokit.trainer.loop
     from grpokit.metrics import read_metrics
-    from grpokit.trainer import train
+    from grpokit.trainer.loop import train
     from helpers import tiny_recipe
 
     seen = {}
-    real = grpokit.trainer.plot_curves
+    real = grpokit.trainer.loop.plot_curves
 
     def spy(metrics_path, out_png, **kw):
         seen["panels"] = curve_panels(read_metrics(metrics_path), beta=kw["beta"],
                                       num_iterations=kw["num_iterations"], before=kw["before"])
         return real(metrics_path, out_png, **kw)
 
-    monkeypatch.setattr(grpokit.trainer, "plot_curves", spy)
+    monkeypatch.setattr(grpokit.trainer.loop, "plot_curves", spy)
     train(tiny_recipe(tiny_model_dir, tmp_path, data={"skip": 4, "limit": 8}, train={"max_steps": 2},
                       eval={"dataset": "mawps", "split": "singleop", "limit": 2, "max_new_tokens": 2,
                             "every_steps": 2}), progress=False)

@@ -10,22 +10,22 @@ import pytest
 import torch
 from helpers import tiny_recipe
 
-import grpokit.collect as collect
-import grpokit.trainer as trainer
+import grpokit.trainer.collect as collect
+import grpokit.trainer.loop as trainer
 from grpokit import algo
-from grpokit.algorithms import GRPO
-from grpokit.build import TrainData
-from grpokit.distributed import SINGLE
+from grpokit.estimators.base import GRPO
+from grpokit.trainer.build import TrainData
+from grpokit.utils.distributed import SINGLE
 from grpokit.experience import Experience
 from grpokit.rewards.pipeline import RewardPipeline
-from grpokit.state import TrainState
-from grpokit.trainer import optimize, refill_groups_with_signal
+from grpokit.trainer.state import TrainState
+from grpokit.trainer.loop import optimize, refill_groups_with_signal
 
 G = 2
 
 
 def _setup(model, recipe):
-    """The parts ``optimize`` reads (``grpokit.build.Run``'s names)."""
+    """The parts ``optimize`` reads (``grpokit.trainer.build.Run``'s names)."""
     # plain SGD: the update is the gradient itself (Adam's first step would hide a scale error)
     opt = torch.optim.SGD(model.parameters(), lr=recipe.train.learning_rate)
     return SimpleNamespace(model=model, ref_model=None, optimizer=opt, algorithm=GRPO(recipe.algo, 5),

@@ -1,4 +1,4 @@
-"""Data parallel over processes (grpokit.distributed, ``train.parallel``): 2 gloo ranks on the CPU
+"""Data parallel over processes (grpokit.utils.distributed, ``train.parallel``): 2 gloo ranks on the CPU
 against one process.
 
 - the collectives the loop uses, in 2 spawned processes: scored shares gathered (batch-scaled
@@ -32,11 +32,11 @@ from helpers import tiny_recipe, tiny_recipe_dict, write_recipe
 from safetensors.torch import load_file
 
 import dist_workers
-from grpokit import distributed as gd
-from grpokit.build import start_ranks
+from grpokit.utils import distributed as gd
+from grpokit.trainer.build import start_ranks
 from grpokit.config import TrainConfig
 from grpokit.metrics import NullLogger
-from grpokit.trainer import train
+from grpokit.trainer.loop import train
 
 TESTS = Path(__file__).resolve().parent
 TIMINGS = {"step_s", "gen_s", "reward_s", "train_s", "tokens_per_s", "train_minutes", "ref_s"}

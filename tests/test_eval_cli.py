@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-import grpokit.models
-from grpokit.cli import main
+import grpokit.models.loading
+from grpokit.cli.main import main
 
 
 @pytest.fixture
@@ -16,7 +16,7 @@ def load_model_raises(monkeypatch):
     """``load_model`` raises AssertionError: a refused call never gets there, a valid one does."""
     def boom(*a, **k):
         raise AssertionError("a model was loaded")
-    monkeypatch.setattr(grpokit.models, "load_model", boom)
+    monkeypatch.setattr(grpokit.models.loading, "load_model", boom)
 
 
 @pytest.mark.parametrize("args, msg", [
@@ -52,7 +52,7 @@ def test_a_run_folder_stands_for_its_newest_complete_checkpoint(tiny_model_dir, 
     def record(path, **_):
         loaded.append(path)
         raise AssertionError("a model was loaded")
-    monkeypatch.setattr(grpokit.models, "load_model", record)
+    monkeypatch.setattr(grpokit.models.loading, "load_model", record)
     with pytest.raises(AssertionError, match="a model was loaded"):  # checkpoint-30 is incomplete: step 20
         main(["eval", tiny_model_dir, "--against", str(run), "--dataset", "mawps", "--split", "singleop",
               "--limit", "2"])
@@ -92,7 +92,7 @@ def test_eval_prints_intervals_samples_and_a_paired_test(tiny_model_dir, tmp_pat
 
 
 def test_scores_of_none_are_counted_unscorable(tiny_model, smollm2_tokenizer, smollm2_prompts):
-    from grpokit.evaluate import evaluate
+    from grpokit.eval.evaluate import evaluate
     from grpokit.rollout.engine import load_engine
 
     rows = [{"prompt": "q", "answer": "1"}, {"prompt": "r", "answer": "2"}]
@@ -103,7 +103,7 @@ def test_scores_of_none_are_counted_unscorable(tiny_model, smollm2_tokenizer, sm
 
 
 def test_maj_votes_read_answers_as_the_scorer_does():
-    from grpokit.heldout import answer_extractor
+    from grpokit.data.heldout import answer_extractor
 
     text = "I think 3, then <answer>cab</answer>"
     assert answer_extractor("reasoning_gym")(text) == "cab"
@@ -134,7 +134,7 @@ def test_heldout_of_a_recipe_evaluates_the_runs_heldout_problems(tiny_model_dir,
 def test_eval_warns_of_cut_answers_records_its_settings_and_never_overwrites(tiny_model_dir, tmp_path, capsys,
                                                                            monkeypatch):
     from grpokit.config import load_recipe
-    from grpokit.recipe_args import DEFAULT_RECIPE
+    from grpokit.cli.recipe_args import DEFAULT_RECIPE
 
     out = tmp_path / "e.json"
     args = ["eval", tiny_model_dir, "--dataset", "mawps", "--split", "singleop", "--limit", "2", "--max-new-tokens",

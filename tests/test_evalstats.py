@@ -1,4 +1,4 @@
-"""Tests for grpokit.evalstats: each formula against brute force, hand arithmetic or a second route."""
+"""Tests for grpokit.eval.stats: each formula against brute force, hand arithmetic or a second route."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from fractions import Fraction
 
 import pytest
 
-from grpokit.evalstats import (
+from grpokit.eval.stats import (
     bootstrap_interval,
     format_summary,
     maj_at_k,

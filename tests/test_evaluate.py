@@ -1,4 +1,4 @@
-"""Held-out evaluation through the rollout-engine seam (``grpokit.evaluate.evaluate`` and the run's
+"""Held-out evaluation through the rollout-engine seam (``grpokit.eval.evaluate.evaluate`` and the run's
 ``eval_engine``): the same completions, bit for bit, as the direct ``generate_rollouts`` calls it
 made before it went through an engine (greedy: ``SamplingParams(temperature=0)``, no seed; sampled:
 seeded ``seed·100003 + start``)."""
@@ -11,8 +11,8 @@ import pytest
 import torch
 from helpers import tiny_recipe
 
-from grpokit.build import build_run
-from grpokit.evaluate import evaluate
+from grpokit.trainer.build import build_run
+from grpokit.eval.evaluate import evaluate
 from grpokit.rollout.engine import SamplingParams, load_engine
 from grpokit.rollout.hf import generate_rollouts
 

@@ -19,8 +19,8 @@ import pytest
 import torch
 from helpers import tiny_recipe, tiny_recipe_dict, write_recipe
 
-import grpokit.importing
-from grpokit.importing import MissingExtraWarning, require
+import grpokit.utils.importing
+from grpokit.utils.importing import MissingExtraWarning, require
 
 ROOT = Path(__file__).resolve().parents[1]
 EXTRAS = {  # extra -> the modules it installs (as imported)
@@ -45,7 +45,7 @@ def _block(monkeypatch, *names: str) -> None:
 @pytest.fixture(autouse=True)
 def _fresh_warnings(monkeypatch):
     """Each test sees the once-per-process warnings afresh."""
-    monkeypatch.setattr(grpokit.importing, "_warned", set())
+    monkeypatch.setattr(grpokit.utils.importing, "_warned", set())
 
 
 # ---- pyproject.toml ------------------------------------------------------------------------------
@@ -147,7 +147,7 @@ def test_require_says_what_failed_when_the_package_is_there_but_broken(monkeypat
 
 def test_adamw_8bit_without_torchao_names_the_extra(monkeypatch):
     from grpokit.config import recipe_from_dict
-    from grpokit.optim import make_optimizer
+    from grpokit.trainer.optim import make_optimizer
 
     _block(monkeypatch, "torchao")
     recipe = recipe_from_dict({"train": {"optimizer": "adamw_8bit"}})
@@ -181,7 +181,7 @@ def test_reasoning_gym_data_reward_and_scorer_without_the_package(monkeypatch):
 
 
 def test_train_cli_without_reasoning_gym_is_one_line_naming_the_extra(tiny_model_dir, tmp_path, capsys, monkeypatch):
-    from grpokit.cli import main
+    from grpokit.cli.main import main
 
     _block(monkeypatch, "reasoning_gym")
     raw = tiny_recipe_dict(tiny_model_dir, tmp_path / "out", data={"dataset": "reasoning_gym:basic_arithmetic",
@@ -203,7 +203,7 @@ def test_hub_and_parquet_data_without_datasets_name_the_extra(monkeypatch, tmp_p
 
 
 def test_plot_without_matplotlib_warns_once_and_draws_nothing(monkeypatch, tmp_path):
-    from grpokit.curves import plot_curves
+    from grpokit.metrics import plot_curves
 
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text(json.dumps({"step": 1, "reward_mean": 0.5}) + "\n")
@@ -234,14 +234,14 @@ def test_run_logger_without_tensorboard_writes_jsonl_and_says_so_once(monkeypatc
 
 
 def test_run_without_plots_and_tensorboard_finishes_with_metrics(tiny_model_dir, tmp_path, monkeypatch):
-    import grpokit.build
+    import grpokit.trainer.build
     from grpokit.metrics import read_metrics
-    from grpokit.trainer import train
+    from grpokit.trainer.loop import train
 
     _block(monkeypatch, "matplotlib", "tensorboard")
     recipe = tiny_recipe(tiny_model_dir, tmp_path, train={"max_steps": 1})
     with pytest.warns(MissingExtraWarning) as record:
-        summary = train(recipe, progress=False, run=grpokit.build.build_run(recipe))
+        summary = train(recipe, progress=False, run=grpokit.trainer.build.build_run(recipe))
     said = sorted(str(w.message) for w in record if issubclass(w.category, MissingExtraWarning))
     assert len(said) == 2 and "grpokit[plots]" in said[0] and "grpokit[tensorboard]" in said[1], said
     assert summary["last_metrics"]["step"] == 1

@@ -1,4 +1,4 @@
-"""File modes of what grpokit writes (``grpokit.filemodes``): the umask's, also for files written
+"""File modes of what grpokit writes (``grpokit.utils.filemodes``): the umask's, also for files written
 through a temporary file (safetensors makes its weight files 0o600) or folder (mkdtemp: 0o700).
 
 The LoRA checkpoint and both exports are checked in ``tests/test_lora.py``; a full checkpoint, the
@@ -13,7 +13,7 @@ import os
 import pytest
 import torch
 
-from grpokit.filemodes import current_umask, default_mode, honour_umask
+from grpokit.utils.filemodes import current_umask, default_mode, honour_umask
 
 
 @contextlib.contextmanager
@@ -45,7 +45,7 @@ def test_honour_umask_gives_what_open_and_mkdir_give(tmp_path):
 
 
 def test_a_full_checkpoint_has_the_umasks_modes(tiny_model, smollm2_tokenizer, tmp_path):
-    from grpokit.checkpoint import save_checkpoint
+    from grpokit.trainer.checkpoint import save_checkpoint
 
     opt = torch.optim.SGD(tiny_model.parameters(), lr=0.1)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
@@ -58,8 +58,8 @@ def test_a_full_checkpoint_has_the_umasks_modes(tiny_model, smollm2_tokenizer, t
 
 
 def test_the_sft_folder_has_the_umasks_modes(tiny_model_dir, smollm2_tokenizer, tmp_path):
-    from grpokit.models import load_model
-    from grpokit.sft import completion_rows, encode_rows, run_sft
+    from grpokit.models.loading import load_model
+    from grpokit.trainer.sft import completion_rows, encode_rows, run_sft
 
     rows = [{"prompt": "What is 1 + 1?", "answer": "2", "equation": "1 + 1"}] * 2
     enc = encode_rows(smollm2_tokenizer, completion_rows(rows, "{equation}")[0], prompt_template="{question}")
@@ -72,18 +72,18 @@ def test_the_sft_folder_has_the_umasks_modes(tiny_model_dir, smollm2_tokenizer, 
 
 
 def test_the_packaged_models_cache_folder_has_the_umasks_modes(tmp_path, monkeypatch):
-    import grpokit.models
+    import grpokit.models.loading
     from safetensors.torch import save_file
 
     def build(out):  # what _build_smollm2 writes, in brief: safetensors weights (0o600) and plain files
         save_file({"w": torch.zeros(2)}, str(out / "model.safetensors"))
         (out / "config.json").write_text("{}")
-        (out / grpokit.models._MARKER).write_text("{}")
+        (out / grpokit.models.loading._MARKER).write_text("{}")
 
-    monkeypatch.setattr(grpokit.models, "_build_smollm2", build)
+    monkeypatch.setattr(grpokit.models.loading, "_build_smollm2", build)
     with umask(0o027):
-        target = grpokit.models._ensure_smollm2(tmp_path / "models" / "m")
-    assert modes(target) == {"model.safetensors": "0o640", "config.json": "0o640", grpokit.models._MARKER: "0o640"}
+        target = grpokit.models.loading._ensure_smollm2(tmp_path / "models" / "m")
+    assert modes(target) == {"model.safetensors": "0o640", "config.json": "0o640", grpokit.models.loading._MARKER: "0o640"}
     assert oct(target.stat().st_mode & 0o777) == "0o750"
 
 

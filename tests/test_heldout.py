@@ -9,8 +9,8 @@ import random
 import pytest
 
 from grpokit.config import Recipe
-from grpokit.heldout import check_ranges, shuffle_seed
-from grpokit.rows import section_rows, shuffled_rows
+from grpokit.data.heldout import check_ranges, shuffle_seed
+from grpokit.data.rows import section_rows, shuffled_rows
 
 
 @pytest.fixture

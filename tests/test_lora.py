@@ -1,4 +1,4 @@
-"""LoRA through peft (``model.lora``, ``grpokit.lora``) on the tiny random Llama (``tiny_model_dir``).
+"""LoRA through peft (``model.lora``, ``grpokit.models.lora``) on the tiny random Llama (``tiny_model_dir``).
 
 What is pinned: π_ref is the policy with its adapters disabled, bit for bit the base model (no
 second model loaded); a run trains the adapters and leaves the base weights bit for bit; the cpu
@@ -17,15 +17,15 @@ import torch
 from helpers import tiny_recipe, tiny_recipe_dict, write_recipe
 from transformers import AutoModelForCausalLM
 
-import grpokit.build
+import grpokit.trainer.build
 from grpokit.backends import backend_of, install_backend, lora_modules
-from grpokit.checkpoint import load_model_weights, load_training_state
-from grpokit.cli import main
+from grpokit.trainer.checkpoint import load_model_weights, load_training_state
+from grpokit.cli.main import main
 from grpokit.config import RecipeError, load_recipe
-from grpokit.lora import adapter_dropout, is_peft_model, merged_copy
+from grpokit.models.lora import adapter_dropout, is_peft_model, merged_copy
 from grpokit.metrics import read_metrics
-from grpokit.policy import batch_logprobs, completion_logprobs, reference_logprobs
-from grpokit.trainer import optimize, sample_and_score, train
+from grpokit.models.logprobs import batch_logprobs, completion_logprobs, reference_logprobs
+from grpokit.trainer.loop import optimize, sample_and_score, train
 
 pytest.importorskip("peft")
 
@@ -60,7 +60,7 @@ def sampled(run, recipe, step=2):
 def trained_run(model_dir, out, steps=1, **kw):
     """A LoRA run trained ``steps`` steps (lr 1e-2: the adapters move)."""
     recipe = lora_recipe(model_dir, out, train={"max_steps": steps}, **kw)
-    run = grpokit.build.build_run(recipe)
+    run = grpokit.trainer.build.build_run(recipe)
     train(recipe, progress=False, run=run)
     return recipe, run
 
@@ -98,7 +98,7 @@ def test_no_reference_and_no_adapters_is_an_error(tiny_model, tiny_model_dir, tm
 
 def test_two_steps_move_the_adapters_and_leave_the_base_weights(tiny_model_dir, tmp_path):
     recipe = lora_recipe(tiny_model_dir, tmp_path)
-    run = grpokit.build.build_run(recipe)
+    run = grpokit.trainer.build.build_run(recipe)
     adapters0 = adapter_state(run.model)
     trainable = {id(p) for p in run.model.parameters() if p.requires_grad}
     assert trainable == {id(p) for g in run.optimizer.param_groups for p in g["params"]}  # adapters only
@@ -122,11 +122,11 @@ def test_two_steps_move_the_adapters_and_leave_the_base_weights(tiny_model_dir, 
 
 def test_backend_auto_steps_aside_and_cpu_refuses(tiny_model_dir, tmp_path, capsys):
     recipe = lora_recipe(tiny_model_dir, tmp_path)
-    run = grpokit.build.build_run(recipe)
+    run = grpokit.trainer.build.build_run(recipe)
     assert backend_of(run.model) == "plain"
     assert "backend plain: LoRA modules found" in capsys.readouterr().out
     with pytest.raises(ValueError, match=r"model\.backend=cpu cannot be exact here: LoRA modules found"):
-        grpokit.build.build_run(lora_recipe(tiny_model_dir, tmp_path, model={"backend": "cpu"}))
+        grpokit.trainer.build.build_run(lora_recipe(tiny_model_dir, tmp_path, model={"backend": "cpu"}))
     # where the cpu backend does run (the base model), it agrees with the LoRA policy at B = 0
     exp = sampled(run, recipe, step=1)
     base = plain_model(tiny_model_dir)
@@ -144,7 +144,7 @@ def test_checkpoint_holds_the_adapter_and_resumes_exactly(tiny_model_dir, tmp_pa
     weights and optimizer moments bit for bit, same metrics."""
     full, split = tmp_path / "full", tmp_path / "split"
     two = {"train": {"max_steps": 2, "save_steps": 1}}
-    run_full = grpokit.build.build_run(lora_recipe(tiny_model_dir, full, **two))
+    run_full = grpokit.trainer.build.build_run(lora_recipe(tiny_model_dir, full, **two))
     train(lora_recipe(tiny_model_dir, full, **two), progress=False, run=run_full)
     train(lora_recipe(tiny_model_dir, split, train={"max_steps": 1, "save_steps": 1}), progress=False)
 
@@ -156,7 +156,7 @@ def test_checkpoint_holds_the_adapter_and_resumes_exactly(tiny_model_dir, tmp_pa
     _, blob = load_training_state(ckpt)
     assert len(blob["optimizer"]["state"]) == 28  # AdamW moments of the 28 adapter tensors only
 
-    run_split = grpokit.build.build_run(lora_recipe(tiny_model_dir, split, **two))
+    run_split = grpokit.trainer.build.build_run(lora_recipe(tiny_model_dir, split, **two))
     fresh = adapter_state(run_split.model)
     load_model_weights(run_split.model, ckpt)  # the round trip alone: the file holds what step 1 left
     loaded = adapter_state(run_split.model)
@@ -181,11 +181,11 @@ def test_a_checkpoint_and_a_model_of_the_other_kind_do_not_mix(tiny_model_dir, t
     with pytest.raises(ValueError, match="holds a LoRA adapter .* but model.lora is off"):
         load_model_weights(plain, lora_out / "checkpoint-1")
     train(tiny_recipe(tiny_model_dir, full_out, train={"max_steps": 1}), progress=False)
-    run = grpokit.build.build_run(lora_recipe(tiny_model_dir, full_out))
+    run = grpokit.trainer.build.build_run(lora_recipe(tiny_model_dir, full_out))
     with pytest.raises(ValueError, match="no adapter_model.safetensors"):
         load_model_weights(run.model, full_out / "checkpoint-1")
     with pytest.raises(ValueError, match="does not fit model.lora"):  # another rank
-        load_model_weights(grpokit.build.build_run(lora_recipe(tiny_model_dir, tmp_path / "r8", {"r": 8})).model,
+        load_model_weights(grpokit.trainer.build.build_run(lora_recipe(tiny_model_dir, tmp_path / "r8", {"r": 8})).model,
                            lora_out / "checkpoint-1")
 
 
@@ -215,7 +215,7 @@ def test_merged_export_gives_the_adapted_logits(tiny_model_dir, tmp_path, capsys
     assert is_peft_model(run.model) and lora_modules(run.model)
     # grpokit eval (and any load_model) takes a LoRA checkpoint as a model: the base with the adapter merged,
     # a plain model (trainable, fine-tunable) with the adapted logits to float rounding, as the export's
-    from grpokit.models import load_model
+    from grpokit.models.loading import load_model
 
     loaded = load_model(str(ckpt))
     assert not lora_modules(loaded) and not is_peft_model(loaded) and not loaded.training
@@ -251,7 +251,7 @@ def test_export_of_a_full_checkpoint_copies_the_model(tiny_model_dir, tmp_path):
 
 
 def test_value_model_of_a_lora_policy_is_a_merged_decoder_copy(tiny_model_dir, tmp_path):
-    from grpokit.value import ValueModel
+    from grpokit.estimators.value import ValueModel
 
     recipe, run = trained_run(tiny_model_dir, tmp_path)
     exp = sampled(run, recipe)
@@ -279,7 +279,7 @@ def test_ppo_with_lora_takes_pi_ref_from_the_disabled_adapters(tiny_model_dir, t
     sections = {"algo": {"estimator": "ppo", "beta": 0.1, "kl_in_reward": True},
                 "train": {"critic_learning_rate": 1e-2, "max_steps": 1}}
     recipe = lora_recipe(tiny_model_dir, tmp_path, **sections)
-    run = grpokit.build.build_run(recipe)
+    run = grpokit.trainer.build.build_run(recipe)
     assert run.ref_model is None
     train(recipe, progress=False, run=run)  # moves the adapters
     exp = sampled(run, recipe)  # PPO's advantages set exp.ref_logprobs (the KL is in the reward)
@@ -313,7 +313,7 @@ def test_adapter_dropout_with_gradient_checkpointing_gives_the_same_gradients(ti
     for ckpt in (False, True):
         recipe = lora_recipe(tiny_model_dir, tmp_path / str(ckpt), {**LORA, "dropout": 0.5},
                              model={"gradient_checkpointing": ckpt})
-        run = grpokit.build.build_run(recipe)
+        run = grpokit.trainer.build.build_run(recipe)
         with torch.no_grad():
             for k, p in run.model.named_parameters():
                 if "lora_B" in k:
@@ -366,24 +366,24 @@ def test_bad_lora_values_name_the_key(tiny_model_dir, tmp_path, lora, message):
 
 def test_target_modules_that_match_nothing_name_the_key(tiny_model_dir, tmp_path):
     with pytest.raises(ValueError, match=r"model\.lora\.target_modules=\['no_such_proj'\]"):
-        grpokit.build.build_run(lora_recipe(tiny_model_dir, tmp_path, {"target_modules": ["no_such_proj"]}))
+        grpokit.trainer.build.build_run(lora_recipe(tiny_model_dir, tmp_path, {"target_modules": ["no_such_proj"]}))
 
 
 def test_lora_without_peft_names_the_extra_before_the_model_loads(tiny_model_dir, tmp_path, monkeypatch):
-    import grpokit.models
+    import grpokit.models.loading
 
     for name in [m for m in sys.modules if m == "peft" or m.startswith("peft.")]:
         monkeypatch.setitem(sys.modules, name, None)
-    monkeypatch.setattr(grpokit.models, "load_model", lambda *a, **k: pytest.fail("model loaded"))
+    monkeypatch.setattr(grpokit.models.loading, "load_model", lambda *a, **k: pytest.fail("model loaded"))
     with pytest.raises(ImportError, match=r"^model\.lora needs peft, which is not installed: "
                                           r"pip install 'grpokit\[lora\]'$"):
-        grpokit.build.build_run(lora_recipe(tiny_model_dir, tmp_path))
+        grpokit.trainer.build.build_run(lora_recipe(tiny_model_dir, tmp_path))
 
 
 def test_merged_state_dict_is_the_merged_model_out_of_place(tiny_model_dir, tmp_path):
     """What the vLLM engine loads for a LoRA policy: the plain model's keys, the adapted weights
     equal to peft's merge (within 1e-6), the training model untouched (adapters kept, unmerged)."""
-    from grpokit.lora import merged_state_dict
+    from grpokit.models.lora import merged_state_dict
 
     _, run = trained_run(tiny_model_dir, tmp_path / "run")
     before = {k: v.clone() for k, v in run.model.state_dict().items()}

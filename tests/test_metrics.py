@@ -53,7 +53,7 @@ def test_a_fresh_run_replaces_a_non_utf8_metrics_file(tmp_path):
 def test_samples_show_the_prompt_the_model_saw_and_each_advantage(tiny_model_dir, tmp_path):
     from helpers import tiny_recipe
 
-    from grpokit.trainer import train
+    from grpokit.trainer.loop import train
 
     train(tiny_recipe(tiny_model_dir, tmp_path, train={"max_steps": 1}, data={"system_prompt": "Be brief."}),
           progress=False)
@@ -99,7 +99,7 @@ def test_no_signal_under_process_supervision_quotes_the_step_reward_fraction():
     import torch
 
     from grpokit.metrics import RunWarning
-    from grpokit.trainer import warn_if_step_did_nothing
+    from grpokit.trainer.loop import warn_if_step_did_nothing
 
     m = {"step": 3, "truncated_frac": 0.0, "unscorable_frac": 0.0, "frac_zero_std": 0.5, "step_frac_zero_std": 1.0}
     with warnings.catch_warnings(record=True) as said:

@@ -1,4 +1,4 @@
-"""grpokit.models: alias resolution, the SmolLM2 cache build, tokenizer setup, EOS ids, errors."""
+"""grpokit.models.loading: alias resolution, the SmolLM2 cache build, tokenizer setup, EOS ids, errors."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from grpokit import models
+from grpokit.models import loading as models
 
 
 # ---------------------------------------------------------------- cache location and aliases

@@ -9,10 +9,10 @@ import pytest
 import torch
 from helpers import tiny_recipe
 
-from grpokit.checkpoint import load_training_state
+from grpokit.trainer.checkpoint import load_training_state
 from grpokit.config import RecipeError, recipe_from_dict
-from grpokit.optim import make_optimizer
-from grpokit.trainer import train
+from grpokit.trainer.optim import make_optimizer
+from grpokit.trainer.loop import train
 
 
 def _one_step(optimizer: str, lr: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,7 +87,7 @@ def test_bf16_run_checkpoints_and_resumes_the_sr_optimizer(tiny_model_dir, tmp_p
 def test_adamw_sr_on_float32_parameters_equals_torch_adamw(weight_decay):
     """Without rounding to do, the chunked update is AdamW itself (Loshchilov & Hutter 2019, Alg. 2):
     five steps with varying gradients on a tensor spanning several chunks and a small one."""
-    import grpokit.optim as optim
+    import grpokit.trainer.optim as optim
 
     gen = torch.Generator().manual_seed(0)
     shapes = [(3, optim._CHUNK // 2 + 7), (5,)]  # the first spans two chunks
@@ -107,7 +107,7 @@ def test_adamw_sr_on_float32_parameters_equals_torch_adamw(weight_decay):
 
 
 def test_adamw_sr_takes_non_contiguous_parameters_and_gradients():
-    import grpokit.optim as optim
+    import grpokit.trainer.optim as optim
 
     gen = torch.Generator().manual_seed(1)
     base = torch.randn(6, 4, generator=gen)
@@ -126,7 +126,7 @@ def test_adamw_sr_takes_non_contiguous_parameters_and_gradients():
 def test_stochastic_rounding_of_second_moments_is_unbiased():
     """v = β₂·v: a 0.1 % decay, under half a bf16 ulp, vanishes when rounded to nearest; with
     stochastic rounding the mean stored value decays by (1 - β₂) within 5 standard errors."""
-    from grpokit.optim import AdamWStochasticRounding
+    from grpokit.trainer.optim import AdamWStochasticRounding
 
     torch.manual_seed(0)
     p = torch.nn.Parameter(torch.zeros(200_000, dtype=torch.bfloat16))
@@ -146,7 +146,7 @@ def test_rounding_noise_is_uniform_16_bit_and_seeded_by_torch(n):
     bit frequencies are those of a uniform draw (5 standard errors); one seed, one sequence."""
     import numpy as np
 
-    from grpokit.optim import _noise
+    from grpokit.trainer.optim import _noise
 
     draw = lambda seed: _noise(n, torch.device("cpu"), np.random.Generator(np.random.PCG64(seed)))  # noqa: E731
     x = draw(3)
@@ -162,7 +162,7 @@ def test_rounding_noise_is_uniform_16_bit_and_seeded_by_torch(n):
 
 
 def test_sr_step_is_reproducible_from_the_torch_seed():
-    from grpokit.optim import AdamWStochasticRounding
+    from grpokit.trainer.optim import AdamWStochasticRounding
 
     def run(seed):
         torch.manual_seed(seed)
@@ -178,7 +178,7 @@ def test_sr_step_is_reproducible_from_the_torch_seed():
 
 def test_float32_steps_leave_torch_rng_alone():
     """Only steps that round stochastically draw from torch's generator (fp32 runs keep their draws)."""
-    from grpokit.optim import AdamWStochasticRounding
+    from grpokit.trainer.optim import AdamWStochasticRounding
 
     p = torch.nn.Parameter(torch.ones(10))
     p.grad = torch.ones(10)

@@ -1,4 +1,4 @@
-"""The cpu backend's fast paths of ``grpokit.policy`` / ``grpokit.rollout.hf`` equal the plain ones.
+"""The cpu backend's fast paths of ``grpokit.models.logprobs`` / ``grpokit.rollout.hf`` equal the plain ones.
 
 Each optimized path is run next to the plain one on a tiny random Llama (CPU, float32) on the same
 batch: log-probs, entropies, the GRPO loss and every parameter gradient must agree
@@ -17,7 +17,7 @@ import torch
 from grpokit import algo
 from grpokit.backends import backend_of, install_backend
 from grpokit.experience import Experience
-from grpokit.policy import batch_logprobs, completion_logprobs, distinct_rows
+from grpokit.models.logprobs import batch_logprobs, completion_logprobs, distinct_rows
 
 V = 64  # tiny_model_v64: bos 1, eos 2, pad 0
 
@@ -231,7 +231,7 @@ def test_gradient_checkpointing_recomputes_and_keeps_loss_and_grads(make_tiny_mo
     and log-probs, loss and gradients equal the plain path's."""
     import torch.utils.checkpoint as cp
 
-    from grpokit.policy import checkpointing_active, enable_gradient_checkpointing
+    from grpokit.models.logprobs import checkpointing_active, enable_gradient_checkpointing
 
     plain_model = make_tiny_model(vocab_size=V, pad_token_id=0)
     model = _shared_prompt_only(plain_model)

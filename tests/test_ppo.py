@@ -9,13 +9,13 @@ import torch
 from helpers import tiny_recipe
 from transformers import AutoModelForCausalLM
 
-import grpokit.build
+import grpokit.trainer.build
 from grpokit import algo
-from grpokit.checkpoint import load_training_state
+from grpokit.trainer.checkpoint import load_training_state
 from grpokit.metrics import read_metrics
-from grpokit.ppo import PPO
-from grpokit.trainer import sample_and_score, train
-from grpokit.value import ValueModel
+from grpokit.estimators.ppo import PPO
+from grpokit.trainer.loop import sample_and_score, train
+from grpokit.estimators.value import ValueModel
 
 PPO_SECTIONS = {"algo": {"estimator": "ppo", "beta": 0.0}, "train": {"critic_learning_rate": 1e-2}}
 
@@ -55,7 +55,7 @@ def test_value_model_reads_the_hidden_state_before_each_token(tiny_model):
 
 def test_critic_warmup_leaves_the_actor_bit_for_bit(tiny_model_dir, tmp_path):
     recipe = tiny_recipe(tiny_model_dir, tmp_path, **sections(train={"critic_warmup_steps": 2}))
-    run = grpokit.build.build_run(recipe)
+    run = grpokit.trainer.build.build_run(recipe)
     critic0 = {k: v.clone() for k, v in run.algorithm.critic.state_dict().items()}
     train(recipe, progress=False, run=run)
     init = initial_state(tiny_model_dir)
@@ -70,7 +70,7 @@ def test_critic_warmup_leaves_the_actor_bit_for_bit(tiny_model_dir, tmp_path):
 
 def test_two_ppo_steps_train_both_models(tiny_model_dir, tmp_path):
     recipe = tiny_recipe(tiny_model_dir, tmp_path, **sections(algo={"beta": 0.04, "kl_in_reward": True}))
-    run = grpokit.build.build_run(recipe)
+    run = grpokit.trainer.build.build_run(recipe)
     assert isinstance(run.algorithm, PPO) and run.ref_model is not None
     train(recipe, progress=False, run=run)
     lines = read_metrics(tmp_path / "metrics.jsonl")
@@ -85,7 +85,7 @@ def test_two_ppo_steps_train_both_models(tiny_model_dir, tmp_path):
 
 def test_ppo_advantages_are_whitened_gae_of_the_rewards(tiny_model_dir, tmp_path):
     recipe = tiny_recipe(tiny_model_dir, tmp_path, **sections())
-    run = grpokit.build.build_run(recipe)
+    run = grpokit.trainer.build.build_run(recipe)
     torch.nn.init.normal_(run.algorithm.critic.head.weight, std=0.5, generator=torch.Generator().manual_seed(1))
     rows, exp, _, _ = sample_and_score(run, 1, 2, round_=0, rollout_cfg=recipe.rollout, train_cfg=recipe.train)
     mask = exp.completion_mask
@@ -101,7 +101,7 @@ def test_ppo_advantages_are_whitened_gae_of_the_rewards(tiny_model_dir, tmp_path
 
 def test_value_loss_falls_on_a_fixed_batch(tiny_model_dir, tmp_path):
     recipe = tiny_recipe(tiny_model_dir, tmp_path, **sections(algo={"value_clip_eps": 10.0}))
-    run = grpokit.build.build_run(recipe)
+    run = grpokit.trainer.build.build_run(recipe)
     rows, exp, _, _ = sample_and_score(run, 1, 2, round_=0, rollout_cfg=recipe.rollout, train_cfg=recipe.train)
     exp.returns = torch.where(exp.completion_mask, torch.ones_like(exp.returns), 0.0)  # a target V can reach
     losses = [run.algorithm.update_auxiliary(exp, exp.completion_mask, recipe.train)["value_loss"] for _ in range(6)]
@@ -114,13 +114,13 @@ def test_ppo_checkpoint_resumes_exactly(tiny_model_dir, tmp_path):
     policy weights and value model bit for bit."""
     full, split = tmp_path / "full", tmp_path / "split"
     extra = sections(train={"max_steps": 2, "save_steps": 1})
-    run_full = grpokit.build.build_run(tiny_recipe(tiny_model_dir, full, **extra))
+    run_full = grpokit.trainer.build.build_run(tiny_recipe(tiny_model_dir, full, **extra))
     train(tiny_recipe(tiny_model_dir, full, **extra), progress=False, run=run_full)
     first = sections(train={"max_steps": 1, "save_steps": 1})
     train(tiny_recipe(tiny_model_dir, split, **first), progress=False)
     _, blob = load_training_state(split / "checkpoint-1")
     assert {"critic", "critic_optimizer"} <= set(blob["algorithm"])
-    run_split = grpokit.build.build_run(tiny_recipe(tiny_model_dir, split, **extra))
+    run_split = grpokit.trainer.build.build_run(tiny_recipe(tiny_model_dir, split, **extra))
     train(tiny_recipe(tiny_model_dir, split, **extra), progress=False, run=run_split)
     for name in ("model",):
         a, b = getattr(run_full, name).state_dict(), getattr(run_split, name).state_dict()

@@ -2,7 +2,7 @@
 faults, bad input rejected before the model loads, safe defaults.
 
 Runs a tiny random Llama (``tiny_model_dir``) with the fake rewards of ``tests/fake_rewards.py``.
-The subprocess tests start ``python -m grpokit.cli`` (one torch thread each), ~5 s apiece.
+The subprocess tests start ``python -m grpokit`` (one torch thread each), ~5 s apiece.
 """
 
 from __future__ import annotations
@@ -23,15 +23,15 @@ import yaml
 from helpers import tiny_recipe, tiny_recipe_dict, write_recipe
 from safetensors.torch import load_file
 
-import grpokit.models
-import grpokit.build
-import grpokit.stopping
-import grpokit.trainer
+import grpokit.models.loading
+import grpokit.trainer.build
+import grpokit.trainer.stopping
+import grpokit.trainer.loop
 from grpokit import algo
-from grpokit.cli import main
+from grpokit.cli.main import main
 from grpokit.config import recipe_from_dict
 from grpokit.metrics import read_metrics
-from grpokit.trainer import train
+from grpokit.trainer.loop import train
 
 TESTS = Path(__file__).resolve().parent
 
@@ -43,7 +43,7 @@ def _env() -> dict[str, str]:
 
 
 def _cli(recipe_path: Path, *overrides: str) -> list[str]:
-    return [sys.executable, "-m", "grpokit.cli", "train", str(recipe_path), "--no-progress", *overrides]
+    return [sys.executable, "-m", "grpokit", "train", str(recipe_path), "--no-progress", *overrides]
 
 
 def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120.0) -> None:
@@ -149,7 +149,7 @@ def test_sigterm_stops_at_step_boundary_with_checkpoint(tiny_model_dir, tmp_path
 
 def _stop_during_step(monkeypatch, step: int, *signals: int) -> None:
     """Send ``signals`` to this process at the start of step ``step`` (each handled before the next)."""
-    real = grpokit.trainer.run_step
+    real = grpokit.trainer.loop.run_step
 
     def run_step(run, *a, **k):
         if run.state.step + 1 == step:
@@ -158,7 +158,7 @@ def _stop_during_step(monkeypatch, step: int, *signals: int) -> None:
                 time.sleep(0)  # a call: the handler of one signal runs before the next is sent
         return real(run, *a, **k)
 
-    monkeypatch.setattr(grpokit.trainer, "run_step", run_step)
+    monkeypatch.setattr(grpokit.trainer.loop, "run_step", run_step)
 
 
 @pytest.mark.parametrize("sig, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
@@ -180,8 +180,8 @@ def test_a_signal_finishes_the_step_checkpoints_and_exits_128_plus_its_number(ti
 
 def test_a_signal_to_another_rank_stops_this_one_with_that_status(tiny_model_dir, tmp_path, capsys, monkeypatch):
     """Under torchrun every rank learns of a stop through ``any_rank`` and takes the signaled rank's number."""
-    monkeypatch.setattr(grpokit.trainer, "any_rank", lambda flag, ranks: True)  # rank 1 got a SIGTERM
-    monkeypatch.setattr(grpokit.stopping, "gather_objects", lambda obj, ranks: [obj, int(signal.SIGTERM)])
+    monkeypatch.setattr(grpokit.trainer.loop, "any_rank", lambda flag, ranks: True)  # rank 1 got a SIGTERM
+    monkeypatch.setattr(grpokit.trainer.stopping, "gather_objects", lambda obj, ranks: [obj, int(signal.SIGTERM)])
     out = tmp_path / "run"
     recipe = write_recipe(tmp_path / "r.yaml", tiny_recipe_dict(tiny_model_dir, out, algo={"beta": 0.0},
                                                                 train={"max_steps": 5}))
@@ -214,7 +214,7 @@ def test_rerunning_a_finished_run_loads_nothing_and_writes_nothing(tiny_model_di
     assert json.loads((out / "summary.json").read_text())["last_metrics"]["step"] == 1
     capsys.readouterr()
     for name in ("load_model", "load_tokenizer"):
-        monkeypatch.setattr(grpokit.models, name, lambda *a, **k: pytest.fail("loaded"))
+        monkeypatch.setattr(grpokit.models.loading, name, lambda *a, **k: pytest.fail("loaded"))
     assert main(["train", str(recipe), "--no-progress", "data.limit=4"]) == 0
     assert capsys.readouterr().out == (
         f"[grpokit] {out / 'checkpoint-1'} is already at train.max_steps=1, nothing to do (raise train.max_steps to "
@@ -268,13 +268,13 @@ def test_hanging_reward_is_cut_off_by_the_timeout(tiny_model_dir, tmp_path):
 @pytest.mark.parametrize("fn, frac", [("nan_reward", 0.5), ("inf_reward", 0.125)])
 def test_unscorable_rewards_get_zero_advantage(tiny_model_dir, tmp_path, monkeypatch, fn, frac):
     seen = []
-    real = grpokit.trainer.sample_and_score
+    real = grpokit.trainer.loop.sample_and_score
 
     def spy(*a, **k):
         seen.append(real(*a, **k))
         return seen[-1]
 
-    monkeypatch.setattr(grpokit.trainer, "sample_and_score", spy)
+    monkeypatch.setattr(grpokit.trainer.loop, "sample_and_score", spy)
     _run(tiny_model_dir, tmp_path, rewards={"functions": [f"fake_rewards:{fn}"]},
          rollout={"group_size": 4}, train={"max_steps": 1})
     exp = seen[0][1]
@@ -299,14 +299,14 @@ def _weights(model) -> dict[str, torch.Tensor]:
 
 def _capture_setup(monkeypatch) -> dict:
     seen = {}
-    real = grpokit.build.build_run
+    real = grpokit.trainer.build.build_run
 
     def spy(r):
         seen["s"] = real(r)
         seen["w0"] = _weights(seen["s"].model)
         return seen["s"]
 
-    monkeypatch.setattr(grpokit.trainer, "build_run", spy)
+    monkeypatch.setattr(grpokit.trainer.loop, "build_run", spy)
     return seen
 
 
@@ -430,7 +430,7 @@ def test_bad_input_fails_before_the_model_loads(tiny_model_dir, tmp_path, capsys
 
 def test_remote_code_is_off_and_checkpoints_are_safetensors(tiny_model_dir, tmp_path, monkeypatch):
     seen = []
-    real_model, real_tok = grpokit.models.load_model, grpokit.models.load_tokenizer
+    real_model, real_tok = grpokit.models.loading.load_model, grpokit.models.loading.load_tokenizer
 
     def model_spy(*a, **k):
         seen.append(("model", k.get("trust_remote_code")))
@@ -440,8 +440,8 @@ def test_remote_code_is_off_and_checkpoints_are_safetensors(tiny_model_dir, tmp_
         seen.append(("tokenizer", k.get("trust_remote_code")))
         return real_tok(*a, **k)
 
-    monkeypatch.setattr(grpokit.models, "load_model", model_spy)
-    monkeypatch.setattr(grpokit.models, "load_tokenizer", tok_spy)
+    monkeypatch.setattr(grpokit.models.loading, "load_model", model_spy)
+    monkeypatch.setattr(grpokit.models.loading, "load_tokenizer", tok_spy)
     assert recipe_from_dict({}).model.trust_remote_code is False
     _run(tiny_model_dir, tmp_path, train={"max_steps": 1})
     assert seen == [("tokenizer", False), ("model", False), ("model", False)]  # policy + reference

@@ -12,7 +12,7 @@ from helpers import tiny_recipe_dict
 import grpokit.rollout.sampling as sampling
 from grpokit.backends import install_backend
 from grpokit.config import RecipeError, recipe_from_dict
-from grpokit.policy import completion_logprobs
+from grpokit.models.logprobs import completion_logprobs
 from grpokit.rollout import SamplingParams, generate_rollouts
 
 

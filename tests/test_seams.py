@@ -11,8 +11,8 @@ import torch
 from helpers import tiny_recipe
 
 from grpokit import algo
-from grpokit.algorithms import GRPO, load_algorithm
-from grpokit.build import resolve_device
+from grpokit.estimators.base import GRPO, load_algorithm
+from grpokit.trainer.build import resolve_device
 from grpokit.experience import Experience
 from grpokit.rewards.pipeline import RewardPipeline
 from grpokit.rollout.engine import ENGINE_METHODS, ENGINES, RolloutEngine, SamplingParams, load_engine
@@ -138,7 +138,7 @@ def test_sampling_params_from_the_recipe_name_the_rollout_key(tmp_path):
 
 
 def test_hf_engine_returns_grouped_experience(tiny_model_dir, smollm2_tokenizer):
-    from grpokit.models import load_model
+    from grpokit.models.loading import load_model
     from grpokit.rollout.engine import SamplingParams
 
     model = load_model(tiny_model_dir)
@@ -191,10 +191,10 @@ def test_the_runs_parts_are_typed():
 
     from transformers import PreTrainedTokenizerBase
 
-    import grpokit.build as build
-    from grpokit.algorithms import Algorithm
-    from grpokit.evaluator import HeldOutEval
-    from grpokit.state import TrainState
+    import grpokit.trainer.build as build
+    from grpokit.estimators.base import Algorithm
+    from grpokit.eval.evaluate import HeldOutEval
+    from grpokit.trainer.state import TrainState
 
     names = dict(vars(build), PreTrainedTokenizerBase=PreTrainedTokenizerBase, Algorithm=Algorithm,
                  HeldOutEval=HeldOutEval, RewardPipeline=RewardPipeline, RolloutEngine=RolloutEngine,

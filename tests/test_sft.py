@@ -1,4 +1,4 @@
-"""grpokit.sft / ``grpokit sft``: labels on completion tokens only, the loss Trainer minimizes,
+"""grpokit.trainer.sft / ``grpokit sft``: labels on completion tokens only, the loss Trainer minimizes,
 held-out questions left out, the written model, and the errors."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import math
 import pytest
 import torch
 
-from grpokit.cli import main
+from grpokit.cli.main import main
 from grpokit.data import build_chat_prompt
 from grpokit.data.packaged import asdiv_equation
-from grpokit.models import encode_prompts, load_model
-from grpokit.sft import IGNORE_INDEX, collate, completion_rows, drop_heldout_questions, encode_rows, run_sft
+from grpokit.models.loading import encode_prompts, load_model
+from grpokit.trainer.sft import IGNORE_INDEX, collate, completion_rows, drop_heldout_questions, encode_rows, run_sft
 
 TEMPLATE = "{question}\nAnswer with just the number."
 ROWS = [{"prompt": "Tom has 3 apples and gets 4 more. How many apples?", "answer": "7", "equation": "3 + 4 = 7"},

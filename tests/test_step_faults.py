@@ -10,7 +10,7 @@ import torch
 from helpers import tiny_recipe
 
 from grpokit.metrics import read_metrics
-from grpokit.trainer import RunWarning, train
+from grpokit.trainer.loop import RunWarning, train
 
 
 def _run(model_dir, out, **sections):
@@ -116,7 +116,7 @@ def test_prompts_that_cannot_fit_the_context_are_refused_before_training(short_c
 
 def test_prompts_over_the_context_are_skipped_and_counted(tiny_model_dir, tmp_path, monkeypatch, capsys,
                                                           smollm2_tokenizer):
-    import grpokit.build
+    import grpokit.trainer.build
     from grpokit.data import build_chat_prompt, load_rows
 
     rows = load_rows("mawps", "singleop", limit=8, seed=0)
@@ -124,10 +124,10 @@ def test_prompts_over_the_context_are_skipped_and_counted(tiny_model_dir, tmp_pa
                                            add_special_tokens=False)["input_ids"]) for r in rows)
     room = lengths[4]  # the 3+ longest prompts do not fit
     over = sum(n > room for n in lengths)
-    import grpokit.models
+    import grpokit.models.loading
 
-    monkeypatch.setattr(grpokit.models, "model_max_positions", lambda *a, **k: room + 8)
-    run = grpokit.build.build_run(tiny_recipe(tiny_model_dir, tmp_path))
+    monkeypatch.setattr(grpokit.models.loading, "model_max_positions", lambda *a, **k: room + 8)
+    run = grpokit.trainer.build.build_run(tiny_recipe(tiny_model_dir, tmp_path))
     assert run.data.skipped == over and len(run.data.rows) == 8 - over
     assert f"{over} prompts of mawps/singleop skipped: longer than {room} tokens" in capsys.readouterr().err
 
@@ -146,7 +146,7 @@ def test_eval_prompts_that_cannot_fit_are_refused_before_training(tiny_model_dir
 def test_cli_says_the_warning_in_one_line(tiny_model_dir, tmp_path, capsys):
     from helpers import tiny_recipe_dict, write_recipe
 
-    from grpokit.cli import main
+    from grpokit.cli.main import main
 
     path = write_recipe(tmp_path / "r.yaml", tiny_recipe_dict(tiny_model_dir, tmp_path / "out",
                                                               train={"max_steps": 1}))
@@ -204,21 +204,21 @@ def test_held_out_rows_overlapping_training_rows_are_refused(tiny_model_dir, tmp
 
 
 def test_generated_held_out_set_is_seed_separated_and_deduplicated(tiny_model_dir, tmp_path, monkeypatch):
-    import grpokit.build
-    import grpokit.evaluator
+    import grpokit.trainer.build
+    import grpokit.eval.evaluate
 
     seen = {}
-    real = grpokit.evaluator.HeldOutEval.__init__
+    real = grpokit.eval.evaluate.HeldOutEval.__init__
 
     def spy(self, recipe, train_rows):
         real(self, recipe, train_rows)
         seen["train"], seen["eval"] = train_rows, self.rows
         raise SystemExit  # stop before the model loads
 
-    monkeypatch.setattr(grpokit.evaluator.HeldOutEval, "__init__", spy)
+    monkeypatch.setattr(grpokit.eval.evaluate.HeldOutEval, "__init__", spy)
     opts = {"size": 300, "min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2, "operators": ["+", "-"]}
     with pytest.raises(SystemExit):
-        grpokit.build.build_run(tiny_recipe(tiny_model_dir, tmp_path, data={"dataset": "reasoning_gym:basic_arithmetic",
+        grpokit.trainer.build.build_run(tiny_recipe(tiny_model_dir, tmp_path, data={"dataset": "reasoning_gym:basic_arithmetic",
                                                                          "options": opts, "limit": None},
                                         eval={"dataset": "reasoning_gym:basic_arithmetic", "limit": 300}))
     train_q = {r["prompt"] for r in seen["train"]}
@@ -229,24 +229,25 @@ def test_generated_held_out_set_is_seed_separated_and_deduplicated(tiny_model_di
     assert len(eval_q) > 250
 
 
-def test_eval_scorer_that_does_not_match_the_data_is_a_recipe_error(tmp_path):
-    from grpokit.config import RecipeError
+def test_eval_scorer_that_does_not_match_the_data_is_refused_before_any_model_loads(tmp_path):
+    from grpokit.eval.evaluate import HeldOutEval
 
-    with pytest.raises(RecipeError, match="eval.scorer: scorer 'reasoning_gym' needs reasoning_gym: data"):
-        tiny_recipe("m", tmp_path, eval={"dataset": "mawps", "split": "singleop", "scorer": "reasoning_gym"})
+    recipe = tiny_recipe("m", tmp_path, eval={"dataset": "svamp", "split": "test", "scorer": "reasoning_gym"})
+    with pytest.raises(ValueError, match="eval.scorer: scorer 'reasoning_gym' needs reasoning_gym: data"):
+        HeldOutEval(recipe, [])
 
 
 def test_the_after_eval_reuses_the_last_steps_periodic_eval(tiny_model_dir, tmp_path, monkeypatch):
-    import grpokit.evaluate
+    import grpokit.eval.evaluate
 
     calls = []
-    real = grpokit.evaluate.evaluate
+    real = grpokit.eval.evaluate.evaluate
 
     def spy(*a, **k):
         calls.append(1)
         return real(*a, **k)
 
-    monkeypatch.setattr(grpokit.evaluate, "evaluate", spy)
+    monkeypatch.setattr(grpokit.eval.evaluate, "evaluate", spy)
     _run(tiny_model_dir, tmp_path, data={"skip": 4, "limit": 8}, train={"max_steps": 2},
          eval={"dataset": "mawps", "split": "singleop", "limit": 2, "max_new_tokens": 2, "every_steps": 2,
                "before": False})

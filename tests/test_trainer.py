@@ -15,11 +15,11 @@ import torch
 from helpers import tiny_recipe
 from transformers import AutoModelForCausalLM
 
-import grpokit.build
-import grpokit.trainer
+import grpokit.trainer.build
+import grpokit.trainer.loop
 from grpokit import algo
 from grpokit.metrics import METRIC_KEYS, read_metrics
-from grpokit.trainer import train
+from grpokit.trainer.loop import train
 
 REWARD = "fake_rewards:length_reward"
 
@@ -27,7 +27,7 @@ REWARD = "fake_rewards:length_reward"
 def run(recipe, monkeypatch):
     """``train(recipe)`` on parts built here, returning ``(summary, parts)``: the parts hold the
     trained model."""
-    parts = grpokit.build.build_run(recipe)
+    parts = grpokit.trainer.build.build_run(recipe)
     return train(recipe, progress=False, run=parts), parts
 
 

@@ -283,11 +283,11 @@ def test_token_logprobs_keep_minus_inf_for_a_minus_inf_logit():
 
 
 def test_ppo_advantages_ignore_values_and_log_probs_at_masked_tokens(monkeypatch):
-    """grpokit.ppo.PPO.advantages: the value model's output and π_old/π_ref log-probs at masked
+    """grpokit.estimators.ppo.PPO.advantages: the value model's output and π_old/π_ref log-probs at masked
     tokens (NaN/inf there) change neither the per-token KL reward, the GAE nor the whitening."""
     from types import SimpleNamespace
 
-    import grpokit.ppo as ppo_mod
+    import grpokit.estimators.ppo as ppo_mod
 
     gen = torch.Generator().manual_seed(5)
     clean = {"old": -torch.rand(2, 4, generator=gen), "ref": -torch.rand(2, 4, generator=gen),

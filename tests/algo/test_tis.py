@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from grpokit import algo
-from grpokit.algorithms import GRPO
+from grpokit.estimators.base import GRPO
 from grpokit.config import AlgoConfig, RecipeError, recipe_from_dict
 from grpokit.experience import Experience
 

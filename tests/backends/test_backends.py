@@ -1,5 +1,5 @@
 """The backend hook (``grpokit.backends``): which backend ``auto`` picks and why, the refusals of an
-explicit ``cpu``, dispatch of ``grpokit.policy`` through the installed backend, and the decode
+explicit ``cpu``, dispatch of ``grpokit.models.logprobs`` through the installed backend, and the decode
 attention's device check. Tiny random Llama on the CPU; other devices and process groups are
 given to the decision function as arguments (no GPU, no process group needed)."""
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from grpokit.backends import backend_of, choose_backend, install_backend
-from grpokit.policy import completion_logprobs
+from grpokit.models.logprobs import completion_logprobs
 from tests.test_policy_fast import V, _grouped_batch
 
 

@@ -9,8 +9,8 @@ import pytest
 from grpokit.config import recipe_from_dict
 from grpokit.data import load_rows
 from grpokit.data import prompts as P
-from grpokit.rows import load_prompts
-from grpokit.textio import NotUtf8Error, iter_utf8_lines, read_utf8
+from grpokit.data.rows import load_prompts
+from grpokit.utils.textio import NotUtf8Error, iter_utf8_lines, read_utf8
 
 BOM = b"\xef\xbb\xbf"
 TEMPLATE = (
@@ -73,7 +73,7 @@ def test_textio_drops_only_a_leading_bom(tmp_path):
 
 def test_bom_recipe_and_adapter_config(tmp_path):
     from grpokit.config import load_recipe
-    from grpokit.lora import _base_of
+    from grpokit.models.lora import _base_of
 
     recipe = tmp_path / "r.yaml"
     recipe.write_bytes(BOM + b"train:\n  max_steps: 3\n")
@@ -154,8 +154,8 @@ def test_check_messages_accepts_numpy_lists():
 
 
 def test_training_eval_and_sft_render_a_conversation_alike(tmp_path):
-    from grpokit.models import encode_prompts
-    from grpokit.sft import encode_rows
+    from grpokit.models.loading import encode_prompts
+    from grpokit.trainer.sft import encode_rows
 
     tok = _tokenizer(TEMPLATE)
     tok.eos_token = "[UNK]"

@@ -21,7 +21,7 @@ from helpers import tiny_recipe
 
 from grpokit import algo
 from grpokit.metrics import read_metrics
-from grpokit.algorithms import GRPO
+from grpokit.estimators.base import GRPO
 from grpokit.experience import Experience
 from grpokit.process import ProcessScorer
 from grpokit.process.steps import scatter_step_rewards, step_end_masks, step_texts
@@ -123,7 +123,7 @@ def test_wrong_length_row_is_named(smollm2_tokenizer, rollout):
 
 def test_training_step_survives_a_failing_process_reward_row(tiny_model_dir, tmp_path):
     """The whole loop, rewards.on_error=none: the failed row is logged as unscorable, the step trains."""
-    from grpokit.trainer import train
+    from grpokit.trainer.loop import train
 
     recipe = tiny_recipe(tiny_model_dir, tmp_path, rewards={"on_error": "none"}, train={"max_steps": 1},
                          algo={"supervision": "process", "step_rule": "regex:\\s",

@@ -10,7 +10,7 @@ import fake_rewards as fr
 import pytest
 from helpers import tiny_recipe, tiny_recipe_dict, write_recipe
 
-from grpokit.cli import main
+from grpokit.cli.main import main
 from grpokit.process.wiring import resolve_process_reward
 from grpokit.rewards import compute_rewards, get_reward_function
 from grpokit.rewards.calling import RewardSignatureError, call_form, check_signature
@@ -198,8 +198,8 @@ def test_one_step_with_an_async_reward_and_a_trl_reward_from_a_file(tiny_model_d
     directory: every sample's reward is length / 100 (async) + 0.5 (TRL, given prompts= and answer=)."""
     import json
 
-    import grpokit.build
-    from grpokit.trainer import train
+    import grpokit.trainer.build
+    from grpokit.trainer.loop import train
 
     (tmp_path / "trl_style.py").write_text(
         "def half(completions, **kwargs):\n"
@@ -208,7 +208,7 @@ def test_one_step_with_an_async_reward_and_a_trl_reward_from_a_file(tiny_model_d
     monkeypatch.chdir(tmp_path)
     recipe = tiny_recipe(tiny_model_dir, tmp_path / "out", train={"max_steps": 1}, rewards={
         "functions": ["fake_rewards:async_length_reward", "./trl_style.py:half"]})
-    summary = train(recipe, progress=False, run=grpokit.build.build_run(recipe))
+    summary = train(recipe, progress=False, run=grpokit.trainer.build.build_run(recipe))
     assert summary["last_metrics"]["step"] == 1 and summary["last_metrics"]["reward_failures"] == 0
     samples = [json.loads(line) for line in (tmp_path / "out" / "samples.jsonl").read_text().splitlines()]
     assert len(samples) == 4  # 2 prompts x G = 2

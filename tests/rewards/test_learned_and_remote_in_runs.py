@@ -12,13 +12,13 @@ from helpers import tiny_recipe
 from test_remote import Server, length_scores
 from test_rm import make_rm
 
-import grpokit.build
+import grpokit.trainer.build
 from grpokit.config import RecipeError
 from grpokit.metrics import read_metrics
 from grpokit.rewards.pipeline import RewardPipeline
 from grpokit.rewards.remote import RemoteReward
 from grpokit.rewards.rm import RewardModel
-from grpokit.trainer import train
+from grpokit.trainer.loop import train
 
 RULE = "fake_rewards:length_reward"
 
@@ -65,7 +65,7 @@ def test_bad_rm_and_remote_keys_name_the_key(tiny_model_dir, tmp_path, key, valu
 def test_an_unloadable_rm_names_the_key(tiny_model_dir, tmp_path):
     recipe = tiny_recipe(tiny_model_dir, tmp_path, rewards={"functions": ["rm:/no/such/rm"]})
     with pytest.raises(ValueError, match="rewards.functions: reward model 'rm:/no/such/rm'"):
-        grpokit.build.build_rewards(recipe)
+        grpokit.trainer.build.build_rewards(recipe)
 
 
 def test_two_steps_with_an_rm_a_server_and_a_rule(tiny_model_dir, tmp_path, rm_dir, server, smollm2_tokenizer):
@@ -75,7 +75,7 @@ def test_two_steps_with_an_rm_a_server_and_a_rule(tiny_model_dir, tmp_path, rm_d
     weights = [2.0, 0.5, 1.0]
     recipe = tiny_recipe(tiny_model_dir, tmp_path, rewards={
         "functions": [f"rm:{rm_dir}", server.url, RULE], "weights": weights, "on_error": "none"})
-    summary = train(recipe, progress=False, run=grpokit.build.build_run(recipe))
+    summary = train(recipe, progress=False, run=grpokit.trainer.build.build_run(recipe))
     assert summary["last_metrics"]["step"] == 2
     model = make_rm(seed=3)
     rm = RewardModel(model, smollm2_tokenizer)

@@ -13,7 +13,7 @@ import zlib
 import pytest
 from helpers import tiny_recipe
 
-from grpokit.importing import SPEC_FORMS, import_object
+from grpokit.utils.importing import SPEC_FORMS, import_object
 from grpokit.process.wiring import resolve_process_reward
 from grpokit.rewards import get_reward_function
 from grpokit.rewards.calling import RewardSignatureError

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from grpokit.data import filter_by_prompt_length
-from grpokit.models import bos_prefix, encode_prompts
+from grpokit.models.loading import bos_prefix, encode_prompts
 from grpokit.rollout import SamplingParams, generate_rollouts
 
 WORDS = ["[PAD]", "<s>", "</s>", "a", "b", "c", "d"]

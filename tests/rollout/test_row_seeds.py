@@ -43,7 +43,7 @@ def _assert_same_rows(parts, whole, pad):
 
 
 def test_prompts_have_one_length(smollm2_tokenizer):
-    from grpokit.models import encode_prompts
+    from grpokit.models.loading import encode_prompts
 
     assert len({len(x) for x in encode_prompts(smollm2_tokenizer, PROMPTS)}) == 1
 

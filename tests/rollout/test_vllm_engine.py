@@ -93,9 +93,9 @@ def test_assembled_experience_has_the_hf_layout(smollm2_tokenizer):
 def test_weights_fingerprint_moves_on_visible_writes_but_not_on_a_fused_step(tiny_model_v64, tmp_path):
     """Why the engine needs ``sync_weights()``: grpokit's default optimizer (fused AdamW) changes the
     weights without moving the fingerprint; a resume (``load_model_weights``) and a for-each step do."""
-    from grpokit.checkpoint import load_model_weights
+    from grpokit.trainer.checkpoint import load_model_weights
     from grpokit.config import recipe_from_dict
-    from grpokit.optim import make_optimizer
+    from grpokit.trainer.optim import make_optimizer
 
     model = tiny_model_v64
     fp = ve.weights_fingerprint(model)
@@ -228,7 +228,7 @@ def test_greedy_rows_and_layout_match_the_hf_engine(fake_vllm, tiny_model, smoll
 
 def test_weights_are_pushed_before_sampling_from_them_and_only_then(fake_vllm, make_tiny_model, smollm2_tokenizer,
                                                                     tmp_path):
-    from grpokit.checkpoint import load_model_weights
+    from grpokit.trainer.checkpoint import load_model_weights
 
     model = make_tiny_model()
     vllm, hf = _engines(model, smollm2_tokenizer, [2, 0])
@@ -283,7 +283,7 @@ def test_row_seeds_do_not_depend_on_the_batch(fake_vllm, tiny_model, smollm2_tok
 
 
 def test_sampler_logprobs_are_the_trainers_at_the_temperature(fake_vllm, tiny_model, smollm2_tokenizer):
-    from grpokit.policy import batch_logprobs
+    from grpokit.models.logprobs import batch_logprobs
 
     vllm = load_engine("vllm", model=tiny_model, tokenizer=smollm2_tokenizer, eos_token_ids=list(range(0, 49152, 5)))
     e = vllm.generate(RAW_PROMPTS, 3, SamplingParams(temperature=0.7, max_new_tokens=6), 1)
@@ -301,10 +301,10 @@ def test_sampler_logprobs_are_the_trainers_at_the_temperature(fake_vllm, tiny_mo
 
 
 def test_a_lora_policy_samples_with_its_adapters_merged_out_of_place(fake_vllm, make_tiny_model, smollm2_tokenizer):
-    """vLLM gets the base weights with the adapters folded in (``grpokit.lora.merged_state_dict``):
+    """vLLM gets the base weights with the adapters folded in (``grpokit.models.lora.merged_state_dict``):
     its greedy rows are the peft model's (hf engine), which stays unmerged."""
     pytest.importorskip("peft")
-    from grpokit.lora import apply_lora, is_peft_model
+    from grpokit.models.lora import apply_lora, is_peft_model
 
     model = apply_lora(make_tiny_model(), {"r": 4, "alpha": 8, "target_modules": "all-linear", "dropout": 0.0},
                        announce=False)
@@ -323,16 +323,16 @@ def test_a_lora_policy_samples_with_its_adapters_merged_out_of_place(fake_vllm, 
 
 
 def test_the_loop_logs_the_gap_and_syncs_after_each_update_and_on_resume(fake_vllm, tiny_model_dir, tmp_path):
-    import grpokit.build
+    import grpokit.trainer.build
     from helpers import tiny_recipe
 
     from grpokit.metrics import read_metrics
-    from grpokit.trainer import train
+    from grpokit.trainer.loop import train
 
     def steps(n):
         recipe = tiny_recipe(tiny_model_dir, tmp_path, rollout={"engine": "vllm", "temperature": 0.8},
                              train={"max_steps": n, "save_steps": 1})
-        parts = grpokit.build.build_run(recipe)
+        parts = grpokit.trainer.build.build_run(recipe)
         try:
             train(recipe, progress=False, run=parts)
         finally:

@@ -205,6 +205,6 @@ def backend_of(model: torch.nn.Module) -> str:
 
 
 def get_backend(model: torch.nn.Module) -> Backend:
-    """The :class:`Backend` object that runs ``model`` (used by :mod:`grpokit.policy` and
+    """The :class:`Backend` object that runs ``model`` (used by :mod:`grpokit.models.logprobs` and
     :mod:`grpokit.rollout.hf`)."""
     return _load(backend_of(model))

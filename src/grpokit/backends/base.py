@@ -38,7 +38,7 @@ _REDUCED_AFTER_BACKWARD = "_grpokit_grads_reduced_after_backward"
 
 def mark_grads_reduced_after_backward(model: torch.nn.Module) -> None:
     """Declare that ``model``'s gradients are summed over ranks *after* each backward, from
-    ``param.grad`` (``train.parallel=ddp``: :func:`grpokit.distributed.reduce_gradients`), not by
+    ``param.grad`` (``train.parallel=ddp``: :func:`grpokit.utils.distributed.reduce_gradients`), not by
     hooks during it: the cpu backend's gradient aliases, which write ``param.grad`` directly, are
     then exact in a process group of several ranks."""
     setattr(model, _REDUCED_AFTER_BACKWARD, True)
@@ -133,7 +133,7 @@ class Backend:
     def logprobs(self, model: torch.nn.Module, batch: Any, *, temperature: float, with_entropy: bool,
                  autocast_bf16: bool, share_prompt: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(N, T)`` float32 log-probs of ``batch.completion_ids`` (and the entropy if asked);
-        see :func:`grpokit.policy.completion_logprobs`. ``share_prompt`` is a hint a backend may
+        see :func:`grpokit.models.logprobs.completion_logprobs`. ``share_prompt`` is a hint a backend may
         ignore (the plain path runs one forward per row)."""
         logits = plain_forward(model, model, batch, autocast_bf16)
         logp = token_logprobs(logits, batch.completion_ids, temperature=temperature)

@@ -127,13 +127,6 @@ def _check_combinations(recipe: Recipe) -> None:
     if recipe.model.dtype == "bfloat16" and recipe.model.autocast_bf16:
         raise RecipeError("model.autocast_bf16: the parameters are already bfloat16 (model.dtype); "
                           "autocast is for float32 parameters")
-    if recipe.eval.dataset and recipe.eval.scorer:
-        from grpokit.heldout import check_scorer
-
-        try:
-            check_scorer(recipe.eval.scorer, recipe.eval.dataset)
-        except ValueError as e:
-            raise RecipeError(f"eval.scorer: {e}") from None
     if a.max_sampling_rounds < 1:
         raise RecipeError(f"algo.max_sampling_rounds: must be >= 1, got {a.max_sampling_rounds}")
     if r.vllm is not None and (r.engine != "vllm" or not isinstance(r.vllm, dict)):

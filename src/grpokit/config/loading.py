@@ -13,7 +13,7 @@ import yaml
 from grpokit.config.checks import validate
 from grpokit.config.schema import (RENAMED_KEYS, DuplicateKeyError, Recipe, RecipeError, _fields, _hints, _walk,
                                    _yaml_load, choices_of)
-from grpokit.textio import NotUtf8Error, read_utf8
+from grpokit.utils.textio import NotUtf8Error, read_utf8
 
 
 def _check_type(key: str, value: Any, annotation: Any) -> Any:

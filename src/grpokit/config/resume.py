@@ -6,7 +6,7 @@ differ is one of two cases, decided per key (the table in ``docs/resume.md``):
 - **the recipe wins** (every key not in :data:`REFUSED_ON_RESUME`): the new value applies from the
   next step on, including keys whose value the checkpoint's state would otherwise bring back
   (``train.learning_rate``, ``weight_decay``, ``adam_betas``, the schedule, ``critic_learning_rate``:
-  :func:`grpokit.optim.keep_hyperparameters`, :func:`grpokit.optim.load_schedule_state`); each
+  :func:`grpokit.trainer.optim.keep_hyperparameters`, :func:`grpokit.trainer.optim.load_schedule_state`); each
   change is said in one line and recorded in ``trainer_state.json`` (``extra.recipe_changes``:
   step, key, old, new), and the next checkpoint's ``recipe.json`` holds the values that ran since;
 - **refused** (:data:`REFUSED_ON_RESUME`): the checkpoint's state only means something with the value

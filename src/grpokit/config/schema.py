@@ -91,7 +91,7 @@ class Registry:
     """The choices of a recipe key that a registry keeps: the names of ``module.attr`` (a mapping or
     a tuple), e.g. ``rollout.engine``'s are :data:`grpokit.rollout.engine.ENGINES`. Read when a
     recipe is validated (:func:`choices_of`), not when this module is imported: ``grpokit.backends``
-    and ``grpokit.algorithms`` import torch. ``listed`` are the built-in names, which ``grpokit train
+    and ``grpokit.estimators.base`` import torch. ``listed`` are the built-in names, which ``grpokit train
     --help`` prints without importing the module when it is not imported yet (a test checks that they
     equal the registry's)."""
 
@@ -284,8 +284,8 @@ class RewardsConfig:
 
 @dataclass
 class AlgoConfig:
-    estimator: str = _f("grpo", "advantage estimator and policy loss (grpokit.algorithms)",
-                        Registry("grpokit.algorithms", "ALGORITHMS", ("grpo", "ppo")))
+    estimator: str = _f("grpo", "advantage estimator and policy loss (grpokit.estimators.base)",
+                        Registry("grpokit.estimators.base", "ALGORITHMS", ("grpo", "ppo")))
     supervision: str = _f("outcome", "one reward per completion, or one per reasoning step",
                           ("outcome", "process"))
     beta: float = _f(0.04, "KL coefficient β (0 = no reference model is loaded)")
@@ -332,7 +332,7 @@ class TrainConfig:
     critic_warmup_steps: int = _f(0, "PPO: steps at the start that train only the value model")
     learning_rate: float = _f(1e-6, "peak AdamW learning rate")
     optimizer: str = _f("adamw", "adamw: torch AdamW (fused), states in the parameter dtype; adamw_bf16_sr: "
-                        "AdamW for bf16 parameters (model.dtype=bfloat16) with stochastic rounding (grpokit.optim), "
+                        "AdamW for bf16 parameters (model.dtype=bfloat16) with stochastic rounding (grpokit.trainer.optim), "
                         "bf16 states; adamw_8bit: torchao AdamW with 8-bit states (slow on CPU)",
                         ("adamw", "adamw_bf16_sr", "adamw_8bit"))
     weight_decay: float = _f(0.0, "AdamW weight decay")
@@ -347,7 +347,7 @@ class TrainConfig:
     save_total_limit: int = _f(2, "keep the newest n checkpoints")
     resume: str = _f("auto", "auto = newest complete checkpoint in output_dir; none; or a path")
     max_consecutive_skips: int = _f(3, "stop after this many non-finite updates in a row")
-    parallel: str = _f("auto", "data parallel over the processes torchrun launches (grpokit.distributed; docs/scaling.md "
+    parallel: str = _f("auto", "data parallel over the processes torchrun launches (grpokit.utils.distributed; docs/scaling.md "
                        "'Several processes'): ddp (every rank holds the model, gradients summed by all_reduce), fsdp2 "
                        "(FSDP2 sharding), none (one process; an error with more); auto = ddp with more than one "
                        "process, else none. train.prompts_per_step must be divisible by the number of processes; "

@@ -5,7 +5,7 @@ Every row from :func:`load_rows` has ``prompt`` (question text, no chat template
 shuffling here), the first ``limit`` of them. A local or Hugging Face prompt column holding a
 list of ``{"role", "content"}`` messages is a conversation: it is kept as ``prompt_messages`` and
 ``prompt`` is its last user message (:mod:`grpokit.data.prompts` says how it is rendered).
-Files may start with a UTF-8 byte-order mark (:mod:`grpokit.textio`).
+Files may start with a UTF-8 byte-order mark (:mod:`grpokit.utils.textio`).
 
 ``dataset`` is resolved in this order:
 
@@ -101,7 +101,7 @@ def load_rows(
             a row missing its prompt/answer column (row index and fields present), an empty
             prompt (row index), a malformed list of messages in the prompt column (file, row,
             field; :func:`grpokit.data.prompts.check_messages`), options/fields given where they do not apply, negative limit,
-            a damaged file: bytes that are not UTF-8 (:class:`grpokit.textio.NotUtf8Error`:
+            a damaged file: bytes that are not UTF-8 (:class:`grpokit.utils.textio.NotUtf8Error`:
             file, line, byte offset), invalid JSON or CSV (file, line), an unreadable parquet
             file. Every message is one line.
         FileNotFoundError: a local path that does not exist.

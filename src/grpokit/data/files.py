@@ -23,8 +23,8 @@ from typing import Any, Iterable
 
 from grpokit.data.packaged import format_number
 from grpokit.data.prompts import check_messages
-from grpokit.importing import install_hint, require
-from grpokit.textio import iter_utf8_lines, read_utf8
+from grpokit.utils.importing import install_hint, require
+from grpokit.utils.textio import iter_utf8_lines, read_utf8
 
 __all__ = [
     "FILE_SUFFIXES",
@@ -120,7 +120,7 @@ def read_local_file(path_str: str, limit: int | None) -> list[dict[str, Any]]:
     Raises:
         FileNotFoundError: no such file.
         ValueError: unsupported suffix or unreadable content: bytes that are not UTF-8
-            (:class:`grpokit.textio.NotUtf8Error`: file, line, byte offset), invalid JSON or CSV
+            (:class:`grpokit.utils.textio.NotUtf8Error`: file, line, byte offset), invalid JSON or CSV
             (file and line), a field written twice in one JSON object or a column named twice in a
             CSV header (file, line, field), a parquet file pyarrow/pandas cannot read. Messages are one line.
         ImportError: parquet without pyarrow/pandas.

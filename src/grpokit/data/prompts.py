@@ -222,7 +222,7 @@ def filter_by_prompt_length(
     Args:
         prompts: prompt texts, formatted for the model (chat template applied, or plain text).
         tokenizer: the model's tokenizer; prompts are counted as
-            :func:`grpokit.models.encode_prompts` encodes them for generation (a BOS included
+            :func:`grpokit.models.loading.encode_prompts` encodes them for generation (a BOS included
             where the tokenizer adds one).
         max_prompt_tokens: the limit (inclusive).
 
@@ -236,7 +236,7 @@ def filter_by_prompt_length(
         raise ValueError(f"max_prompt_tokens must be >= 1, got {max_prompt_tokens}")
     if not prompts:
         return [], 0
-    from grpokit.models import encode_prompts
+    from grpokit.models.loading import encode_prompts
 
     ids = encode_prompts(tokenizer, list(prompts))
     kept = [i for i, seq in enumerate(ids) if len(seq) <= max_prompt_tokens]

@@ -20,7 +20,7 @@ import logging
 from functools import lru_cache
 from typing import Any, Callable
 
-from grpokit.importing import require
+from grpokit.utils.importing import require
 
 __all__ = ["load_reasoning_gym", "reasoning_gym_score", "extract_rg_answer", "RG_DEFAULT_SIZE"]
 

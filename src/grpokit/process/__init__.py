@@ -18,7 +18,7 @@ What lives where:
   built-in name of :data:`BUILTIN_PROCESS_REWARDS`, ``module:function`` or ``path/to/file.py:function``)
   into a guarded callable, its signature checked.
 
-Token advantages from the step rewards are the algorithm's job (``grpokit.algorithms.GRPO`` with
+Token advantages from the step rewards are the algorithm's job (``grpokit.estimators.base.GRPO`` with
 ``grpokit.algo.process_advantages``).
 """
 

@@ -2,7 +2,7 @@
 each step's last token (the ``(N, T)`` layout of docs/design.md, "Step rewards").
 
 DeepSeekMath §4.1.3: the score of step k judges the solution up to and including step k. Turning
-the step scores into token advantages is the algorithm's job (``grpokit.algorithms.GRPO``, with
+the step scores into token advantages is the algorithm's job (``grpokit.estimators.base.GRPO``, with
 ``grpokit.algo.process_advantages``), not this module's.
 """
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from grpokit.importing import import_object
+from grpokit.utils.importing import import_object
 from grpokit.rewards.calling import RewardSignatureError, check_signature
 from grpokit.rewards.guard import GuardedReward
 
@@ -19,7 +19,7 @@ BUILTIN_PROCESS_REWARDS = {"arithmetic": "grpokit.process.verifier:arithmetic_st
 def resolve_process_reward(recipe) -> Callable:
     """``algo.process_reward``: ``arithmetic`` (the rule-based step verifier), ``module:function``
     (a module on ``sys.path`` or in the working directory) or ``path/to/file.py:function``
-    (:func:`grpokit.importing.import_object`): a callable
+    (:func:`grpokit.utils.importing.import_object`): a callable
     ``(prompts, completions, steps, **columns) -> list[list[float | None]]`` (or TRL's keyword
     form, or ``async``: :mod:`grpokit.rewards.calling`), its signature checked, wrapped with the
     recipe's reward timeout and fault policy.

@@ -5,7 +5,7 @@ A reward function is ``fn(prompts, completions, **columns) -> list[float | None]
 ``async`` (:mod:`grpokit.rewards.calling`). Built-in names for :func:`get_reward_function`:
 ``math_correct``, ``format``, ``answer_line``, ``number_at_end``, ``reasoning_gym``; or
 ``"module:function"`` (a module on ``sys.path`` or in the working directory) or
-``"path/to/file.py:function"`` (:func:`grpokit.importing.import_object`).
+``"path/to/file.py:function"`` (:func:`grpokit.utils.importing.import_object`).
 """
 
 from grpokit.rewards.base import (

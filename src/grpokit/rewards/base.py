@@ -23,7 +23,7 @@ import math
 import numbers
 from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
-from grpokit.importing import import_object, require
+from grpokit.utils.importing import import_object, require
 from grpokit.rewards.calling import RewardCall, RewardSignatureError, check_signature
 
 __all__ = [
@@ -79,7 +79,7 @@ def get_reward_function(name: str) -> Callable[..., list[float | None]]:
             ``number_at_end``, ``reasoning_gym``), ``"package.module:function"`` (a module on
             ``sys.path`` or in the working directory; dotted attributes such as
             ``"mod:Class.method"`` work too) or ``"path/to/file.py:function"``
-            (:func:`grpokit.importing.import_object`).
+            (:func:`grpokit.utils.importing.import_object`).
 
     Returns:
         The callable.

@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import torch
 
-from grpokit.dtypes import dtype_of
+from grpokit.utils.dtypes import dtype_of
 from grpokit.rewards.base import compute_rewards, get_reward_function
 from grpokit.rewards.calling import RewardSignatureError
 from grpokit.rewards.guard import GuardedReward

@@ -152,7 +152,7 @@ class RolloutEngine(Protocol):
         """``group_size`` completions for each of the ``B`` formatted ``prompts``: an experience of
         ``B·group_size`` grouped rows on the trained model's device, ``gen_s`` set; the same
         ``seed`` gives the same completions. ``sampling.temperature == 0`` asks for greedy
-        decoding (held-out evaluation, :func:`grpokit.evaluate.evaluate`).
+        decoding (held-out evaluation, :func:`grpokit.eval.evaluate.evaluate`).
 
         Prompt ``b`` of this call is prompt ``first_prompt + b`` of the step's batch, and row
         ``(b, g)`` draws all its random numbers from :func:`request_seed` ``(seed, first_prompt + b,

@@ -3,7 +3,7 @@
 ``generate_rollouts`` samples ``G`` completions for each of ``B`` prompts:
 
 1. tokenize the prompts as given (already formatted for the model) with exactly one BOS where
-   the tokenizer adds one (:func:`grpokit.models.encode_prompts`), left-padded to a common ``P``;
+   the tokenizer adds one (:func:`grpokit.models.loading.encode_prompts`), left-padded to a common ``P``;
 2. repeat each prompt ``G`` times (``repeat_interleave``), so the ``N = B·G`` rows are grouped:
    rows ``b·G … b·G+G-1`` are prompt ``b``'s group;
 3. one batched ``model.generate`` call over all rows (or over chunks of ``chunk_size`` rows, padded
@@ -179,13 +179,13 @@ def generate_rollouts(
     Args:
         model: a Hugging Face causal LM (train/eval mode is left as is; generation runs under
             ``torch.inference_mode()``).
-        tokenizer: its tokenizer, with a pad token (see ``grpokit.models.load_tokenizer``).
+        tokenizer: its tokenizer, with a pad token (see ``grpokit.models.loading.load_tokenizer``).
             Prompts are always padded on the left, whatever ``tokenizer.padding_side`` says.
         prompts: ``B`` prompt strings, already formatted for the model (chat-templated or plain);
-            encoded by :func:`grpokit.models.encode_prompts` (one BOS where the model expects one).
+            encoded by :func:`grpokit.models.loading.encode_prompts` (one BOS where the model expects one).
         group_size: ``G >= 1`` completions per prompt.
         params: the sampling recipe; the model's ``generation_config`` cannot override it.
-        eos_token_ids: every id that ends a completion (``grpokit.models.eos_token_ids``).
+        eos_token_ids: every id that ends a completion (``grpokit.models.loading.eos_token_ids``).
         chunk_size: generate at most this many rows per ``generate`` call (memory bound); the
             chunks are right-padded with the pad id to a common ``T``. ``None`` = all ``N`` rows.
         seed: if given, the output is reproducible and the caller's global RNG state is left
@@ -225,7 +225,7 @@ def generate_rollouts(
         raise ValueError(f"chunk_size must be >= 1 or None, got {chunk_size!r}")
     pad_id = tokenizer.pad_token_id
     if pad_id is None:
-        raise ValueError("tokenizer has no pad token; load it with grpokit.models.load_tokenizer")
+        raise ValueError("tokenizer has no pad token; load it with grpokit.models.loading.load_tokenizer")
     _warn_on_model_overrides(model)
 
     device = model_device(model)
@@ -278,7 +278,7 @@ def _generate_chunks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Te
                 processors = sampling_processors(params, None if uniforms is None else uniforms[start : start + rows])
                 extra_gen = {"logits_processor": LogitsProcessorList(processors)} if processors else {}
                 # synced_gpus=False: transformers would step every rank in lockstep for an FSDP
-                # model; here its weights are gathered (grpokit.distributed.gathered), so each rank
+                # model; here its weights are gathered (grpokit.utils.distributed.gathered), so each rank
                 # (or rank 0 alone, evaluating) decodes on its own
                 out = sampler.generate(
                     input_ids=ids, attention_mask=mask.long(), generation_config=gen_config, synced_gpus=False,
@@ -314,14 +314,14 @@ def _experience(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_index
 
 
 def left_padded_prompts(tokenizer: Any, prompts: Sequence[str], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(ids, mask)``, both ``(B, P)``: the prompts encoded by :func:`grpokit.models.encode_prompts`
+    """``(ids, mask)``, both ``(B, P)``: the prompts encoded by :func:`grpokit.models.loading.encode_prompts`
     (one BOS where the model expects one), left-padded with ``pad_id``; ``mask`` (bool) is True on
     real tokens.
 
     Raises:
         ValueError: a prompt encodes to no tokens (names its index).
     """
-    from grpokit.models import encode_prompts
+    from grpokit.models.loading import encode_prompts
 
     encoded = encode_prompts(tokenizer, list(prompts))
     for i, x in enumerate(encoded):

@@ -31,7 +31,7 @@ Weights: the ``LLM`` is built from the policy's folder (``model.name_or_path``; 
 ``model.config`` when there is none) with ``load_format="dummy"``, in the policy's dtype (or
 ``sampler_dtype``), and **every** weight comes from the trainer's model: before a ``generate`` the
 engine pushes the model's weights (a LoRA policy's with its adapters folded in, out of place:
-:func:`grpokit.lora.merged_state_dict`) into vLLM (``reload_weights``, then ``reset_prefix_cache``) if
+:func:`grpokit.models.lora.merged_state_dict`) into vLLM (``reload_weights``, then ``reset_prefix_cache``) if
 ``sync_weights()`` was called since the last push (the loop calls it after every update and after
 loading a checkpoint on resume), or, as a safety net, if :func:`weights_fingerprint` of the model
 moved. The first ``generate`` always pushes, so vLLM never samples from the weights on disk. The
@@ -206,7 +206,7 @@ class VLLMRolloutEngine:
     def __init__(self, model: Any, tokenizer: Any, *, eos_token_ids: Sequence[int], chunk_size: int | None = None,
                  sampler_dtype: torch.dtype | None = None, kv_cache_gib: float = 1.0, max_model_len: int | None = None,
                  llm_kwargs: dict[str, Any] | None = None):
-        from grpokit.importing import require
+        from grpokit.utils.importing import require
 
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: weights handed over without copies
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -216,7 +216,7 @@ class VLLMRolloutEngine:
         if not self.eos_token_ids:
             raise ValueError("eos_token_ids is empty; pass at least one EOS id")
         if tokenizer.pad_token_id is None:
-            raise ValueError("tokenizer has no pad token; load it with grpokit.models.load_tokenizer")
+            raise ValueError("tokenizer has no pad token; load it with grpokit.models.loading.load_tokenizer")
         dtype = sampler_dtype or next(p.dtype for p in model.parameters() if p.is_floating_point())
         if dtype not in _DTYPES:
             raise ValueError(f"rollout.engine=vllm: vLLM does not run in {dtype}; use one of {sorted(_DTYPES.values())}")
@@ -294,7 +294,7 @@ class VLLMRolloutEngine:
             s.last_sync_s = 0.0
             return
         t0 = time.perf_counter()
-        from grpokit.lora import merged_state_dict  # LoRA: the adapters folded in, out of place
+        from grpokit.models.lora import merged_state_dict  # LoRA: the adapters folded in, out of place
 
         weights = list(merged_state_dict(self.model).items())
         s.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights), "is_checkpoint_format": True})

@@ -14,7 +14,7 @@ from helpers import saved_bytes
 from grpokit import algo
 from grpokit.backends import backend_of, install_backend
 from grpokit.backends.cpu.fused import apply_fused_ops, fused_head
-from grpokit.policy import batch_logprobs, completion_logprobs
+from grpokit.models.logprobs import batch_logprobs, completion_logprobs
 from tests.test_policy_fast import V, _grouped_batch, _loss_and_grads
 
 GQA = dict(vocab_size=V, pad_token_id=0, num_attention_heads=4, num_key_value_heads=2)
@@ -97,7 +97,7 @@ def test_installing_plain_restores_the_stock_model(make_tiny_model):
 def test_fused_model_with_tied_embeddings_and_checkpointing(make_tiny_model):
     """The head weight is the embedding: both gradient paths add into one tensor; checkpointed
     layers recompute the fused ops."""
-    from grpokit.policy import enable_gradient_checkpointing
+    from grpokit.models.logprobs import enable_gradient_checkpointing
 
     plain, fused, _ = _pair(make_tiny_model, tie_word_embeddings=True)
     assert fused.lm_head.weight is fused.model.embed_tokens.weight

@@ -1,4 +1,4 @@
-"""The shared-prompt training forward and its gradient aliases (moved from ``grpokit.policy``).
+"""The shared-prompt training forward and its gradient aliases (moved from ``grpokit.models.logprobs``).
 
 The G rows of a group carry the same prompt, so the prompt is run once per *distinct* prompt and
 its KV cache is repeated to the group's rows; then only the completion tokens run, attending to

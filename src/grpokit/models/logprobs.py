@@ -14,7 +14,7 @@ import torch
 
 from grpokit.backends import autocast_context, checkpointing_active, distinct_rows, get_backend
 from grpokit.experience import Experience
-from grpokit.lora import adapters_disabled, is_peft_model
+from grpokit.models.lora import adapters_disabled, is_peft_model
 
 __all__ = [
     "autocast_context", "batch_logprobs", "checkpointing_active", "completion_logprobs",
@@ -106,7 +106,7 @@ def batch_logprobs(
     """``(N, T)`` log-probs without gradient (π_old, π_ref), computed in micro-batches through
     ``model``'s backend (:func:`completion_logprobs`), under ``torch.inference_mode()`` (an FSDP2
     model under ``torch.no_grad()``: the parameters it gathers must stay normal tensors)."""
-    from grpokit.distributed import is_sharded
+    from grpokit.utils.distributed import is_sharded
 
     out = torch.zeros(batch.completion_ids.shape, dtype=torch.float32, device=batch.completion_ids.device)
     with torch.no_grad() if is_sharded(model) else torch.inference_mode():
@@ -123,7 +123,7 @@ def reference_logprobs(
 ) -> torch.Tensor:
     """``(N, T)`` log-probs under π_ref, without gradient: ``ref_model``'s when one is loaded, else,
     for a LoRA policy (``model.lora``: no reference model is loaded), ``model``'s with its adapters
-    disabled (the frozen base model, :func:`grpokit.lora.adapters_disabled`). The one place that
+    disabled (the frozen base model, :func:`grpokit.models.lora.adapters_disabled`). The one place that
     decides where π_ref comes from: the loop and the algorithms call this.
 
     Raises:
@@ -134,6 +134,6 @@ def reference_logprobs(
         return batch_logprobs(ref_model, batch, **kw)
     if not is_peft_model(model):
         raise ValueError("π_ref: no reference model was loaded and the policy has no LoRA adapters to disable "
-                         "(grpokit.build.build_run loads one when algo.beta > 0)")
+                         "(grpokit.trainer.build.build_run loads one when algo.beta > 0)")
     with adapters_disabled(model):
         return batch_logprobs(model, batch, **kw)

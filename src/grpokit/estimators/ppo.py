@@ -2,7 +2,7 @@
 
 DeepSeekMath §4.1 (arXiv 2402.03300) introduces GRPO as PPO (Ouyang et al. 2022, arXiv
 2203.02155) without the value model. This is that PPO, in the same loop through the algorithm seam
-(:mod:`grpokit.algorithms`):
+(:mod:`grpokit.estimators.base`):
 
 1. ``advantages(exp)`` (after the rewards): the policy's log-probs at sampling (π_old), the
    reference's when the KL is in the reward, and the value model's ``V_old`` — all without gradient;
@@ -19,7 +19,7 @@ DeepSeekMath §4.1 (arXiv 2402.03300) introduces GRPO as PPO (Ouyang et al. 2022
 4. ``updates_policy(step)``: False for the first ``train.critic_warmup_steps`` steps (the value
    model learns, the policy is not touched).
 
-The value model (:class:`grpokit.value.ValueModel`) is a copy of the policy's decoder with a zero
+The value model (:class:`grpokit.estimators.value.ValueModel`) is a copy of the policy's decoder with a zero
 scalar head; it and its optimizer are in every checkpoint (``state_dict``).
 """
 
@@ -31,9 +31,9 @@ from typing import Any
 import torch
 
 from grpokit import algo
-from grpokit.distributed import group_ranks, reduce_gradients, sum_over_ranks
-from grpokit.policy import batch_logprobs, reference_logprobs
-from grpokit.value import ValueModel
+from grpokit.utils.distributed import group_ranks, reduce_gradients, sum_over_ranks
+from grpokit.models.logprobs import batch_logprobs, reference_logprobs
+from grpokit.estimators.value import ValueModel
 
 
 class PPO:
@@ -61,7 +61,7 @@ class PPO:
 
     def _bound(self) -> ValueModel:
         if self.critic is None:
-            raise RuntimeError("PPO: bind() the models before use (grpokit.build.build_run does)")
+            raise RuntimeError("PPO: bind() the models before use (grpokit.trainer.build.build_run does)")
         return self.critic
 
     # -- the seam ----------------------------------------------------------------------------

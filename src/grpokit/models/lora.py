@@ -7,7 +7,7 @@ place:
 
 - **reference model** (π_ref): the policy itself with its adapters switched off
   (:func:`adapters_disabled`, ``PeftModel.disable_adapter``): the frozen base model, without a
-  second copy in memory. :func:`grpokit.policy.reference_logprobs` picks it; the builder loads no
+  second copy in memory. :func:`grpokit.models.logprobs.reference_logprobs` picks it; the builder loads no
   reference model when LoRA is on.
 - **dropout** (``model.lora.dropout``): the loop keeps the model in ``eval()`` (no dropout, so the
   sampler and the trainer see the same π); the adapters' dropout acts in the gradient passes only
@@ -38,10 +38,10 @@ from typing import Any
 
 import torch
 
-from grpokit.dtypes import DTYPES
-from grpokit.filemodes import honour_umask
-from grpokit.importing import require
-from grpokit.textio import read_utf8
+from grpokit.utils.dtypes import DTYPES
+from grpokit.utils.filemodes import honour_umask
+from grpokit.utils.importing import require
+from grpokit.utils.textio import read_utf8
 
 __all__ = [
     "ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "adapter_dropout", "adapters_disabled", "apply_lora", "base_recorded_as",
@@ -185,7 +185,7 @@ def base_recorded_as(model: torch.nn.Module, name: str | None) -> Iterator[None]
     """Inside the block peft's ``save_pretrained`` of ``model`` records ``name`` as the base model
     (``adapter_config.json``'s ``base_model_name_or_path``, the model card's ``base_model`` and its
     ``base_model:adapter:`` tag): the hub id or path the user gave (``model.name_or_path``), not the
-    folder the base was loaded from (:func:`grpokit.models.resolve_model_path`: an alias's cache
+    folder the base was loaded from (:func:`grpokit.models.loading.resolve_model_path`: an alias's cache
     folder, a local folder made absolute), so that the adapter names its base on any machine.
     Restored on exit; a no-op for a model without adapters or ``name`` None."""
     if not name or not is_peft_model(model):
@@ -267,7 +267,7 @@ def export_checkpoint(ckpt: str | Path, out: str | Path, *, merge: bool,
     - LoRA checkpoint, ``merge``: the base model of the run (``model.name_or_path``,
       ``model.dtype`` and ``model.trust_remote_code`` of its ``recipe.json``, else the adapter's
       ``base_model_name_or_path``), loaded by ``load_base(name_or_path, dtype, trust_remote_code)``
-      (:func:`grpokit.models.load_model`: ``grpokit export`` passes it), with the adapter loaded and
+      (:func:`grpokit.models.loading.load_model`: ``grpokit export`` passes it), with the adapter loaded and
       merged into its weights: a plain Hugging Face model folder (weights, config, generation
       config, tokenizer) that ``AutoModelForCausalLM.from_pretrained(out)`` loads.
     - LoRA checkpoint, no ``merge``: the adapter (``adapter_model.safetensors``,
@@ -275,7 +275,7 @@ def export_checkpoint(ckpt: str | Path, out: str | Path, *, merge: bool,
       ``PeftModel.from_pretrained(base, out)``).
     - full checkpoint: its model and tokenizer files, copied (they are already a full model).
 
-    Every file written gets the mode of a new file (``0o666 & ~umask``, :mod:`grpokit.filemodes`),
+    Every file written gets the mode of a new file (``0o666 & ~umask``, :mod:`grpokit.utils.filemodes`),
     and a copied ``adapter_config.json`` names the base as the run's ``recipe.json`` does.
 
     Raises:

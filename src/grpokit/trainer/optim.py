@@ -24,7 +24,7 @@ import math
 import numpy as np
 import torch
 
-from grpokit.importing import require
+from grpokit.utils.importing import require
 
 _CHUNK = 1 << 18
 _LOW16 = -65536  # int32 mask 0xFFFF0000: the bits a bf16 keeps of a float32

@@ -1,8 +1,8 @@
-"""When a run stops early, and when it has nothing to do (the loop of :mod:`grpokit.trainer`).
+"""When a run stops early, and when it has nothing to do (the loop of :mod:`grpokit.trainer.loop`).
 
 - SIGTERM/SIGINT (:class:`StopFlag`): the step under way finishes and is checkpointed, then the run
   stops; ``grpokit train`` exits 128 + the signal (130, 143). With several ranks a signal to any one
-  stops all after the same step (:func:`grpokit.distributed.any_rank`), and each takes its number
+  stops all after the same step (:func:`grpokit.utils.distributed.any_rank`), and each takes its number
   (:func:`stop_signal`). A second signal stops at once (:class:`StopNow`, a ``KeyboardInterrupt``).
 - A run whose resume checkpoint is already at ``train.max_steps`` (:func:`nothing_to_do`) loads and
   writes nothing, and says so.
@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from grpokit.config import Recipe
-from grpokit.distributed import Ranks, gather_objects
-from grpokit.textio import read_utf8
+from grpokit.utils.distributed import Ranks, gather_objects
+from grpokit.utils.textio import read_utf8
 
 __all__ = ["StopFlag", "StopNow", "nothing_to_do", "stop_signal"]
 
@@ -88,6 +88,6 @@ def nothing_to_do(recipe: Recipe, start: Path | None) -> dict[str, Any] | None:
 
 def stop_signal(stop: StopFlag, ranks: Ranks) -> int:
     """The signal that stopped the run: this rank's, else the lowest rank's that got one (a stop seen
-    on every rank through :func:`grpokit.distributed.any_rank`; collective: every rank calls it)."""
+    on every rank through :func:`grpokit.utils.distributed.any_rank`; collective: every rank calls it)."""
     got = [s for s in gather_objects(stop.signum, ranks) if s]
     return stop.signum or (got[0] if got else int(signal.SIGTERM))

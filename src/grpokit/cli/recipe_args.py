@@ -20,12 +20,12 @@ import yaml
 
 from grpokit.config import Recipe, RecipeError, _walk, _yaml_load, load_recipe, recipe_from_dict
 from grpokit.config.loading import apply_overrides
-from grpokit.textio import read_utf8
+from grpokit.utils.textio import read_utf8
 
 __all__ = ["DEFAULT_RECIPE", "DEMO_SECTION_OF", "PACKAGED_RECIPES", "RecipeArgs", "demo_raw", "find_recipe",
            "packaged_recipes", "source_note"]
 
-PACKAGED_RECIPES = Path(__file__).resolve().parent / "recipes"
+PACKAGED_RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 DEFAULT_RECIPE = PACKAGED_RECIPES / "demo.yaml"
 
 #: with no recipe (the demo runs), an override of one of these keys starts its section from the defaults

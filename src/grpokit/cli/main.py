@@ -1,10 +1,10 @@
 """``grpokit train [RECIPE] [section.key=value ...]``, ``grpokit eval MODEL --dataset NAME`` and
 ``grpokit export CHECKPOINT OUT [--merge]`` and ``grpokit sft MODEL OUT --dataset NAME
---completion-template T`` (a supervised warm-up, :mod:`grpokit.sft`).
+--completion-template T`` (a supervised warm-up, :mod:`grpokit.trainer.sft`).
 
 RECIPE is a YAML file, or the name of a packaged recipe (``arith``, ``arith.yaml`` or
 ``recipes/arith.yaml`` from any folder; a file of that name in the working folder comes first;
-:func:`grpokit.recipe_args.find_recipe`). With no recipe, ``grpokit train`` runs the packaged demo recipe and says so in
+:func:`grpokit.cli.recipe_args.find_recipe`). With no recipe, ``grpokit train`` runs the packaged demo recipe and says so in
 its first line; then an override of ``data.dataset`` starts the data section, and one of
 ``rewards.functions`` the rewards section, from the defaults (the demo's split, ``data.skip``,
 prompt template and reward weights belong to its own data). ``grpokit train --help`` shows each
@@ -37,7 +37,7 @@ the user's recipe file and line, an override on the command line, the demo recip
   checkpoint contents, values;
 - ``OSError``: files and folders (``FileNotFoundError``, ``FileExistsError``, ``IsADirectoryError``,
   ``NotADirectoryError``, ``PermissionError``; every output location is checked before any model
-  loads, :mod:`grpokit.outputs`);
+  loads, :mod:`grpokit.utils.outputs`);
 - ``ImportError``: a reward module that cannot be imported, or a missing optional package (the
   message names its extra);
 - ``RuntimeError``: a fault during the run (reward failures, non-finite updates);
@@ -56,15 +56,15 @@ import os
 import signal
 import sys
 
-from grpokit.cli_errors import USER_ERRORS, finite_float
-from grpokit.cli_errors import one_line as _one_line
-from grpokit.cli_errors import show_traceback as _show_traceback
-from grpokit.recipe_args import DEFAULT_RECIPE, RecipeArgs, find_recipe, packaged_recipes
+from grpokit.cli.errors import USER_ERRORS, finite_float
+from grpokit.cli.errors import one_line as _one_line
+from grpokit.cli.errors import show_traceback as _show_traceback
+from grpokit.cli.recipe_args import DEFAULT_RECIPE, RecipeArgs, find_recipe, packaged_recipes
 
 
 def _train(argv: list[str]) -> int:
     from grpokit.config import RecipeError, help_text
-    from grpokit.recipe_args import demo_raw, source_note
+    from grpokit.cli.recipe_args import demo_raw, source_note
 
     p = argparse.ArgumentParser(
         prog="grpokit train", formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -101,9 +101,9 @@ def _train(argv: list[str]) -> int:
         return 2
     import warnings
 
-    from grpokit.importing import MissingExtraWarning
+    from grpokit.utils.importing import MissingExtraWarning
     from grpokit.metrics import RunWarning
-    from grpokit.trainer import train
+    from grpokit.trainer.loop import train
 
     show = warnings.showwarning
 
@@ -171,9 +171,9 @@ def _export(argv: list[str]) -> int:
     p.add_argument("out", help="the folder to write (must not exist, or be empty)")
     p.add_argument("--merge", action="store_true", help="merge the LoRA adapter into the base model's weights")
     ns = p.parse_args(argv)
-    from grpokit.lora import export_checkpoint
-    from grpokit.models import load_model
-    from grpokit.outputs import check_output_dir
+    from grpokit.models.lora import export_checkpoint
+    from grpokit.models.loading import load_model
+    from grpokit.utils.outputs import check_output_dir
 
     def load_base(name: str, dtype, trust_remote_code: bool):
         return load_model(name, dtype=dtype, device="cpu", trust_remote_code=trust_remote_code)
@@ -214,7 +214,7 @@ def _sft(argv: list[str]) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (as model.device)")
     ns = p.parse_args(argv)
-    from grpokit.sft import main_sft
+    from grpokit.trainer.sft import main_sft
 
     try:
         if ns.heldout_of:
@@ -231,7 +231,7 @@ def _sft(argv: list[str]) -> int:
 
 
 def _eval(argv: list[str]) -> int:
-    from grpokit.eval_command import eval_command
+    from grpokit.cli.eval import eval_command
 
     return eval_command(argv)
 
@@ -259,6 +259,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"grpokit {cmd}: interrupted", file=sys.stderr)
         return 128 + int(signal.SIGINT)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,4 @@
-"""What a ``grpokit`` command turns into one line of error (the rule of :mod:`grpokit.cli`'s docstring)."""
+"""What a ``grpokit`` command turns into one line of error (the rule of :mod:`grpokit.cli.main`'s docstring)."""
 
 from __future__ import annotations
 

@@ -1,14 +1,14 @@
 """The GRPO loop (DeepSeekMath Algorithm 1), as numbered steps over the run's parts
-(:class:`grpokit.build.Run`); all math lives in ``grpokit.algo``.
+(:class:`grpokit.trainer.build.Run`); all math lives in ``grpokit.algo``.
 
 Per step:
   1. take B prompts (a seeded permutation per epoch; the position is checkpointed);
   2. sample G completions per prompt from π_old = the current policy (``run.engine``, a
      :class:`~grpokit.rollout.engine.RolloutEngine`): an :class:`~grpokit.experience.Experience`;
   3. score them (``run.rewards``: outcome, one reward per completion; process, one per step);
-  4. advantages (``run.algorithm``, the :mod:`grpokit.algorithms` seam);
+  4. advantages (``run.algorithm``, the :mod:`grpokit.estimators.base` seam);
   5. π_ref log-probs when β > 0 (with LoRA: the policy with its adapters disabled,
-     :func:`grpokit.policy.reference_logprobs`); π_old log-probs only when μ > 1 (else π_old = π_θ
+     :func:`grpokit.models.logprobs.reference_logprobs`); π_old log-probs only when μ > 1 (else π_old = π_θ
      by value);
   6. μ = ``train.num_iterations`` passes, each one optimizer step over micro-batches whose losses
      are normalized by the whole batch's counts (so accumulation equals one big batch); then the
@@ -33,25 +33,25 @@ from typing import Any
 import torch
 
 from grpokit.algo import LogprobGap
-from grpokit.build import Run, build_run
-from grpokit.checkpoint import (find_resume_checkpoint, load_model_weights, load_training_state, read_checkpoint_recipe,
+from grpokit.trainer.build import Run, build_run
+from grpokit.trainer.checkpoint import (find_resume_checkpoint, load_model_weights, load_training_state, read_checkpoint_recipe,
                                 read_model_state, rng_state, save_checkpoint, set_rng_state)
-from grpokit.collect import refill_groups_with_signal, sample_and_score
+from grpokit.trainer.collect import refill_groups_with_signal, sample_and_score
 from grpokit.config import AlgoConfig, EvalConfig, Recipe, RolloutConfig, TrainConfig
 from grpokit.config.resume import check_resume
-from grpokit.curves import plot_curves
-from grpokit.distributed import (any_rank, barrier, full_state, gather_objects, gathered, is_sharded, load_full_state,
+from grpokit.metrics import plot_curves
+from grpokit.utils.distributed import (any_rank, barrier, full_state, gather_objects, gathered, is_sharded, load_full_state,
                                  reduce_gradients, shutdown, sum_over_ranks)
-from grpokit.evaluator import save_eval
+from grpokit.eval.evaluate import save_eval
 from grpokit.experience import Experience
-from grpokit.lora import adapter_dropout
-from grpokit.memory import release_memory
+from grpokit.models.lora import adapter_dropout
+from grpokit.utils.memory import release_memory
 from grpokit.metrics import TRUNCATED_WARN_FRAC, NullLogger, RunLogger, RunWarning, sample_lines
-from grpokit.outputs import check_output_dir
-from grpokit.policy import batch_logprobs, completion_logprobs, reference_logprobs
-from grpokit.optim import hyperparameters, keep_hyperparameters, load_schedule_state
-from grpokit.state import TrainState
-from grpokit.stopping import StopFlag, nothing_to_do, stop_signal
+from grpokit.utils.outputs import check_output_dir
+from grpokit.models.logprobs import batch_logprobs, completion_logprobs, reference_logprobs
+from grpokit.trainer.optim import hyperparameters, keep_hyperparameters, load_schedule_state
+from grpokit.trainer.state import TrainState
+from grpokit.trainer.stopping import StopFlag, nothing_to_do, stop_signal
 
 
 def optimize(run: Run, exp: Experience, t: TrainConfig, *, temperature: float, autocast_bf16: bool = False,
@@ -70,7 +70,7 @@ def optimize(run: Run, exp: Experience, t: TrainConfig, *, temperature: float, a
     and zero-gradient updates, ``ref_s``, ``policy_updated``)."""
     t0 = time.perf_counter()
     _score_old_and_reference(run, exp, t, temperature=temperature, autocast_bf16=autocast_bf16)
-    release_memory()  # heap pages freed by the no-grad passes go back to the OS (grpokit.memory)
+    release_memory()  # heap pages freed by the no-grad passes go back to the OS (grpokit.utils.memory)
     ref_s = time.perf_counter() - t0
     loss_mask = exp.completion_mask if keep_rows is None else exp.completion_mask & keep_rows[:, None]
     ranks = run.ranks  # with several ranks, exp is this rank's share and the counts are the batch's
@@ -133,7 +133,7 @@ def _gradient_pass(run: Run, exp: Experience, loss_mask: torch.Tensor, it: int, 
     n, n_tok, n_all = counts
     loss_total = 0.0
     for sl, mb in exp.micro_batches(mbs):
-        with adapter_dropout(run.model):  # model.lora.dropout: in the gradient passes only (grpokit.lora)
+        with adapter_dropout(run.model):  # model.lora.dropout: in the gradient passes only (grpokit.models.lora)
             logp, ent = completion_logprobs(run.model, mb, temperature=temperature, with_entropy=it == 0,
                                             autocast_bf16=autocast_bf16)
             loss, st = run.algorithm.loss(logp, mb, loss_mask[sl, : mb.completion_ids.shape[1]],
@@ -314,7 +314,7 @@ def check_resume_recipe(ckpt: Path, recipe: Recipe) -> list[tuple[str, Any, Any]
 
     Raises:
         RecipeError: a key that cannot change on resume differs (each named, ``old -> new``).
-        ValueError: ``recipe.json`` is damaged (:func:`grpokit.checkpoint.read_checkpoint_recipe`).
+        ValueError: ``recipe.json`` is damaged (:func:`grpokit.trainer.checkpoint.read_checkpoint_recipe`).
     """
     old = read_checkpoint_recipe(ckpt)
     return [] if old is None else check_resume(old, recipe, str(ckpt))
@@ -329,12 +329,12 @@ def _algorithm_optimizers(algorithm: Any) -> list[torch.optim.Optimizer]:
 def train(recipe: Recipe, *, progress: bool = True, run: Run | None = None) -> dict[str, Any]:
     """Run GRPO as the recipe says; returns a summary (last metrics, eval results, paths).
 
-    ``run``: parts already built from ``recipe`` (:func:`grpokit.build.build_run`; tests pass
+    ``run``: parts already built from ``recipe`` (:func:`grpokit.trainer.build.build_run`; tests pass
     their own, and close them), else built here after the checks below and its reward workers
     closed at the end.
 
     Before anything loads: ``train.output_dir`` must be a folder that can be written or made
-    (:func:`grpokit.outputs.check_output_dir`) and ``train.resume`` must resolve. A run whose resume
+    (:func:`grpokit.utils.outputs.check_output_dir`) and ``train.resume`` must resolve. A run whose resume
     checkpoint is already at (or past) ``train.max_steps`` has nothing to do: it says so, writes
     nothing and returns ``{"nothing_to_do": True, "step": ..., "resumed_from": ...}``.
     A run stopped by SIGTERM/SIGINT finishes its step, checkpoints it, says where it stopped and
@@ -343,7 +343,7 @@ def train(recipe: Recipe, *, progress: bool = True, run: Run | None = None) -> d
     Raises:
         OSError: ``train.output_dir`` is a file, below a file, or not writable (the message names the key).
         ValueError: ``train.resume`` names no complete checkpoint; bad data, rewards or device
-            (:func:`grpokit.build.build_run`); a ``RecipeError`` when the recipe changes a key that
+            (:func:`grpokit.trainer.build.build_run`); a ``RecipeError`` when the recipe changes a key that
             cannot change on resume (:func:`check_resume_recipe`, before anything loads).
         RuntimeError: a fault of the run (reward failures, non-finite updates).
     """

@@ -4,7 +4,7 @@ Parts: training rows and prompts, the held-out evaluation, the reward pipeline (
 and process supervision's step scorer), the algorithm (advantage estimator and loss), the policy on
 its device with its speed backend, the reference model, the rollout engine, the optimizer and its
 schedule, the loop state. Bad input fails here before the (slow) model load: rewards, the step
-rule, data and held-out rows come first. Nothing here imports the loop (:mod:`grpokit.trainer`).
+rule, data and held-out rows come first. Nothing here imports the loop (:mod:`grpokit.trainer.loop`).
 """
 
 from __future__ import annotations
@@ -18,19 +18,19 @@ import torch
 
 from grpokit.config import Recipe
 from grpokit.data import dataset_label
-from grpokit.distributed import SINGLE, GatheredEngine, Ranks, barrier, rank_device
-from grpokit.dtypes import dtype_of
-from grpokit.outputs import check_output_dir
-from grpokit.rows import load_prompts, section_rows
+from grpokit.utils.distributed import SINGLE, GatheredEngine, Ranks, barrier, rank_device
+from grpokit.utils.dtypes import dtype_of
+from grpokit.utils.outputs import check_output_dir
+from grpokit.data.rows import load_prompts, section_rows
 
 if TYPE_CHECKING:  # the parts' types; their modules are imported where the parts are built
     from transformers import PreTrainedTokenizerBase
 
-    from grpokit.algorithms import Algorithm
-    from grpokit.evaluator import HeldOutEval
+    from grpokit.estimators.base import Algorithm
+    from grpokit.eval.evaluate import HeldOutEval
     from grpokit.rewards.pipeline import RewardPipeline
     from grpokit.rollout.engine import RolloutEngine, SamplingParams
-    from grpokit.state import TrainState
+    from grpokit.trainer.state import TrainState
 
 
 def resolve_device(name: str) -> torch.device:
@@ -92,7 +92,7 @@ class Run:
     eval_engine: RolloutEngine | None
     out: Path
     ranks: Ranks = SINGLE
-    """This process's rank and the data-parallel mode (:mod:`grpokit.distributed`)."""
+    """This process's rank and the data-parallel mode (:mod:`grpokit.utils.distributed`)."""
 
 
 def build_rewards(recipe: Recipe, device: torch.device | str = "cpu") -> RewardPipeline:
@@ -118,10 +118,10 @@ def load_policy(recipe: Recipe, device: torch.device, *, reference: bool = False
     """The model of ``model.name_or_path`` in ``model.dtype`` on ``device``, in eval mode (no
     dropout: sampler and trainer see the same π), with its speed backend; the reference model
     frozen (no gradients). With ``model.lora`` the policy is wrapped with LoRA adapters
-    (:func:`grpokit.lora.apply_lora`: base frozen, adapters trainable) before the backend is
+    (:func:`grpokit.models.lora.apply_lora`: base frozen, adapters trainable) before the backend is
     chosen, so ``model.backend=auto`` sees them and steps aside (``cpu`` refuses); likewise with
-    ``train.parallel=fsdp2`` the model is sharded (:func:`grpokit.distributed.shard_model`) first."""
-    from grpokit.models import load_model
+    ``train.parallel=fsdp2`` the model is sharded (:func:`grpokit.utils.distributed.shard_model`) first."""
+    from grpokit.models.loading import load_model
 
     m = recipe.model
     model = load_model(m.name_or_path, dtype=dtype_of(m.dtype, "model.dtype"), device=device,
@@ -130,11 +130,11 @@ def load_policy(recipe: Recipe, device: torch.device, *, reference: bool = False
     if reference:
         model.requires_grad_(False)
     elif m.lora is not None:
-        from grpokit.lora import apply_lora
+        from grpokit.models.lora import apply_lora
 
         model = apply_lora(model, m.lora, announce=ranks.is_main)
     if ranks.parallel == "fsdp2":  # shard before the backend is chosen: auto sees DTensors and steps aside
-        from grpokit.distributed import shard_model
+        from grpokit.utils.distributed import shard_model
 
         model = shard_model(model)
     from grpokit.backends import install_backend, mark_grads_reduced_after_backward
@@ -144,7 +144,7 @@ def load_policy(recipe: Recipe, device: torch.device, *, reference: bool = False
     install_backend(model, m.backend, announce=not reference and ranks.is_main,
                     **({} if reference else {"recompute_mlp": m.recompute_mlp}))
     if m.gradient_checkpointing and not reference:
-        from grpokit.policy import enable_gradient_checkpointing
+        from grpokit.models.logprobs import enable_gradient_checkpointing
 
         enable_gradient_checkpointing(model)
     return model
@@ -157,13 +157,13 @@ def build_run(recipe: Recipe) -> Run:
         ValueError / FileNotFoundError: bad data, rewards, step rule, held-out rows or device; the
             message names the recipe key.
         OSError: ``train.output_dir`` is a file, below a file, or not writable
-            (:func:`grpokit.outputs.check_output_dir`).
+            (:func:`grpokit.utils.outputs.check_output_dir`).
     """
-    from grpokit.algorithms import load_algorithm
-    from grpokit.models import eos_token_ids, load_tokenizer, model_max_positions
-    from grpokit.optim import make_optimizer
+    from grpokit.estimators.base import load_algorithm
+    from grpokit.models.loading import eos_token_ids, load_tokenizer, model_max_positions
+    from grpokit.trainer.optim import make_optimizer
     from grpokit.rollout.engine import SamplingParams
-    from grpokit.state import TrainState, seed_everything
+    from grpokit.trainer.state import TrainState, seed_everything
 
     m, d, r = recipe.model, recipe.data, recipe.rollout
     seed_everything(recipe.train.seed)
@@ -175,18 +175,18 @@ def build_run(recipe: Recipe) -> Run:
     rewards = build_rewards(recipe, device)
     algorithm = load_algorithm(recipe.algo, r.max_new_tokens)
     if recipe.train.optimizer == "adamw_8bit":  # an optional package: say so before the model loads
-        from grpokit.importing import require
+        from grpokit.utils.importing import require
 
         require("torchao.optim", extra="torchao", why="train.optimizer=adamw_8bit")
     if m.lora is not None:
-        from grpokit.lora import require_peft
+        from grpokit.models.lora import require_peft
 
         require_peft()
     rows = section_rows(recipe, "data")
     rewards.check_columns(sorted({k for row in rows for k in row} - {"prompt"}))  # signatures vs the data's columns
     evaluator = None
     if recipe.eval.dataset:
-        from grpokit.evaluator import HeldOutEval
+        from grpokit.eval.evaluate import HeldOutEval
 
         evaluator = HeldOutEval(recipe, rows)
     # 2. tokenizer, prompts (training and held-out: both must fit the context)
@@ -204,7 +204,7 @@ def build_run(recipe: Recipe) -> Run:
         rewards.step_scorer.tokenizer = tokenizer
     # 3. models, engine, optimizer
     model = load_policy(recipe, device, ranks=ranks)
-    # with LoRA, π_ref is the policy with its adapters disabled (grpokit.policy.reference_logprobs)
+    # with LoRA, π_ref is the policy with its adapters disabled (grpokit.models.logprobs.reference_logprobs)
     ref_model = (load_policy(recipe, device, reference=True, ranks=ranks)
                  if algorithm.needs_reference and m.lora is None else None)
     eos_ids = eos_token_ids(model, tokenizer)
@@ -251,7 +251,7 @@ def build_engines(recipe: Recipe, model: torch.nn.Module, tokenizer: PreTrainedT
 
 
 def start_ranks(recipe: Recipe, device: torch.device) -> Ranks:
-    """Join the process group of a data-parallel launch (:func:`grpokit.distributed.init_ranks`)
+    """Join the process group of a data-parallel launch (:func:`grpokit.utils.distributed.init_ranks`)
     after checking the recipe can run on it.
 
     Raises:
@@ -261,7 +261,7 @@ def start_ranks(recipe: Recipe, device: torch.device) -> Ranks:
             ``rollout.engine=vllm``; ``model.lora``, ``model.autocast_bf16`` or ``algo.estimator=ppo``
             with fsdp2.
     """
-    from grpokit.distributed import init_ranks, launched_world_size, resolve_parallel
+    from grpokit.utils.distributed import init_ranks, launched_world_size, resolve_parallel
 
     t, world = recipe.train, launched_world_size()
     mode = resolve_parallel(t.parallel, world)

@@ -47,8 +47,8 @@ from typing import Any
 
 import torch
 
-from grpokit.filemodes import honour_umask
-from grpokit.lora import ADAPTER_CONFIG
+from grpokit.utils.filemodes import honour_umask
+from grpokit.models.lora import ADAPTER_CONFIG
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ def adapter_base(path: str | Path) -> str | None:
     config = Path(path) / ADAPTER_CONFIG
     if not config.is_file():
         return None
-    from grpokit.textio import read_utf8
+    from grpokit.utils.textio import read_utf8
 
     try:
         base = json.loads(read_utf8(config)).get("base_model_name_or_path")
@@ -159,7 +159,7 @@ def load_model(
         name_or_path: see :func:`resolve_model_path`; or a LoRA adapter folder (a LoRA run's
             checkpoint, ``grpokit export`` without ``--merge``): its base model
             (:func:`resolve_model_paths`: an alias, hub id or path) with the adapter merged into
-            its weights (:func:`grpokit.lora.merged_adapter`): a plain model that evaluates,
+            its weights (:func:`grpokit.models.lora.merged_adapter`): a plain model that evaluates,
             fine-tunes and trains as any other.
         dtype: parameter dtype (the packaged model is stored in float32).
         device: where to put the model.
@@ -178,7 +178,7 @@ def load_model(
 
     path, base = resolve_model_paths(name_or_path)
     if base is not None:  # a LoRA adapter: its base (an adapter folder itself, maybe), the adapter merged in
-        from grpokit.lora import merged_adapter
+        from grpokit.models.lora import merged_adapter
 
         with _of_adapter(name_or_path):
             model = load_model(base, dtype=dtype, device="cpu", trust_remote_code=trust_remote_code)

@@ -42,7 +42,7 @@ def shuffled_rows(rows: list[dict], seed: int | None) -> list[dict]:
 def section_rows(recipe: Recipe, section: str) -> list[dict]:
     """``load_data_rows`` for the ``data`` or ``eval`` section (``data.skip`` applied, the held-out seed and
     options for ``eval``); errors name the section's dataset and split."""
-    from grpokit import heldout
+    from grpokit.data import heldout
 
     sec = getattr(recipe, section)
     skip = recipe.data.skip if section == "data" else 0

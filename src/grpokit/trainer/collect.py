@@ -1,6 +1,6 @@
-"""Steps 1-4 of a GRPO step (:mod:`grpokit.trainer`): take prompts, sample their groups through the
+"""Steps 1-4 of a GRPO step (:mod:`grpokit.trainer.loop`): take prompts, sample their groups through the
 rollout engine, score them, compute advantages; and DAPO's dynamic sampling, which repeats these
-for groups with signal. With several ranks (:mod:`grpokit.distributed`) each rank samples and
+for groups with signal. With several ranks (:mod:`grpokit.utils.distributed`) each rank samples and
 scores its share and the shares are gathered, so everything after equals one process's.
 """
 
@@ -9,13 +9,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from grpokit.build import Run
+from grpokit.trainer.build import Run
 from grpokit.config import AlgoConfig, RolloutConfig, TrainConfig
-from grpokit.distributed import gather_scored
+from grpokit.utils.distributed import Ranks, gather_objects
 from grpokit.experience import Experience
-from grpokit.memory import release_memory
-from grpokit.rewards.pipeline import reward_metrics
-from grpokit.state import next_prompt_indices
+from grpokit.utils.memory import release_memory
+from grpokit.rewards.pipeline import ScoredRows, reward_metrics
+from grpokit.trainer.state import next_prompt_indices
 
 
 def sample_and_score(run: Run, step: int, n_prompts: int, *, round_: int, rollout_cfg: RolloutConfig,
@@ -89,3 +89,16 @@ def refill_groups_with_signal(run: Run, step: int, rows: list[dict], exp: Experi
     out.gen_s = gen_s
     out.advantages = run.algorithm.advantages(out)
     return kept_rows, out, metrics, extra_s
+
+
+def gather_scored(exp: Experience, scored: ScoredRows, ranks: Ranks, pad_id: int) -> tuple[Experience, ScoredRows]:
+    """Every rank's scored share of a step (its experience with rewards, and the reward functions'
+    values per row) joined in rank order into the whole batch, on every rank: what one process
+    would hold after scoring (``Experience.concat``: prompts left-padded, completions right-padded
+    with ``pad_id``). ``gen_s`` is the slowest rank's (they generate at the same time); failures
+    are summed. The experience comes back on ``exp``'s device."""
+    parts = gather_objects((exp.to("cpu"), scored), ranks)
+    whole = Experience.concat([e for e, _ in parts], pad_id).to(exp.device)
+    whole.gen_s = max(e.gen_s for e, _ in parts)
+    per_function = {k: [v for _, sc in parts for v in sc.per_function[k]] for k in scored.per_function}
+    return whole, ScoredRows(per_function, sum(sc.failures for _, sc in parts))

@@ -3,11 +3,11 @@
 With LoRA (``model.lora``) the model part is the adapter alone (peft's ``save_pretrained``:
 ``adapter_model.safetensors`` + ``adapter_config.json``; the frozen base weights are the run's
 ``model.name_or_path``, which ``adapter_config.json`` and the model card name as the recipe does:
-:func:`grpokit.lora.base_recorded_as`) and the optimizer state is that of the adapter parameters
-(:mod:`grpokit.lora`).
+:func:`grpokit.models.lora.base_recorded_as`) and the optimizer state is that of the adapter parameters
+(:mod:`grpokit.models.lora`).
 
 Every file of a checkpoint has the mode a plain write gives (``0o666 & ~umask``; safetensors' own
-temporary-file write would leave the weights ``0o600``): :func:`grpokit.filemodes.honour_umask`.
+temporary-file write would leave the weights ``0o600``): :func:`grpokit.utils.filemodes.honour_umask`.
 
 A checkpoint is written to a hidden temporary folder in ``output_dir`` and renamed to
 ``checkpoint-<step>`` only when complete, so a crash mid-write leaves the previous one intact.
@@ -29,9 +29,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from grpokit.filemodes import honour_umask
-from grpokit.lora import base_recorded_as, is_adapter_checkpoint, is_peft_model, load_adapter_weights
-from grpokit.textio import NotUtf8Error, read_utf8
+from grpokit.utils.filemodes import honour_umask
+from grpokit.models.lora import base_recorded_as, is_adapter_checkpoint, is_peft_model, load_adapter_weights
+from grpokit.utils.textio import NotUtf8Error, read_utf8
 
 _NAME = re.compile(r"^checkpoint-(\d+)$")
 _LEFTOVER = re.compile(r"^\.(tmp|old)-checkpoint-\d+-\d+$")
@@ -98,7 +98,7 @@ def save_checkpoint(
     ``training_state.pt`` under ``"algorithm"``. ``rng_ranks``: every rank's :func:`rng_state`
     (data parallel), saved under ``"rng_ranks"`` beside this process's ``"rng"``.
     ``model_state``/``optimizer_state``: full state dicts to save instead of ``model``'s and
-    ``optimizer``'s own (a sharded FSDP2 model, gathered by :func:`grpokit.distributed.full_state`).
+    ``optimizer``'s own (a sharded FSDP2 model, gathered by :func:`grpokit.utils.distributed.full_state`).
 
     Raises:
         ValueError: a parameter is not finite (no checkpoint ever holds NaN weights).
@@ -205,7 +205,7 @@ def load_training_state(path: str | Path) -> tuple[dict[str, Any], dict[str, Any
 def read_checkpoint_recipe(ckpt: str | Path) -> dict[str, Any] | None:
     """The recipe checkpoint ``ckpt`` was trained with (its ``recipe.json``, read as UTF-8), or None
     when it has none (written by hand or by an early version: nothing to compare on resume;
-    :func:`grpokit.trainer.check_resume_recipe` compares it).
+    :func:`grpokit.trainer.loop.check_resume_recipe` compares it).
 
     Raises:
         ValueError: ``recipe.json`` is not UTF-8, not valid JSON or not an object (names the file
@@ -261,7 +261,7 @@ def read_model_state(ckpt: str | Path) -> dict[str, torch.Tensor]:
 def load_model_weights(model: torch.nn.Module, ckpt: str | Path) -> None:
     """Load the ``*.safetensors`` weights of checkpoint folder ``ckpt`` into ``model`` (in place,
     onto the parameters' devices). A missing ``lm_head.weight`` is accepted (tied embeddings).
-    A LoRA (peft) model loads the checkpoint's adapter (:func:`grpokit.lora.load_adapter_weights`).
+    A LoRA (peft) model loads the checkpoint's adapter (:func:`grpokit.models.lora.load_adapter_weights`).
 
     Raises:
         ValueError: a weight file cannot be read, or keys are missing/unexpected (names the file

@@ -29,10 +29,10 @@ from typing import Any
 import torch
 
 from grpokit.data import dataset_label, render_prompts
-from grpokit.filemodes import honour_umask
-from grpokit.heldout import drop_questions
-from grpokit.models import encode_prompts
-from grpokit.outputs import check_output_dir
+from grpokit.utils.filemodes import honour_umask
+from grpokit.data.heldout import drop_questions
+from grpokit.models.loading import encode_prompts
+from grpokit.utils.outputs import check_output_dir
 
 __all__ = ["IGNORE_INDEX", "collate", "completion_rows", "drop_heldout_questions", "encode_rows", "main_sft", "run_sft"]
 
@@ -81,7 +81,7 @@ def completion_rows(rows: list[dict], completion_template: str) -> tuple[list[di
 def encode_rows(tokenizer: Any, rows: list[dict], *, prompt_template: str,
                 system_prompt: str | None = None) -> list[dict[str, list[int]]]:
     """Token ids and labels of each row: the chat-templated prompt as GRPO sees it
-    (:func:`grpokit.data.render_prompts`, :func:`grpokit.models.encode_prompts`), then the completion and the end-of-turn token.
+    (:func:`grpokit.data.render_prompts`, :func:`grpokit.models.loading.encode_prompts`), then the completion and the end-of-turn token.
 
     Returns:
         One dict per row: ``input_ids`` (P + C + 1 ints) and ``labels`` (``IGNORE_INDEX`` at the P
@@ -123,7 +123,7 @@ def collate(features: list[dict[str, list[int]]], pad_token_id: int) -> dict[str
 
 
 def _check_out(out: str | Path) -> Path:
-    """``out`` as a Path, checked as the output folder ``OUT`` (:func:`grpokit.outputs.check_output_dir`:
+    """``out`` as a Path, checked as the output folder ``OUT`` (:func:`grpokit.utils.outputs.check_output_dir`:
     FileExistsError when it is a file or a folder that is not empty, NotADirectoryError below a file,
     PermissionError where it cannot be written)."""
     return check_output_dir(out, "OUT", empty=True)
@@ -203,10 +203,10 @@ def main_sft(ns: Any, *, default_recipe: str | Path) -> dict[str, Any]:
             (:func:`_check_out`).
         FileNotFoundError: unknown model, dataset file or recipe.
     """
-    from grpokit.build import resolve_device
+    from grpokit.trainer.build import resolve_device
     from grpokit.config import RecipeError, load_recipe
-    from grpokit.models import load_model, load_tokenizer, resolve_model_paths
-    from grpokit.rows import load_data_rows, section_rows
+    from grpokit.models.loading import load_model, load_tokenizer, resolve_model_paths
+    from grpokit.data.rows import load_data_rows, section_rows
 
     for name in ("epochs", "learning_rate"):
         if getattr(ns, name) <= 0:

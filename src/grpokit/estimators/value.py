@@ -3,11 +3,11 @@
 ``V(s_t)`` for completion token ``t`` is read where the policy's logits for token ``t`` are read:
 the hidden state at the position before it (the prompt and the completion up to ``t − 1``), from one
 ``[prompt ; completion]`` pass with the same masks and position ids as
-:func:`grpokit.policy.completion_logprobs` (``grpokit.backends.base.plain_forward``). The head starts
+:func:`grpokit.models.logprobs.completion_logprobs` (``grpokit.backends.base.plain_forward``). The head starts
 at zero (weight and bias), so the first values are 0 and the first advantages are the returns.
 
 A LoRA policy (a peft model, ``model.lora``) gives a plain decoder: its weights with the adapters
-folded in, copied (:func:`grpokit.lora.merged_copy`; the policy keeps its adapters, nothing is merged
+folded in, copied (:func:`grpokit.models.lora.merged_copy`; the policy keeps its adapters, nothing is merged
 in place). The value model is then trained in full, as without LoRA.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from grpokit.backends.base import plain_forward
-from grpokit.lora import is_peft_model, merged_copy
+from grpokit.models.lora import is_peft_model, merged_copy
 
 
 def _backbone(model: torch.nn.Module) -> torch.nn.Module:

@@ -6,7 +6,7 @@ Launch with torchrun (one process per device; on CPU the ``gloo`` backend, on CU
     torchrun --nnodes 2 --node-rank R --nproc-per-node 8 \\
              --rdzv-backend c10d --rdzv-endpoint HOST:29500 -m grpokit train recipe.yaml
 
-What is split and what is shared (the loop in :mod:`grpokit.trainer` does this through the
+What is split and what is shared (the loop in :mod:`grpokit.trainer.loop` does this through the
 functions here):
 
 - every rank computes the same B prompt indices of a step and samples the ``B/W`` whole groups of
@@ -43,13 +43,10 @@ import socket
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-if TYPE_CHECKING:
-    from grpokit.experience import Experience
-    from grpokit.rewards.pipeline import ScoredRows
 
 #: the values of ``train.parallel``
 PARALLEL = ("auto", "none", "ddp", "fsdp2")
@@ -206,22 +203,6 @@ def gather_objects(obj: Any, ranks: Ranks) -> list[Any]:
     out: list[Any] = [None] * ranks.world_size
     dist.all_gather_object(out, obj)
     return out
-
-
-def gather_scored(exp: Experience, scored: ScoredRows, ranks: Ranks, pad_id: int) -> tuple[Experience, ScoredRows]:
-    """Every rank's scored share of a step (its experience with rewards, and the reward functions'
-    values per row) joined in rank order into the whole batch, on every rank: what one process
-    would hold after scoring (``Experience.concat``: prompts left-padded, completions right-padded
-    with ``pad_id``). ``gen_s`` is the slowest rank's (they generate at the same time); failures
-    are summed. The experience comes back on ``exp``'s device."""
-    from grpokit.experience import Experience
-    from grpokit.rewards.pipeline import ScoredRows
-
-    parts = gather_objects((exp.to("cpu"), scored), ranks)
-    whole = Experience.concat([e for e, _ in parts], pad_id).to(exp.device)
-    whole.gen_s = max(e.gen_s for e, _ in parts)
-    per_function = {k: [v for _, sc in parts for v in sc.per_function[k]] for k in scored.per_function}
-    return whole, ScoredRows(per_function, sum(sc.failures for _, sc in parts))
 
 
 def barrier(ranks: Ranks) -> None:

@@ -1,17 +1,29 @@
 """Held-out evaluation: greedy accuracy, and over k samples per problem mean@k, pass@k and maj@k,
-each with a 95 % interval (:mod:`grpokit.evalstats`); per-problem outcomes for paired comparisons.
+each with a 95 % interval (:mod:`grpokit.eval.stats`); per-problem outcomes for paired comparisons.
 
-The scorer follows the data (:func:`grpokit.heldout.default_scorer`): reasoning_gym rows are scored by their
+The scorer follows the data (:func:`grpokit.data.heldout.default_scorer`): reasoning_gym rows are scored by their
 generator's own ``score_answer``, everything else by ``math_correct``; a completion is correct
 when it scores >= 1. Scoring runs under :class:`grpokit.rewards.guard.GuardedReward` (a worker
 process killed at the time limit): a completion it cannot score counts as wrong and is counted.
+
+During a run, :class:`HeldOutEval` keeps the eval section's rows apart from the training rows,
+builds their prompts and runs :func:`evaluate` on the current model through a rollout engine (the
+run's ``eval_engine``, :class:`grpokit.trainer.build.Run`); :func:`save_eval` writes
+``eval_<when>.json``. It is built in two stages by :func:`grpokit.trainer.build.build_run`, so that
+bad input fails before anything slow loads: :class:`HeldOutEval` (rows and scorer, no tokenizer),
+then :meth:`HeldOutEval.prepare` (prompts, once the tokenizer and the model's context length are
+known).
 """
 
 from __future__ import annotations
 
+import json
 import time
+import warnings
+from pathlib import Path
 from typing import Any, Callable
 
+from grpokit.data import dataset_label
 from grpokit.rollout.engine import RolloutEngine, SamplingParams
 
 
@@ -55,7 +67,7 @@ def evaluate(
             per problem sampled at ``temperature`` (seeded with ``seed``); 0 = greedy only.
         extract_answer: reads a completion's final answer for maj@k's votes (default
             :func:`grpokit.rewards.math.extract_answer`; use the scorer's own reader,
-            :func:`grpokit.heldout.answer_extractor`).
+            :func:`grpokit.data.heldout.answer_extractor`).
 
     Returns:
         ``accuracy``, ``correct``, ``total``, ``unscorable`` (completions, greedy and sampled, the
@@ -65,16 +77,16 @@ def evaluate(
         ``prompt`` the model was given, ``completion``, ``correct``, ``truncated``), ``settings``
         (what decides the numbers: ``max_new_tokens``, ``num_samples`` and, with samples,
         ``temperature`` and ``seed``, the scorer), ``outcomes`` (per problem,
-        greedy correct or not, for :func:`grpokit.evalstats.paired_comparison`) and ``metrics``
-        (:func:`grpokit.evalstats.summarize`: each metric's value and 95 % interval); with samples
+        greedy correct or not, for :func:`grpokit.eval.stats.paired_comparison`) and ``metrics``
+        (:func:`grpokit.eval.stats.summarize`: each metric's value and 95 % interval); with samples
         also ``sampled_correct`` (per problem, how many of the k samples were correct, for
-        :func:`grpokit.evalstats.paired_sampled_comparison`) and ``maj_outcomes`` (per problem,
+        :func:`grpokit.eval.stats.paired_sampled_comparison`) and ``maj_outcomes`` (per problem,
         maj@k right or not).
 
     Raises:
         ValueError: ``num_samples < 0``, ``temperature <= 0`` with samples, rows/prompts mismatch.
     """
-    from grpokit import evalstats
+    from grpokit.eval import stats as evalstats
     from grpokit.rewards.guard import GuardedReward
 
     if extract_answer is None:
@@ -174,8 +186,94 @@ def default_output_name(dataset: str, split: str) -> str:
     ('eval_qa_test.json', 'eval_reasoning_gym_chain_sum_train.json')
     """
     import re
-    from pathlib import Path
 
     path = Path(dataset)
     name = path.stem if path.suffix in (".jsonl", ".json", ".csv", ".parquet") else path.name
     return re.sub(r"[^A-Za-z0-9._-]+", "_", f"eval_{name}_{split}") + ".json"
+
+
+class HeldOutEval:
+    """The recipe's ``eval`` section applied to ``train_rows``' run.
+
+    Raises:
+        ValueError: a held-out range that overlaps the training rows (:func:`grpokit.data.heldout.check_ranges`),
+            an unknown ``eval.scorer`` or one that cannot score the data, or no held-out row left once training questions are left out.
+    """
+
+    def __init__(self, recipe: Any, train_rows: list[dict]):
+        from grpokit.data import heldout
+        from grpokit.data.rows import section_rows
+        from grpokit.rewards import get_reward_function
+
+        self.recipe, e = recipe, recipe.eval
+        heldout.check_ranges(recipe)
+        self.scorer = e.scorer or heldout.default_scorer(e.dataset)
+        try:
+            heldout.check_scorer(self.scorer, e.dataset)
+            self.scorer_fn = get_reward_function(self.scorer)  # a bad name fails before any model loads
+        except ValueError as err:
+            raise ValueError(f"eval.scorer: {err}") from None
+        rows, dropped = heldout.drop_training_questions(train_rows, section_rows(recipe, "eval"))
+        if not rows:
+            raise ValueError(f"eval: every held-out problem of {dataset_label(e.dataset, e.split)} is also a "
+                             "training question")
+        self.rows, self.prompts = rows, None
+        self.tokenizer, self.too_long = None, None  # set by prepare, with the prompts
+        self.note = (f"{len(rows)} held-out problems, none a training question ({dropped} left out as "
+                     f"training questions; data seed {heldout.eval_seed(recipe)})")
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.recipe.eval.max_new_tokens or self.recipe.rollout.max_new_tokens
+
+    def prepare(self, tokenizer: Any, max_positions: int | None) -> None:
+        """Build the prompts; prompts that do not fit the context with ``max_new_tokens`` are
+        dropped (ValueError if none fits: the message names the key)."""
+        from grpokit.data.rows import load_prompts
+
+        e = self.recipe.eval
+        key = "eval.max_new_tokens" if e.max_new_tokens else "rollout.max_new_tokens (eval.max_new_tokens unset)"
+        self.rows, self.prompts, self.too_long = load_prompts(
+            self.recipe, tokenizer, dataset=e.dataset, split=e.split, limit=e.limit, rows=self.rows,
+            max_new_tokens=self.max_new_tokens, max_positions=max_positions, new_tokens_key=key, section="eval")
+        self.tokenizer = tokenizer
+
+    def run(self, engine: RolloutEngine, out: Path, when: str) -> dict[str, Any]:
+        """Evaluate the model ``engine`` generates from, now (greedy, and ``eval.num_samples``
+        samples at ``rollout.temperature``); writes ``out/eval_<when>.json``, prints the summary and
+        returns :func:`grpokit.eval.evaluate.evaluate`'s result with ``dataset``, ``split``, ``when``,
+        ``scorer`` and ``held_out`` added, and in its ``settings`` the prompt template, system prompt,
+        whether the chat template was applied and how many prompts were left out as too long."""
+        from grpokit.eval.stats import format_summary
+        from grpokit.data.heldout import answer_extractor
+
+        r = self.recipe
+        e = r.eval
+        res = evaluate(engine, self.prompts, self.rows, max_new_tokens=self.max_new_tokens, scorer=self.scorer_fn,
+                       batch_size=e.batch_size, scorer_timeout_s=r.rewards.timeout_s, isolation=r.rewards.isolation,
+                       num_samples=e.num_samples, temperature=r.rollout.temperature, seed=r.train.seed,
+                       extract_answer=answer_extractor(self.scorer))
+        res.update(dataset=e.dataset, split=e.split, when=when, scorer=self.scorer, held_out=self.note)
+        # the prompts as the model got them: with the budget and the sampling, what the numbers depend on
+        res["settings"].update(prompt_settings(r.data, self.tokenizer, self.too_long), batch_size=e.batch_size)
+        save_eval(out, res, when)
+        print(f"[grpokit] eval {when}: {dataset_label(e.dataset, e.split)} accuracy {res['accuracy']:.3f} "
+              f"({res['correct']}/{res['total']}, greedy; {self.note}; scorer {self.scorer})\n"
+              f"{format_summary(res['metrics'])}", flush=True)
+        self._warn(res, when)
+        return res
+
+    def _warn(self, res: dict[str, Any], when: str) -> None:
+        """An evaluation that measured little (most answers cut, rows the scorer could not score)
+        says so, as a training step does (``grpokit.metrics.RunWarning``)."""
+        from grpokit.metrics import RunWarning
+
+        key = "eval.max_new_tokens" if self.recipe.eval.max_new_tokens else "rollout.max_new_tokens"
+        for text in measured_little(res, budget=f"{key}={self.max_new_tokens}"):
+            warnings.warn(f"eval {when}: {text}", RunWarning, stacklevel=3)
+
+
+def save_eval(out: Path, res: dict[str, Any], when: str) -> dict[str, Any]:
+    """Write ``out/eval_<when>.json``; returns ``res``."""
+    (Path(out) / f"eval_{when}.json").write_text(json.dumps(res, indent=1))
+    return res

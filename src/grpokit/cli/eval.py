@@ -1,6 +1,6 @@
 """``grpokit eval MODEL --dataset NAME``: held-out accuracy of one model, or two paired (``--against``).
 
-Called by :func:`grpokit.cli.main`; its errors follow the rule of that module's docstring."""
+Called by :func:`grpokit.cli.main.main`; its errors follow the rule of that module's docstring."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from pathlib import Path
 
 import yaml
 
-from grpokit.cli_errors import USER_ERRORS, finite_float
-from grpokit.cli_errors import one_line as _one_line
-from grpokit.cli_errors import show_traceback as _show_traceback
+from grpokit.cli.errors import USER_ERRORS, finite_float
+from grpokit.cli.errors import one_line as _one_line
+from grpokit.cli.errors import show_traceback as _show_traceback
 from grpokit.data import dataset_label
-from grpokit.recipe_args import DEFAULT_RECIPE, find_recipe
+from grpokit.cli.recipe_args import DEFAULT_RECIPE, find_recipe
 
 
 def _eval_args(argv: list[str]) -> argparse.Namespace:
@@ -60,11 +60,11 @@ def _eval_args(argv: list[str]) -> argparse.Namespace:
 
 
 def _heldout_of(ns: argparse.Namespace):
-    """The held-out rows of the recipe ``ns.heldout_of`` (:class:`grpokit.evaluator.HeldOutEval`);
+    """The held-out rows of the recipe ``ns.heldout_of`` (:class:`grpokit.eval.evaluate.HeldOutEval`);
     sets ``ns.dataset``/``ns.split``/``ns.skip``/``ns.limit`` to what they came from."""
     from grpokit.config import load_recipe
-    from grpokit.evaluator import HeldOutEval
-    from grpokit.rows import section_rows
+    from grpokit.eval.evaluate import HeldOutEval
+    from grpokit.data.rows import section_rows
 
     recipe = load_recipe(find_recipe(ns.heldout_of))
     held = HeldOutEval(recipe, section_rows(recipe, "data"))
@@ -80,7 +80,7 @@ def _newest_checkpoint_of_run(model: str) -> str:
     Raises:
         ValueError: the folder holds checkpoint folders but none is complete (names the folder).
     """
-    from grpokit.checkpoint import list_checkpoints
+    from grpokit.trainer.checkpoint import list_checkpoints
 
     path = Path(model).expanduser()
     if not path.is_dir() or (path / "config.json").exists() or not any(path.glob("checkpoint-*")):
@@ -95,14 +95,14 @@ def _newest_checkpoint_of_run(model: str) -> str:
 
 def eval_command(argv: list[str]) -> int:
     ns = _eval_args(argv)
-    from grpokit.build import resolve_device
+    from grpokit.trainer.build import resolve_device
     from grpokit.config import RecipeError, load_recipe
-    from grpokit.evaluate import default_output_name
-    from grpokit.heldout import check_scorer, default_scorer
-    from grpokit.models import load_tokenizer, resolve_model_paths
-    from grpokit.outputs import check_output_file
+    from grpokit.eval.evaluate import default_output_name
+    from grpokit.data.heldout import check_scorer, default_scorer
+    from grpokit.models.loading import load_tokenizer, resolve_model_paths
+    from grpokit.utils.outputs import check_output_file
     from grpokit.rewards import get_reward_function
-    from grpokit.rows import load_data_rows, load_prompts
+    from grpokit.data.rows import load_data_rows, load_prompts
 
     def fail(msg: str) -> int:
         print(f"grpokit eval: error: {msg}", file=sys.stderr)
@@ -166,9 +166,9 @@ def eval_command(argv: list[str]) -> int:
 
 def _eval_settings(ns: argparse.Namespace, recipe, tok, skipped: int) -> dict:
     """What decides ``grpokit eval``'s numbers besides the models, for its JSON: the prompts
-    (:func:`grpokit.evaluate.prompt_settings`), the token budget, greedy decoding and the sampling
+    (:func:`grpokit.eval.evaluate.prompt_settings`), the token budget, greedy decoding and the sampling
     settings, the rows (skip, limit, seeds)."""
-    from grpokit.evaluate import prompt_settings
+    from grpokit.eval.evaluate import prompt_settings
 
     return {**prompt_settings(recipe.data, tok, skipped), "tokenizer_of": ns.model, "max_new_tokens": ns.max_new_tokens,
             "greedy": True, "samples": ns.samples or 0, "temperature": ns.temperature if ns.samples else None,
@@ -180,7 +180,7 @@ def _eval_settings(ns: argparse.Namespace, recipe, tok, skipped: int) -> dict:
 def _shortest_context(models: list[str]) -> int | None:
     """The fewest positions (prompt + new tokens) of ``models``' configs (None: none states any), so
     that every prompt kept fits each model compared."""
-    from grpokit.models import model_max_positions
+    from grpokit.models.loading import model_max_positions
 
     sizes = [n for n in (model_max_positions(m) for m in models) if n is not None]
     return min(sizes) if sizes else None
@@ -208,13 +208,14 @@ def _data_options(text: str | None) -> dict:
 
 def _eval_models(ns, models, device, tok, prompts, rows, scorer, scorer_name, out_path: Path, settings: dict) -> int:
     """``grpokit eval`` after its checks: each model loaded and scored (what measured little said on
-    stderr, :func:`grpokit.evaluate.measured_little`), the paired comparison, the JSON (with
+    stderr, :func:`grpokit.eval.evaluate.measured_little`), the paired comparison, the JSON (with
     ``settings``)."""
     from grpokit.backends import install_backend
-    from grpokit.evalstats import format_summary, paired_comparison
-    from grpokit.evaluate import evaluate, measured_little
-    from grpokit.heldout import answer_extractor
-    from grpokit.models import eos_token_ids, load_model
+    from grpokit.eval.compare import compare
+    from grpokit.eval.stats import format_summary
+    from grpokit.eval.evaluate import evaluate, measured_little
+    from grpokit.data.heldout import answer_extractor
+    from grpokit.models.loading import eos_token_ids, load_model
     from grpokit.rollout.engine import load_engine
 
     results = {}
@@ -233,34 +234,10 @@ def _eval_models(ns, models, device, tok, prompts, rows, scorer, scorer_name, ou
     out = {"dataset": ns.dataset, "split": ns.split, "skip": ns.skip, "scorer": scorer_name,
            "settings": settings, "models": results}
     if ns.against:
-        pc = paired_comparison(results[ns.model]["outcomes"], results[ns.against]["outcomes"])
-        out["paired"] = pc
-        print(_paired_line(ns.against, ns.model, "greedy", pc))
-        if ns.samples:
-            out["paired_sampled"] = _print_paired_sampled(results[ns.model], results[ns.against], ns.samples,
-                                                          ns.against, ns.model)
+        paired, lines = compare(results[ns.model], results[ns.against], ns.model, ns.against, ns.samples or 0)
+        out.update(paired)
+        print("\n".join(lines))
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(out, indent=1, default=str))
     print(f"-> {out_path}")
     return 0
-
-
-def _print_paired_sampled(a: dict, b: dict, k: int, name_b: str, name_a: str) -> dict:
-    """The paired mean@k (sign test) and maj@k (McNemar) comparisons of two ``evaluate`` results
-    with samples, printed; returns ``{"mean@k": ..., "maj@k": ...}`` for the output JSON."""
-    from grpokit.evalstats import paired_comparison, paired_sampled_comparison
-
-    ms = paired_sampled_comparison(a["sampled_correct"], b["sampled_correct"], k)
-    mj = paired_comparison(a["maj_outcomes"], b["maj_outcomes"])
-    print(f"paired ({name_b} - {name_a}), mean@{k}: {ms['diff']:+.3f} [{ms['diff_lo']:+.3f}, {ms['diff_hi']:+.3f}] "
-          f"(95 %, {ms['interval']}); problems where the second is better {ms['b_better']}, the first "
-          f"{ms['a_better']}; exact sign test p = {ms['p_value']:.3g}")
-    print(_paired_line(name_b, name_a, f"maj@{k}", mj))
-    return {f"mean@{k}": ms, f"maj@{k}": mj}
-
-
-def _paired_line(name_b: str, name_a: str, metric: str, pc: dict) -> str:
-    """One printed line of a :func:`grpokit.evalstats.paired_comparison` result ``pc`` for ``metric``."""
-    return (f"paired ({name_b} - {name_a}), {metric}: {pc['diff']:+.3f} [{pc['diff_lo']:+.3f}, {pc['diff_hi']:+.3f}] "
-            f"(95 %, {pc['interval']}); only the second right {pc['b_only']}, only the first {pc['a_only']}; "
-            f"exact McNemar p = {pc['p_value']:.3g}")
