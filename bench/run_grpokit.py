@@ -1,15 +1,17 @@
 """Benchmark child: grpokit's own training loop (``grpokit.trainer.loop.run_step``) on the workload.
 
-Run by ``bench_vs_trl.py`` in the main ``.venv``; writes one JSON ``Result``. Phases are timed by
-wrapping the functions the trainer calls (generation, the no-grad log-prob passes, rewards); the
-rest of the step is the policy forward with gradient, backward and optimizer step.
+Run by ``bench_vs_trl.py`` in the main ``.venv``; writes one JSON ``Result``. Phases come from the
+loop's own timers in each step's metrics (``gen_s``: generation, ``ref_s``: the no-grad log-prob
+passes, ``reward_s``: rewards); the rest of the step is the policy forward with gradient, backward
+and optimizer step. The settings compared (``--plain``, ``--bf16-sampler``) are set on the run's
+parts (the engine's ``generate_options`` and ``sampler_dtype``, the log-prob scorer's
+``share_prompt``); nothing in the trainer is replaced.
 
     python bench/run_grpokit.py --out r.json --precision bf16_autocast --steps 4 [--parity]
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import sys
 import tempfile
@@ -18,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
-    MODEL_ALIAS, Clock, Result, StepRecord, Workload, load_avg, ordered_rows, peak_rss_gb, versions,
+    MODEL_ALIAS, Result, StepRecord, Workload, load_avg, ordered_rows, peak_rss_gb, versions,
     workload_from_args, workload_parser,
 )
 
@@ -64,6 +66,18 @@ def _processed_tokens(batch, share: bool) -> tuple[int, int]:
     return int(pm.sum() + cm.sum()), n * (p + t)
 
 
+def _trained_tokens(batch, t, share: bool) -> dict[str, int]:
+    """The tokens the gradient passes ran: every micro-batch of ``train.micro_batch_size`` rows (padding
+    columns cut, as the loop cuts them), once per pass (μ = ``train.num_iterations``)."""
+    out = {"train_tokens": 0, "train_tokens_padded": 0, "sequence_tokens": 0}
+    for _, mb in batch.micro_batches(t.micro_batch_size):
+        real, padded = _processed_tokens(mb, share)
+        out["train_tokens"] += real * t.num_iterations
+        out["train_tokens_padded"] += padded * t.num_iterations
+        out["sequence_tokens"] += int(mb.prompt_mask.sum() + mb.completion_mask.sum()) * t.num_iterations
+    return out
+
+
 def main() -> None:
     ap = workload_parser(__doc__.splitlines()[0])
     ap.add_argument("--plain", action="store_true",
@@ -84,86 +98,39 @@ def main() -> None:
     res = Result(peer="grpokit", setting=setting, workload=vars(w) | {"N": w.N}, load_avg_before=load_avg(),
                  versions=versions())
 
-    import grpokit.rollout.hf as hf
-    import grpokit.trainer.loop as trainer
-    from grpokit.trainer.build import build_run
     from grpokit.metrics import RunLogger
+    from grpokit.trainer.build import build_run
+    from grpokit.trainer.loop import LoopMemory, run_step
 
     share = not a.plain
-    clock = Clock()
-    counts = {"train_tokens": 0, "train_tokens_padded": 0, "sequence_tokens": 0}
-
-    # -- instrument the functions the trainer looks up at call time ------------------------------
-    gen_kw = {"share_prompt": share, "static_cache": share, "packed_weights": share}
-    if a.bf16_sampler:
-        gen_kw["sampler_dtype"] = torch.bfloat16
-    hf.generate_rollouts = functools.partial(hf.generate_rollouts, **gen_kw)
-    orig_batch_logprobs, orig_completion_logprobs = trainer.batch_logprobs, trainer.completion_logprobs
-
-    def batch_logprobs(*args, **kw):
-        with clock.timed("logp_ref"):
-            return orig_batch_logprobs(*args, share_prompt=share, **kw)
-
-    def completion_logprobs(model, batch, **kw):
-        real, padded = _processed_tokens(batch, share)
-        counts["train_tokens"] += real
-        counts["train_tokens_padded"] += padded
-        counts["sequence_tokens"] += int(batch.prompt_mask.sum() + batch.completion_mask.sum())
-        return orig_completion_logprobs(model, batch, share_prompt=share, **kw)
-
-    orig_reference_logprobs = trainer.reference_logprobs
-
-    def reference_logprobs(*args, **kw):  # π_ref (the policy with adapters off, or the reference model)
-        with clock.timed("logp_ref"):
-            return orig_reference_logprobs(*args, **kw)
-
-    trainer.batch_logprobs, trainer.completion_logprobs = batch_logprobs, completion_logprobs
-    trainer.reference_logprobs = reference_logprobs
-    captured = {}
-    orig_optimize = trainer.optimize
-
-    def optimize(run, exp, *args, **kw):
-        captured["batch"], captured["advantages"] = exp, exp.advantages
-        return orig_optimize(run, exp, *args, **kw)
-
-    trainer.optimize = optimize
-
     with tempfile.TemporaryDirectory(prefix="grpokit-bench-") as tmp:
         recipe = build_recipe(w, tmp, {"auto": None, "on": True, "off": False}[a.recompute_mlp], a.backend)
         run = build_run(recipe)
+        # the settings under test, on the run's parts (nothing in the trainer is replaced)
+        run.engine.generate_options = {"share_prompt": share, "static_cache": share, "packed_weights": share}
+        if a.bf16_sampler:
+            run.engine.sampler_dtype = torch.bfloat16
+        run.logprobs.share_prompt = share
         res.notes["recompute_mlp"] = recipe.model.recompute_mlp
         res.n_params = sum(p.numel() for p in run.model.parameters())
         expected = [r["prompt_text"] for r in ordered_rows(run.tokenizer, w)]
         seen: list[str] = []
-        orig_generate, orig_score = run.engine.generate, run.rewards.score
-
-        def generate(prompts, *args, **kw):
-            seen.extend(prompts)
-            with clock.timed("gen"):
-                return orig_generate(prompts, *args, **kw)
-
-        def score(*args, **kw):
-            with clock.timed("reward"):
-                return orig_score(*args, **kw)
-
-        run.engine.generate, run.rewards.score = generate, score
+        prompt_of = {id(row): prompt for row, prompt in zip(run.data.rows, run.data.prompts)}
         logger = RunLogger(tmp, tensorboard=False)
-        memo = {"warned_at": {}}
+        memory = LoopMemory()
         for _ in range(w.steps):
-            counts.update(train_tokens=0, train_tokens_padded=0, sequence_tokens=0)
             t0 = time.perf_counter()
-            m = trainer.run_step(run, logger, memo, rollout_cfg=recipe.rollout, algo_cfg=recipe.algo,
-                                 train_cfg=recipe.train, eval_cfg=recipe.eval,
-                                 autocast_bf16=recipe.model.autocast_bf16)
+            step = run_step(run, logger, memory)
             step_s = time.perf_counter() - t0
-            ph = clock.pop()
-            cm = captured["batch"].completion_mask
+            m, batch = step.metrics, step.experience
+            seen.extend(prompt_of[id(row)] for row in step.rows)  # what the engine was given
+            counts = _trained_tokens(batch, recipe.train, share)
+            cm = batch.completion_mask
+            phases = m["gen_s"] + m["ref_s"] + m["reward_s"]  # the loop's own phase timers
             rec = StepRecord(
-                step=m["step"], step_s=step_s, gen_s=ph.get("gen", 0.0), logp_ref_s=ph.get("logp_ref", 0.0),
-                train_s=step_s - ph.get("gen", 0.0) - ph.get("logp_ref", 0.0) - ph.get("reward", 0.0),
+                step=m["step"], step_s=step_s, gen_s=m["gen_s"], logp_ref_s=m["ref_s"], train_s=step_s - phases,
                 completion_tokens=int(cm.sum()), completion_len_mean=float(cm.sum(1).float().mean()),
-                train_tokens=counts["train_tokens"], train_tokens_padded=counts["train_tokens_padded"],
-                sequence_tokens=counts["sequence_tokens"], reward_mean=m.get("reward_mean"), loss=m.get("loss"),
+                **counts, reward_mean=m.get("reward_mean"), loss=m.get("loss"),
             )
             res.steps.append(vars(rec))
             print(f"[grpokit {setting}] step {rec.step}: {rec.step_s:.1f}s (gen {rec.gen_s:.1f}, "
@@ -173,7 +140,7 @@ def main() -> None:
         res.notes["same_prompts_as_workload"] = seen == expected[: len(seen)]
         res.peak_rss_gb = peak_rss_gb()  # before the parity check (which builds a second graph)
         if a.parity:
-            res.notes["parity"] = parity(run, recipe, captured["batch"], captured["advantages"], w, share=share)
+            res.notes["parity"] = parity(run, recipe, batch, batch.advantages, w, share=share)
             print(f"[grpokit {setting}] parity vs plain fp32: {res.notes['parity']}", flush=True)
     res.load_avg_after = load_avg()
     res.write(a.out)

@@ -184,7 +184,7 @@ def agreement(out: dict) -> bool:
         ckpt = tempfile.mkdtemp(prefix="grpokit-vllm-ckpt-")
         other.save_pretrained(ckpt, safe_serialization=True)
         load_model_weights(model, ckpt)
-        vl.sync_weights()  # what grpokit.trainer.loop.resume does
+        vl.sync_weights()  # what grpokit.trainer.resume.resume does
 
     for label, change in (("fused_adamw_step_then_sync", fused_step), ("untold_inplace_change", untold),
                           ("checkpoint_loaded", resume)):

@@ -338,7 +338,7 @@ def test_keys_that_may_change_on_resume_are_returned_not_refused():
 
 def test_a_damaged_recipe_json_is_a_one_line_value_error(tmp_path):
     from grpokit.config import Recipe
-    from grpokit.trainer.loop import check_resume_recipe
+    from grpokit.trainer.resume import check_resume_recipe
 
     assert check_resume_recipe(tmp_path, Recipe()) == []  # no recipe.json: nothing to compare
     (tmp_path / "recipe.json").write_text('{"train": ')
@@ -365,7 +365,7 @@ def test_resume_keeps_the_settings_of_every_optimizer_and_loads_their_moments(tm
     from types import SimpleNamespace
 
     from grpokit.utils.distributed import SINGLE
-    from grpokit.trainer.loop import resume
+    from grpokit.trainer.resume import resume
 
     critic = torch.nn.Linear(2, 1)
     critic_opt = torch.optim.AdamW(critic.parameters(), lr=1e-2)

@@ -17,9 +17,11 @@ from grpokit.estimators.base import GRPO
 from grpokit.trainer.build import TrainData
 from grpokit.utils.distributed import SINGLE
 from grpokit.experience import Experience
+from grpokit.models.logprobs import LogprobScorer
 from grpokit.rewards.pipeline import RewardPipeline
 from grpokit.trainer.state import TrainState
-from grpokit.trainer.loop import optimize, refill_groups_with_signal
+from grpokit.trainer.collect import refill_groups_with_signal
+from grpokit.trainer.loop import optimize
 
 G = 2
 
@@ -28,14 +30,17 @@ def _setup(model, recipe):
     """The parts ``optimize`` reads (``grpokit.trainer.build.Run``'s names)."""
     # plain SGD: the update is the gradient itself (Adam's first step would hide a scale error)
     opt = torch.optim.SGD(model.parameters(), lr=recipe.train.learning_rate)
+    logprobs = LogprobScorer(model, None, temperature=recipe.rollout.temperature,
+                             micro_batch_size=recipe.train.micro_batch_size)
     return SimpleNamespace(model=model, ref_model=None, optimizer=opt, algorithm=GRPO(recipe.algo, 5),
                            scheduler=torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0), state=TrainState(),
-                           engine=SimpleNamespace(sync_weights=lambda: None), ranks=SINGLE)
+                           engine=SimpleNamespace(sync_weights=lambda: None), ranks=SINGLE, recipe=recipe,
+                           logprobs=logprobs)
 
 
 def _optimize(run, recipe, tensors, advantages, keep_rows=None):
     exp = Experience.grouped(*tensors, group_size=1, advantages=advantages)
-    return optimize(run, exp, recipe.train, temperature=recipe.rollout.temperature, keep_rows=keep_rows)
+    return optimize(run, exp, keep_rows=keep_rows)
 
 
 # -- overlong filtering ----------------------------------------------------------------------------
@@ -95,7 +100,7 @@ def _fake_setup(names, tmp_path, **algo_kw):
     run = SimpleNamespace(data=TrainData(rows, list(names), ["answer"], 0), state=TrainState(),
                           rewards=RewardPipeline({"r": _by_name}, {}), algorithm=GRPO(recipe.algo, 8),
                           tokenizer=SimpleNamespace(pad_token_id=0), sampling=None,
-                          engine=SimpleNamespace(generate=_fake_generate(seeds)), ranks=SINGLE)
+                          engine=SimpleNamespace(generate=_fake_generate(seeds)), ranks=SINGLE, recipe=recipe)
     return (run, recipe), seeds
 
 
@@ -110,10 +115,11 @@ def in_order(monkeypatch):
 
 
 def _refill(s, step=1):
-    run, recipe = s
-    sections = dict(rollout_cfg=recipe.rollout, train_cfg=recipe.train)
-    rows, exp, metrics, _ = trainer.sample_and_score(run, step, 2, round_=0, **sections)
-    return refill_groups_with_signal(run, step, rows, exp, metrics, algo_cfg=recipe.algo, **sections)
+    """Steps 1-4 of ``run_step`` with dynamic sampling: ``(rows, experience, metrics, reward_s)``."""
+    run, _ = s
+    c = refill_groups_with_signal(run, step, collect.sample_and_score(run, step, 2))
+    c.experience.advantages = run.algorithm.advantages(c.experience)
+    return c.rows, c.experience, c.metrics, c.reward_s
 
 
 def test_constant_groups_are_refilled_until_b_groups_carry_signal(tmp_path, in_order):

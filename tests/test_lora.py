@@ -25,7 +25,8 @@ from grpokit.config import RecipeError, load_recipe
 from grpokit.models.lora import adapter_dropout, is_peft_model, merged_copy
 from grpokit.metrics import read_metrics
 from grpokit.models.logprobs import batch_logprobs, completion_logprobs, reference_logprobs
-from grpokit.trainer.loop import optimize, sample_and_score, train
+from grpokit.trainer.collect import sample_and_score
+from grpokit.trainer.loop import optimize, train
 
 pytest.importorskip("peft")
 
@@ -52,8 +53,8 @@ def plain_model(model_dir):
 
 
 def sampled(run, recipe, step=2):
-    _, exp, _, _ = sample_and_score(run, step, recipe.train.prompts_per_step, round_=0,
-                                    rollout_cfg=recipe.rollout, train_cfg=recipe.train)
+    exp = sample_and_score(run, step, recipe.train.prompts_per_step).experience
+    exp.advantages = run.algorithm.advantages(exp)
     return exp
 
 
@@ -82,7 +83,7 @@ def test_reference_is_the_policy_with_adapters_disabled_bit_for_bit(tiny_model_d
     assert torch.equal(ref, base)  # ... and π_ref is the base model bit for bit
     assert torch.equal(batch_logprobs(run.model, exp, **kw), adapted)  # adapters back on afterwards
     # the loop's own π_ref (trainer.optimize) is that one too
-    optimize(run, exp, recipe.train, temperature=recipe.rollout.temperature)
+    optimize(run, exp)
     assert torch.equal(exp.ref_logprobs, base)
 
 

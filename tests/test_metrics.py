@@ -99,7 +99,7 @@ def test_no_signal_under_process_supervision_quotes_the_step_reward_fraction():
     import torch
 
     from grpokit.metrics import RunWarning
-    from grpokit.trainer.loop import warn_if_step_did_nothing
+    from grpokit.metrics import warn_if_step_did_nothing
 
     m = {"step": 3, "truncated_frac": 0.0, "unscorable_frac": 0.0, "frac_zero_std": 0.5, "step_frac_zero_std": 1.0}
     with warnings.catch_warnings(record=True) as said:

@@ -14,7 +14,8 @@ from grpokit import algo
 from grpokit.trainer.checkpoint import load_training_state
 from grpokit.metrics import read_metrics
 from grpokit.estimators.ppo import PPO
-from grpokit.trainer.loop import sample_and_score, train
+from grpokit.trainer.collect import sample_and_score
+from grpokit.trainer.loop import train
 from grpokit.estimators.value import ValueModel
 
 PPO_SECTIONS = {"algo": {"estimator": "ppo", "beta": 0.0}, "train": {"critic_learning_rate": 1e-2}}
@@ -87,7 +88,8 @@ def test_ppo_advantages_are_whitened_gae_of_the_rewards(tiny_model_dir, tmp_path
     recipe = tiny_recipe(tiny_model_dir, tmp_path, **sections())
     run = grpokit.trainer.build.build_run(recipe)
     torch.nn.init.normal_(run.algorithm.critic.head.weight, std=0.5, generator=torch.Generator().manual_seed(1))
-    rows, exp, _, _ = sample_and_score(run, 1, 2, round_=0, rollout_cfg=recipe.rollout, train_cfg=recipe.train)
+    exp = sample_and_score(run, 1, 2).experience
+    exp.advantages = run.algorithm.advantages(exp)  # step 4 of run_step
     mask = exp.completion_mask
     values = run.algorithm.values(exp)
     torch.testing.assert_close(exp.old_values, values)
@@ -102,7 +104,8 @@ def test_ppo_advantages_are_whitened_gae_of_the_rewards(tiny_model_dir, tmp_path
 def test_value_loss_falls_on_a_fixed_batch(tiny_model_dir, tmp_path):
     recipe = tiny_recipe(tiny_model_dir, tmp_path, **sections(algo={"value_clip_eps": 10.0}))
     run = grpokit.trainer.build.build_run(recipe)
-    rows, exp, _, _ = sample_and_score(run, 1, 2, round_=0, rollout_cfg=recipe.rollout, train_cfg=recipe.train)
+    exp = sample_and_score(run, 1, 2).experience
+    exp.advantages = run.algorithm.advantages(exp)  # step 4 of run_step
     exp.returns = torch.where(exp.completion_mask, torch.ones_like(exp.returns), 0.0)  # a target V can reach
     losses = [run.algorithm.update_auxiliary(exp, exp.completion_mask, recipe.train)["value_loss"] for _ in range(6)]
     assert losses[0] == pytest.approx(0.5)  # V = 0 (zero head), R = 1: 0.5 · 1²

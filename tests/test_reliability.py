@@ -277,7 +277,7 @@ def test_unscorable_rewards_get_zero_advantage(tiny_model_dir, tmp_path, monkeyp
     monkeypatch.setattr(grpokit.trainer.loop, "sample_and_score", spy)
     _run(tiny_model_dir, tmp_path, rewards={"functions": [f"fake_rewards:{fn}"]},
          rollout={"group_size": 4}, train={"max_steps": 1})
-    exp = seen[0][1]
+    exp = seen[0].experience  # run_step sets its advantages (step 4)
     rewards, adv = exp.rewards, exp.advantages
     bad = ~torch.isfinite(rewards)
     assert bad.float().mean().item() == frac

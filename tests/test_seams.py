@@ -192,13 +192,15 @@ def test_the_runs_parts_are_typed():
     from transformers import PreTrainedTokenizerBase
 
     import grpokit.trainer.build as build
+    from grpokit.config import Recipe
     from grpokit.estimators.base import Algorithm
     from grpokit.eval.evaluate import HeldOutEval
+    from grpokit.models.logprobs import LogprobScorer
     from grpokit.trainer.state import TrainState
 
     names = dict(vars(build), PreTrainedTokenizerBase=PreTrainedTokenizerBase, Algorithm=Algorithm,
                  HeldOutEval=HeldOutEval, RewardPipeline=RewardPipeline, RolloutEngine=RolloutEngine,
-                 SamplingParams=SamplingParams, TrainState=TrainState)
+                 SamplingParams=SamplingParams, TrainState=TrainState, LogprobScorer=LogprobScorer)
     hints = typing.get_type_hints(build.Run, globalns=names)
     assert set(hints) == {f.name for f in dataclasses.fields(build.Run)}
     assert typing.Any not in hints.values()
@@ -206,6 +208,7 @@ def test_the_runs_parts_are_typed():
         RolloutEngine, SamplingParams, RewardPipeline, Algorithm, TrainState)
     assert hints["evaluator"] == HeldOutEval | None and hints["eval_engine"] == RolloutEngine | None
     assert hints["tokenizer"] is PreTrainedTokenizerBase and hints["optimizer"] is torch.optim.Optimizer
+    assert hints["recipe"] is Recipe and hints["logprobs"] is LogprobScorer
 
 
 # -- device -------------------------------------------------------------------------------------------

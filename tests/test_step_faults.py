@@ -10,7 +10,8 @@ import torch
 from helpers import tiny_recipe
 
 from grpokit.metrics import read_metrics
-from grpokit.trainer.loop import RunWarning, train
+from grpokit.metrics import RunWarning
+from grpokit.trainer.loop import train
 
 
 def _run(model_dir, out, **sections):

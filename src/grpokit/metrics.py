@@ -22,11 +22,15 @@ from __future__ import annotations
 import json
 import math
 import os
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from grpokit.utils.importing import require, warn_missing
 from grpokit.utils.textio import NotUtf8Error, read_utf8
+
+if TYPE_CHECKING:
+    import torch
 
 
 #: the keys every metrics.jsonl line carries (the public contract; tests check them).
@@ -41,7 +45,7 @@ METRIC_KEYS = (
 
 class RunWarning(UserWarning):
     """A step (or an evaluation) that trained on, or measured, little or nothing
-    (:func:`grpokit.trainer.loop.warn_if_step_did_nothing`)."""
+    (:func:`warn_if_step_did_nothing`)."""
 
 
 #: warn when at least this fraction of the completions was cut at the new-token limit
@@ -375,3 +379,59 @@ def draw_panels(panels: list[dict[str, Any]]) -> Any:
         ax.axis("off")
     fig.tight_layout()
     return fig
+
+
+#: a kind of warning repeats at most once per this many steps (each step's metrics say it anyway)
+WARN_EVERY_STEPS = 10
+
+
+def warn_if_step_did_nothing(metrics: dict[str, Any], advantages: torch.Tensor, *, max_new_tokens: int,
+                             warned_at: dict[str, int]) -> list[str]:
+    """Warn (``RunWarning``) when a step carried no or little learning signal; returns the kinds.
+
+    - ``truncated``: at least :data:`TRUNCATED_WARN_FRAC` of the completions hit
+      ``rollout.max_new_tokens`` (their ends, and a final answer, were never seen);
+    - ``no_signal``: every advantage is exactly 0 (every group's rewards equal, or unscorable):
+      the policy-gradient term of the update is zero;
+    - ``reward_failures``: reward rows raised or timed out and were scored unscorable;
+    - ``skipped_update``: an update was skipped as non-finite.
+
+    Each kind is said on its first step and then at most once every :data:`WARN_EVERY_STEPS`
+    steps (``warned_at``: kind -> step it was last said, updated here; the metrics line of every
+    step has the numbers: ``truncated_frac``, ``frac_zero_std``, ``unscorable_frac``,
+    ``reward_failures``, ``skipped_updates``). Under process supervision ``no_signal`` quotes
+    ``step_frac_zero_std``: the advantages come from the step rewards, so that is the fraction
+    that explains them (``frac_zero_std`` of the outcome rewards follows it).
+    """
+    step = metrics["step"]
+    found: dict[str, str] = {}
+    if metrics["truncated_frac"] >= TRUNCATED_WARN_FRAC:
+        found["truncated"] = (
+            f"{metrics['truncated_frac']:.0%} of the completions reached rollout.max_new_tokens="
+            f"{max_new_tokens} without an EOS; raise rollout.max_new_tokens (or ask for "
+            "shorter answers) so that rewards see whole answers")
+    if not bool(advantages.ne(0).any()):
+        if metrics["unscorable_frac"] == 1.0:
+            why = "every reward was unscorable"
+        elif metrics.get("step_frac_zero_std") is not None:  # process supervision: the step rewards decide
+            why = (f"every group's step rewards were equal (step_frac_zero_std={metrics['step_frac_zero_std']:.2f}; "
+                   f"outcome rewards: frac_zero_std={metrics['frac_zero_std']:.2f}, "
+                   f"unscorable_frac={metrics['unscorable_frac']:.2f})")
+        else:
+            why = (f"every group's rewards were equal (frac_zero_std={metrics['frac_zero_std']:.2f}, "
+                   f"unscorable_frac={metrics['unscorable_frac']:.2f})")
+        found["no_signal"] = (f"no learning signal: {why}, so every advantage is 0 and the policy-"
+                              "gradient term of this update is zero" + (
+                                  " (the optimizer step was skipped: zero gradient)" if metrics.get("zero_grad_updates")
+                                  else ""))
+    if metrics.get("reward_failures"):
+        found["reward_failures"] = (f"{metrics['reward_failures']} reward rows raised or timed out and "
+                                    "were scored unscorable (rewards.on_error=none)")
+    if metrics.get("skipped_updates"):
+        found["skipped_update"] = (f"{metrics['skipped_updates']} update(s) skipped: non-finite loss or "
+                                   "gradient norm")
+    for kind, text in found.items():
+        if kind not in warned_at or step - warned_at[kind] >= WARN_EVERY_STEPS:
+            warned_at[kind] = step
+            warnings.warn(f"step {step}: {text}", RunWarning, stacklevel=2)
+    return list(found)

@@ -297,11 +297,10 @@ def test_ppo_advantages_ignore_values_and_log_probs_at_masked_tokens(monkeypatch
         t = {k: x.clone() for k, x in clean.items()}
         for k, x in enumerate(t.values()):
             x[~MASK] = (k + 1) * poison
-        monkeypatch.setattr(ppo_mod, "batch_logprobs", lambda *a, **k: t["old"])
-        monkeypatch.setattr(ppo_mod, "reference_logprobs", lambda *a, **k: t["ref"])
         cfg = SimpleNamespace(beta=0.1, kl_in_reward=True, gamma=1.0, lam=0.95, whiten_advantages=True)
         p = ppo_mod.PPO(cfg, max_completion_length=4)
-        p.model, p.ref_model, p.temperature, p.micro_batch_size, p.autocast_bf16 = None, None, 1.0, 2, False
+        p.logprobs = SimpleNamespace(policy=lambda exp: t["old"], reference=lambda exp: t["ref"])
+        p.micro_batch_size, p.autocast_bf16 = 2, False
         p.critic = SimpleNamespace(values=lambda mb, autocast_bf16: t["v"][mb])
         exp = SimpleNamespace(completion_mask=MASK, device="cpu", rewards=torch.tensor([1.0, 0.0], dtype=f64),
                               step_rewards=None, step_ends=None, ref_logprobs=None, old_logprobs=None,

@@ -12,7 +12,7 @@ The loop asks its :class:`Algorithm` for two things and never branches on which 
 or process advantages (§4.1.3), the clipped surrogate with β·KL (eq. 3); all math in
 :mod:`grpokit.algo`. :class:`grpokit.estimators.ppo.PPO` (``algo.estimator=ppo``) is the baseline GRPO
 replaces: a value model, GAE and a clipped value loss, through the same seam plus four hooks the
-loop calls for every algorithm (``bind``, ``updates_policy``, ``update_auxiliary``,
+loop calls for every algorithm (``bind(logprobs, train_cfg)``, ``updates_policy``, ``update_auxiliary``,
 ``state_dict``/``load_state_dict``).
 """
 
@@ -26,6 +26,7 @@ from grpokit.estimators.grpo import GRPO
 
 if TYPE_CHECKING:
     from grpokit.experience import Experience
+    from grpokit.models.logprobs import LogprobScorer
 
 
 class Algorithm(Protocol):
@@ -50,9 +51,10 @@ class Algorithm(Protocol):
         ``loss_mask`` tokens, plus ``num_tokens`` (the weight); the loop logs every stat."""
         ...
 
-    def bind(self, model: torch.nn.Module, ref_model: torch.nn.Module | None, *, temperature: float,
-             train_cfg: Any, autocast_bf16: bool) -> None:
-        """Called once the models are loaded (the builder): PPO builds its value model here."""
+    def bind(self, logprobs: "LogprobScorer", train_cfg: Any) -> None:
+        """Called once the models are loaded (the builder), with the run's log-prob scorer (the
+        policy, π_ref and the run's constants) and the ``train`` section: PPO builds its value
+        model here."""
         ...
 
     def updates_policy(self, step: int) -> bool:

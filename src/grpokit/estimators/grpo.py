@@ -58,7 +58,7 @@ class GRPO:
             sampler_logp=mb.sampler_logprobs if a.tis_cap > 0 else None, tis_cap=a.tis_cap)
 
 
-    def bind(self, model, ref_model, *, temperature: float, train_cfg: Any, autocast_bf16: bool) -> None:
+    def bind(self, logprobs: Any, train_cfg: Any) -> None:
         """Nothing to build."""
 
     def updates_policy(self, step: int) -> bool:

@@ -32,7 +32,7 @@ import torch
 
 from grpokit import algo
 from grpokit.utils.distributed import group_ranks, reduce_gradients, sum_over_ranks
-from grpokit.models.logprobs import batch_logprobs, reference_logprobs
+from grpokit.models.logprobs import LogprobScorer
 from grpokit.estimators.value import ValueModel
 
 
@@ -47,13 +47,12 @@ class PPO:
 
     # -- set-up ------------------------------------------------------------------------------
 
-    def bind(self, model: torch.nn.Module, ref_model: torch.nn.Module | None, *, temperature: float,
-             train_cfg: Any, autocast_bf16: bool) -> None:
-        """Build the value model from ``model``'s decoder and its AdamW (``train.critic_learning_rate``,
-        ``train.adam_betas``, ``train.weight_decay``)."""
-        self.model, self.ref_model, self.temperature = model, ref_model, temperature
-        self.micro_batch_size, self.autocast_bf16 = train_cfg.micro_batch_size, autocast_bf16
-        self.critic = ValueModel.from_policy(model)
+    def bind(self, logprobs: LogprobScorer, train_cfg: Any) -> None:
+        """Build the value model from the policy's decoder (``logprobs.model``) and its AdamW
+        (``train.critic_learning_rate``, ``train.adam_betas``, ``train.weight_decay``)."""
+        self.logprobs = logprobs
+        self.micro_batch_size, self.autocast_bf16 = logprobs.micro_batch_size, logprobs.autocast_bf16
+        self.critic = ValueModel.from_policy(logprobs.model)
         self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=train_cfg.critic_learning_rate,
                                                   betas=tuple(train_cfg.adam_betas),
                                                   weight_decay=train_cfg.weight_decay)
@@ -91,12 +90,10 @@ class PPO:
         ``exp.ref_logprobs``."""
         a, mask = self.cfg, exp.completion_mask
         self._bound()
-        kw = dict(temperature=self.temperature, micro_batch_size=self.micro_batch_size,
-                  autocast_bf16=self.autocast_bf16)
-        exp.old_logprobs = batch_logprobs(self.model, exp, **kw)
+        exp.old_logprobs = self.logprobs.policy(exp)
         kl = None
         if a.kl_in_reward and a.beta > 0:  # π_ref: the reference model, or the policy with LoRA adapters off
-            exp.ref_logprobs = reference_logprobs(self.model, self.ref_model, exp, **kw)
+            exp.ref_logprobs = self.logprobs.reference(exp)
             # k1, per token (Ouyang et al. 2022 eq. 2); masked tokens selected out (token_rewards too)
             kl = torch.where(mask, exp.old_logprobs - exp.ref_logprobs, torch.zeros_like(exp.old_logprobs))
         rewards = exp.rewards if exp.rewards is not None else torch.zeros(len(exp), dtype=torch.float64)

@@ -10,6 +10,8 @@ and ``tests/backends/cpu/test_fused.py`` check log-probs, loss and gradients aga
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from grpokit.backends import autocast_context, checkpointing_active, distinct_rows, get_backend
@@ -18,7 +20,7 @@ from grpokit.models.lora import adapters_disabled, is_peft_model
 
 __all__ = [
     "autocast_context", "batch_logprobs", "checkpointing_active", "completion_logprobs",
-    "distinct_rows", "enable_gradient_checkpointing", "reference_logprobs",
+    "distinct_rows", "enable_gradient_checkpointing", "LogprobScorer", "reference_logprobs",
 ]
 
 
@@ -119,7 +121,7 @@ def batch_logprobs(
 
 def reference_logprobs(
     model: torch.nn.Module, ref_model: torch.nn.Module | None, batch: Experience, *, temperature: float,
-    micro_batch_size: int, autocast_bf16: bool = False,
+    micro_batch_size: int, autocast_bf16: bool = False, share_prompt: bool = True,
 ) -> torch.Tensor:
     """``(N, T)`` log-probs under π_ref, without gradient: ``ref_model``'s when one is loaded, else,
     for a LoRA policy (``model.lora``: no reference model is loaded), ``model``'s with its adapters
@@ -129,7 +131,8 @@ def reference_logprobs(
     Raises:
         ValueError: no ``ref_model`` and ``model`` has no adapters.
     """
-    kw = dict(temperature=temperature, micro_batch_size=micro_batch_size, autocast_bf16=autocast_bf16)
+    kw = dict(temperature=temperature, micro_batch_size=micro_batch_size, autocast_bf16=autocast_bf16,
+              share_prompt=share_prompt)
     if ref_model is not None:
         return batch_logprobs(ref_model, batch, **kw)
     if not is_peft_model(model):
@@ -137,3 +140,46 @@ def reference_logprobs(
                          "(grpokit.trainer.build.build_run loads one when algo.beta > 0)")
     with adapters_disabled(model):
         return batch_logprobs(model, batch, **kw)
+
+
+@dataclass
+class LogprobScorer:
+    """A run's per-token log-probs with its constants bound once (built by
+    :func:`grpokit.trainer.build.build_run`; the loop and the algorithms call it, never the functions
+    above with the constants spelled out).
+
+    Attributes:
+        model: the policy π_θ; ref_model: π_ref, or None (β = 0, or LoRA: the policy with its
+            adapters disabled, :func:`reference_logprobs`).
+        temperature: ``rollout.temperature`` (logits divided by it, as the sampler did).
+        micro_batch_size: ``train.micro_batch_size`` (rows per forward).
+        autocast_bf16: ``model.autocast_bf16``.
+        share_prompt: let the backend run each distinct prompt once (default on; the benchmark's
+            ``--plain`` switches it off to measure what it saves).
+    """
+
+    model: torch.nn.Module
+    ref_model: torch.nn.Module | None
+    temperature: float
+    micro_batch_size: int
+    autocast_bf16: bool = False
+    share_prompt: bool = True
+
+    def micro_batch(self, mb: Experience, *, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:func:`completion_logprobs` of the policy on one micro-batch, with gradient: ``(n, T)``
+        float32 log-probs and, with ``with_entropy``, ``(n, T)`` entropies (nats)."""
+        return completion_logprobs(self.model, mb, temperature=self.temperature, with_entropy=with_entropy,
+                                   autocast_bf16=self.autocast_bf16, share_prompt=self.share_prompt)
+
+    def policy(self, exp: Experience) -> torch.Tensor:
+        """``(N, T)`` float32 log-probs of the policy as it is now, without gradient (π_old before an
+        update): :func:`batch_logprobs`."""
+        return batch_logprobs(self.model, exp, temperature=self.temperature, micro_batch_size=self.micro_batch_size,
+                              autocast_bf16=self.autocast_bf16, share_prompt=self.share_prompt)
+
+    def reference(self, exp: Experience) -> torch.Tensor:
+        """``(N, T)`` float32 log-probs under π_ref, without gradient (:func:`reference_logprobs`;
+        raises its ``ValueError``)."""
+        return reference_logprobs(self.model, self.ref_model, exp, temperature=self.temperature,
+                                  micro_batch_size=self.micro_batch_size, autocast_bf16=self.autocast_bf16,
+                                  share_prompt=self.share_prompt)

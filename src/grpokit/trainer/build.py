@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # the parts' types; their modules are imported where the part
 
     from grpokit.estimators.base import Algorithm
     from grpokit.eval.evaluate import HeldOutEval
+    from grpokit.models.logprobs import LogprobScorer
     from grpokit.rewards.pipeline import RewardPipeline
     from grpokit.rollout.engine import RolloutEngine, SamplingParams
     from grpokit.trainer.state import TrainState
@@ -63,7 +64,7 @@ class TrainData:
 
 @dataclass
 class Run:
-    """The run's parts (:func:`build_run`). The loop reads these and the recipe sections it needs.
+    """The run's parts (:func:`build_run`): everything the loop reads, its constants included.
 
     ``eval_engine`` is what held-out evaluation generates with (None without an ``eval`` section):
     the run's ``engine`` itself when its options are evaluation's, else one more engine of the same
@@ -91,6 +92,11 @@ class Run:
     evaluator: HeldOutEval | None
     eval_engine: RolloutEngine | None
     out: Path
+    recipe: Recipe
+    """The recipe the parts were built from: the loop reads its sections here."""
+    logprobs: LogprobScorer
+    """The policy's and π_ref's log-probs with the run's temperature, micro-batch size and autocast
+    bound (:class:`grpokit.models.logprobs.LogprobScorer`)."""
     ranks: Ranks = SINGLE
     """This process's rank and the data-parallel mode (:mod:`grpokit.utils.distributed`)."""
 
@@ -161,6 +167,7 @@ def build_run(recipe: Recipe) -> Run:
     """
     from grpokit.estimators.base import load_algorithm
     from grpokit.models.loading import eos_token_ids, load_tokenizer, model_max_positions
+    from grpokit.models.logprobs import LogprobScorer
     from grpokit.trainer.optim import make_optimizer
     from grpokit.rollout.engine import SamplingParams
     from grpokit.trainer.state import TrainState, seed_everything
@@ -212,8 +219,9 @@ def build_run(recipe: Recipe) -> Run:
                                         ranks=ranks)
     sampling = SamplingParams.from_config(r)
     optimizer, scheduler = make_optimizer(model, recipe.train)
-    algorithm.bind(model, ref_model, temperature=r.temperature, train_cfg=recipe.train,
-                   autocast_bf16=m.autocast_bf16)  # PPO builds its value model here
+    logprobs = LogprobScorer(model, ref_model, temperature=r.temperature,
+                             micro_batch_size=recipe.train.micro_batch_size, autocast_bf16=m.autocast_bf16)
+    algorithm.bind(logprobs, recipe.train)  # PPO builds its value model here
     out = Path(recipe.train.output_dir)
     if ranks.is_main:
         out.mkdir(parents=True, exist_ok=True)
@@ -225,7 +233,8 @@ def build_run(recipe: Recipe) -> Run:
     barrier(ranks)
     return Run(model=model, ref_model=ref_model, tokenizer=tokenizer, eos_ids=eos_ids, device=device, engine=engine,
                sampling=sampling, rewards=rewards, algorithm=algorithm, optimizer=optimizer, scheduler=scheduler,
-               state=TrainState(), data=data, evaluator=evaluator, eval_engine=eval_engine, out=out, ranks=ranks)
+               state=TrainState(), data=data, evaluator=evaluator, eval_engine=eval_engine, out=out,
+               recipe=recipe, logprobs=logprobs, ranks=ranks)
 
 
 def build_engines(recipe: Recipe, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, eos_ids: list[int], *,

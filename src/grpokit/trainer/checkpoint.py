@@ -205,7 +205,7 @@ def load_training_state(path: str | Path) -> tuple[dict[str, Any], dict[str, Any
 def read_checkpoint_recipe(ckpt: str | Path) -> dict[str, Any] | None:
     """The recipe checkpoint ``ckpt`` was trained with (its ``recipe.json``, read as UTF-8), or None
     when it has none (written by hand or by an early version: nothing to compare on resume;
-    :func:`grpokit.trainer.loop.check_resume_recipe` compares it).
+    :func:`grpokit.trainer.resume.check_resume_recipe` compares it).
 
     Raises:
         ValueError: ``recipe.json`` is not UTF-8, not valid JSON or not an object (names the file

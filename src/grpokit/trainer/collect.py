@@ -1,16 +1,16 @@
-"""Steps 1-4 of a GRPO step (:mod:`grpokit.trainer.loop`): take prompts, sample their groups through the
-rollout engine, score them, compute advantages; and DAPO's dynamic sampling, which repeats these
-for groups with signal. With several ranks (:mod:`grpokit.utils.distributed`) each rank samples and
+"""Steps 1-3 of a GRPO step (:mod:`grpokit.trainer.loop`): take prompts, sample their groups through the
+rollout engine, score them; and DAPO's dynamic sampling, which repeats these for groups with
+signal. With several ranks (:mod:`grpokit.utils.distributed`) each rank samples and
 scores its share and the shares are gathered, so everything after equals one process's.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from grpokit.trainer.build import Run
-from grpokit.config import AlgoConfig, RolloutConfig, TrainConfig
 from grpokit.utils.distributed import Ranks, gather_objects
 from grpokit.experience import Experience
 from grpokit.utils.memory import release_memory
@@ -18,15 +18,28 @@ from grpokit.rewards.pipeline import ScoredRows, reward_metrics
 from grpokit.trainer.state import next_prompt_indices
 
 
-def sample_and_score(run: Run, step: int, n_prompts: int, *, round_: int, rollout_cfg: RolloutConfig,
-                     train_cfg: TrainConfig) -> tuple[list[dict], Experience, dict[str, Any], float]:
-    """Steps 1-4 for ``n_prompts`` new prompts: ``(rows, experience, metrics, reward_s)``; the
-    experience (``n_prompts · rollout_cfg.group_size`` rows) carries rewards and advantages.
+@dataclass
+class Collected:
+    """Steps 1-3 of a step: the prompts' rows, their scored groups, the reward metrics.
 
-    ``rollout_cfg``/``train_cfg``: the recipe's ``rollout`` and ``train`` sections (``group_size``,
-    ``seed``). Round 0 is seeded ``seed·100003 + step`` (as always); dynamic sampling's extra rounds
-    add ``1000003·round``. Raises what the engine and the reward pipeline raise."""
-    seed, g, ranks = train_cfg.seed, rollout_cfg.group_size, run.ranks
+    ``experience`` carries ``rewards`` (and, under process supervision, ``step_rewards``/``step_ends``),
+    not yet advantages (step 4, :func:`grpokit.trainer.loop.run_step`); ``metrics`` are the reward
+    metrics (:func:`grpokit.rewards.pipeline.reward_metrics`, ``reward_failures``; with dynamic
+    sampling also ``dynamic/*``); ``reward_s`` the seconds spent scoring (every round)."""
+
+    rows: list[dict]
+    experience: Experience
+    metrics: dict[str, Any]
+    reward_s: float
+
+
+def sample_and_score(run: Run, step: int, n_prompts: int, *, round_: int = 0) -> Collected:
+    """Steps 1-3 for ``n_prompts`` new prompts: ``n_prompts · rollout.group_size`` completions,
+    scored, as the whole batch on every rank.
+
+    Round 0 is seeded ``train.seed·100003 + step`` (as always); dynamic sampling's extra rounds add
+    ``1000003·round``. Raises what the engine and the reward pipeline raise."""
+    seed, g, ranks = run.recipe.train.seed, run.recipe.rollout.group_size, run.ranks
     idx = next_prompt_indices(run.state, len(run.data.rows), n_prompts, seed)  # the same on every rank
     rows = [run.data.rows[i] for i in idx]
     per = n_prompts // ranks.world_size  # this rank samples and scores prompts first … first+per-1
@@ -40,55 +53,47 @@ def sample_and_score(run: Run, step: int, n_prompts: int, *, round_: int, rollou
     if ranks.active:  # the whole batch on every rank: advantages and metrics as one process has them
         exp, scored = gather_scored(exp, scored, ranks, run.tokenizer.pad_token_id)
     metrics = dict(reward_metrics(exp, scored.per_function), reward_failures=scored.failures)
-    exp.advantages = run.algorithm.advantages(exp)
-    return rows, exp, metrics, time.perf_counter() - t_reward
+    return Collected(rows, exp, metrics, time.perf_counter() - t_reward)
 
 
-def refill_groups_with_signal(run: Run, step: int, rows: list[dict], exp: Experience, metrics: dict[str, Any], *,
-                              algo_cfg: AlgoConfig, rollout_cfg: RolloutConfig,
-                              train_cfg: TrainConfig) -> tuple[list[dict], Experience, dict[str, Any], float]:
+def refill_groups_with_signal(run: Run, step: int, first: Collected) -> Collected:
     """Dynamic sampling (DAPO, arXiv 2503.14476 §3.2): groups whose rewards are all equal
     (``algo.constant_groups``; under process supervision, whose pooled step rewards are:
     ``algo.process_constant_groups``; advantage 0, no signal) are dropped and replaced by groups of new
-    prompts, sampled in up to ``algo.max_sampling_rounds`` extra rounds, until B groups carry
-    signal. If the rounds run out, the step trains on the groups with signal it has (fewer than
-    B); if it has none, on round 0's batch as it is (the "no learning signal" warning says so).
+    prompts, sampled in up to ``algo.max_sampling_rounds`` extra rounds, until B =
+    ``train.prompts_per_step`` groups carry signal. If the rounds run out, the step trains on the
+    groups with signal it has (fewer than B); if it has none, on round 0's batch as it is (the "no
+    learning signal" warning says so).
 
-    Advantages are recomputed over the kept groups (batch scaling sees the batch trained on); the
-    reward metrics stay those of round 0 (the policy's own rate on fresh prompts), except
-    ``reward_failures`` and the experience's ``gen_s``, summed over every round; ``dynamic/rounds``,
-    ``dynamic/groups_sampled``, ``dynamic/groups_kept`` are added.
-
-    ``algo_cfg``/``rollout_cfg``/``train_cfg``: the recipe's ``algo`` (``max_sampling_rounds``),
-    ``rollout`` and ``train`` (``prompts_per_step`` = B, ``seed``) sections.
-    Returns ``(rows, experience, metrics, extra_reward_s)``: at most B rows and their groups.
+    The reward metrics stay those of round 0 (the policy's own rate on fresh prompts), except
+    ``reward_failures``, the experience's ``gen_s`` and ``reward_s``, summed over every round;
+    ``dynamic/rounds``, ``dynamic/groups_sampled``, ``dynamic/groups_kept`` are added. Returns at
+    most B rows and their groups (advantages are computed after, over the batch trained on).
     """
-    a, b = algo_cfg, train_cfg.prompts_per_step
-    kept_rows, parts, extra_s, rounds, sampled = [], [], 0.0, 0, len(rows)
-    cur_rows, cur, cur_metrics = rows, exp, metrics
-    gen_s, failures = 0.0, 0  # over every round, dropped ones included
+    b, max_rounds = run.recipe.train.prompts_per_step, run.recipe.algo.max_sampling_rounds
+    kept_rows, parts, rounds, sampled = [], [], 0, len(first.rows)
+    cur = first
+    gen_s, failures, reward_s = 0.0, 0, 0.0  # over every round, dropped ones included
     while True:
-        gen_s, failures = gen_s + cur.gen_s, failures + cur_metrics["reward_failures"]
-        signal_groups = run.algorithm.groups_with_signal(cur)
-        take = signal_groups[: b - len(kept_rows)]
+        gen_s, failures = gen_s + cur.experience.gen_s, failures + cur.metrics["reward_failures"]
+        reward_s += cur.reward_s
+        take = run.algorithm.groups_with_signal(cur.experience)[: b - len(kept_rows)]
         if take:
-            kept_rows += [cur_rows[i] for i in take]
-            parts.append(cur.select_groups(take))
-        if len(kept_rows) >= b or rounds >= a.max_sampling_rounds:
+            kept_rows += [cur.rows[i] for i in take]
+            parts.append(cur.experience.select_groups(take))
+        if len(kept_rows) >= b or rounds >= max_rounds:
             break
         rounds += 1
-        cur_rows, cur, cur_metrics, dt = sample_and_score(run, step, b - len(kept_rows), round_=rounds,
-                                                          rollout_cfg=rollout_cfg, train_cfg=train_cfg)
-        extra_s, sampled = extra_s + dt, sampled + len(cur_rows)
-    metrics = dict(metrics, reward_failures=failures,
+        cur = sample_and_score(run, step, b - len(kept_rows), round_=rounds)
+        sampled += len(cur.rows)
+    metrics = dict(first.metrics, reward_failures=failures,
                    **{"dynamic/rounds": rounds, "dynamic/groups_sampled": sampled, "dynamic/groups_kept": len(kept_rows)})
     if not kept_rows:
-        exp.gen_s = gen_s
-        return rows, exp, metrics, extra_s
+        first.experience.gen_s = gen_s
+        return Collected(first.rows, first.experience, metrics, reward_s)
     out = Experience.concat(parts, run.tokenizer.pad_token_id)
     out.gen_s = gen_s
-    out.advantages = run.algorithm.advantages(out)
-    return kept_rows, out, metrics, extra_s
+    return Collected(kept_rows, out, metrics, reward_s)
 
 
 def gather_scored(exp: Experience, scored: ScoredRows, ranks: Ranks, pad_id: int) -> tuple[Experience, ScoredRows]:
