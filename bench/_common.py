@@ -59,7 +59,6 @@ class StepRecord:
     loss: float | None = None
 
 
-
 def workload_parser(description: str, precision_help: str | None = None) -> argparse.ArgumentParser:
     """The arguments both benchmark children share (``--out`` and the :class:`Workload` fields)."""
     ap = argparse.ArgumentParser(description=description)
@@ -69,14 +68,20 @@ def workload_parser(description: str, precision_help: str | None = None) -> argp
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--micro-batch-size", type=int, default=8)
-    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16_autocast", "bf16"],
-                    help=precision_help)
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16_autocast", "bf16"], help=precision_help)
     return ap
 
 
 def workload_from_args(a: argparse.Namespace) -> Workload:
-    return Workload(G=a.G, B=a.B, max_new_tokens=a.max_new_tokens, steps=a.steps,
-                    micro_batch_size=a.micro_batch_size, precision=a.precision)
+    return Workload(
+        G=a.G,
+        B=a.B,
+        max_new_tokens=a.max_new_tokens,
+        steps=a.steps,
+        micro_batch_size=a.micro_batch_size,
+        precision=a.precision,
+    )
+
 
 @dataclass
 class Result:
@@ -129,8 +134,12 @@ def versions() -> dict:
     import torch
     import transformers
 
-    out = {"python": platform.python_version(), "torch": torch.__version__,
-           "transformers": transformers.__version__, "threads": torch.get_num_threads()}
+    out = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "threads": torch.get_num_threads(),
+    }
     try:
         import trl
 

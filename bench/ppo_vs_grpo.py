@@ -31,11 +31,20 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RECIPES = {"grpo": "recipes/arith.yaml", "ppo": "recipes/ppo.yaml"}
-QUICK = ["train.max_steps=2", "eval.every_steps=1", "eval.limit=40", "rollout.max_new_tokens=16",
-         "eval.max_new_tokens=16", "rollout.group_size=4", "train.prompts_per_step=4"]
-WRAPPER = ("import json, resource, subprocess, sys; rc = subprocess.call(sys.argv[2:]); "
-           "open(sys.argv[1], 'w').write(json.dumps({'rc': rc, 'peak_rss_gb': "
-           "resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024 ** 2})); sys.exit(rc)")
+QUICK = [
+    "train.max_steps=2",
+    "eval.every_steps=1",
+    "eval.limit=40",
+    "rollout.max_new_tokens=16",
+    "eval.max_new_tokens=16",
+    "rollout.group_size=4",
+    "train.prompts_per_step=4",
+]
+WRAPPER = (
+    "import json, resource, subprocess, sys; rc = subprocess.call(sys.argv[2:]); "
+    "open(sys.argv[1], 'w').write(json.dumps({'rc': rc, 'peak_rss_gb': "
+    "resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024 ** 2})); sys.exit(rc)"
+)
 
 
 def read_run(run_dir: Path) -> dict:
@@ -63,9 +72,15 @@ def read_run(run_dir: Path) -> dict:
     for e in evals:
         e["minutes"] = 0.0 if e["step"] == 0 else minutes.get(e["step"])
     rss = run_dir.parent / f"{run_dir.name}.rss.json"
-    return {"evals": evals, "steps": len(lines), "step_s": median("step_s"), "gen_s": median("gen_s"),
-            "train_s": median("train_s"), "peak_rss_gb": json.loads(rss.read_text())["peak_rss_gb"] if rss.exists() else None,
-            "value_loss": [m.get("value_loss") for m in lines]}
+    return {
+        "evals": evals,
+        "steps": len(lines),
+        "step_s": median("step_s"),
+        "gen_s": median("gen_s"),
+        "train_s": median("train_s"),
+        "peak_rss_gb": json.loads(rss.read_text())["peak_rss_gb"] if rss.exists() else None,
+        "value_loss": [m.get("value_loss") for m in lines],
+    }
 
 
 def compare(runs: dict) -> dict:
@@ -79,8 +94,14 @@ def compare(runs: dict) -> dict:
         for name, r in (("grpo", g), ("ppo", p)):
             if r and len(r["evals"]) > 1:
                 base, last = r["evals"][0], r["evals"][-1]
-                row[name] = {"step": last["step"], "acc": last["acc"], "lo": last["lo"], "hi": last["hi"],
-                             "base": base["acc"], "gain": paired_comparison(base["outcomes"], last["outcomes"])}
+                row[name] = {
+                    "step": last["step"],
+                    "acc": last["acc"],
+                    "lo": last["lo"],
+                    "hi": last["hi"],
+                    "base": base["acc"],
+                    "gain": paired_comparison(base["outcomes"], last["outcomes"]),
+                }
         if "grpo" in row and "ppo" in row:
             row["ppo_minus_grpo"] = paired_comparison(g["evals"][-1]["outcomes"], p["evals"][-1]["outcomes"])
         rows.append(row)
@@ -92,19 +113,27 @@ def _d(c: dict) -> str:
 
 
 def render(runs: dict, summary: dict) -> str:
-    out = ["| seed | estimator | step | held-out greedy [95 %] | gain over base (paired) | median s/step "
-           "(gen / train) | peak RSS GB |", "|---|---|---|---|---|---|---|"]
+    out = [
+        "| seed | estimator | step | held-out greedy [95 %] | gain over base (paired) | median s/step "
+        "(gen / train) | peak RSS GB |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for row in summary["rows"]:
         for name in ("grpo", "ppo"):
             if name not in row:
                 continue
             r, e = runs[(name, row["seed"])], row[name]
             rss = f"{r['peak_rss_gb']:.2f}" if r["peak_rss_gb"] else "—"
-            out.append(f"| {row['seed']} | {name.upper()} | {e['step']} | {e['acc']:.3f} [{e['lo']:.3f}, {e['hi']:.3f}] | "
-                       f"{_d(e['gain'])} | {r['step_s']:.1f} ({r['gen_s']:.1f} / {r['train_s']:.1f}) | {rss} |")
+            out.append(
+                f"| {row['seed']} | {name.upper()} | {e['step']} | {e['acc']:.3f} [{e['lo']:.3f}, {e['hi']:.3f}] | "
+                f"{_d(e['gain'])} | {r['step_s']:.1f} ({r['gen_s']:.1f} / {r['train_s']:.1f}) | {rss} |"
+            )
         if "ppo_minus_grpo" in row:
             out.append(f"| {row['seed']} | PPO − GRPO | | {_d(row['ppo_minus_grpo'])} | | | |")
-    out += ["", "| seed | estimator | " + " | ".join(f"step {e['step']}" for e in next(iter(runs.values()))["evals"]) + " |"]
+    out += [
+        "",
+        "| seed | estimator | " + " | ".join(f"step {e['step']}" for e in next(iter(runs.values()))["evals"]) + " |",
+    ]
     out.append("|---|---|" + "---|" * len(next(iter(runs.values()))["evals"]))
     for (name, seed), r in sorted(runs.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         out.append(f"| {seed} | {name.upper()} | " + " | ".join(f"{e['acc']:.3f}" for e in r["evals"]) + " |")
@@ -121,8 +150,15 @@ def plot(runs: dict, path: Path) -> None:
     for (name, seed), r in sorted(runs.items()):
         ev = [e for e in r["evals"] if e["minutes"] is not None]
         for ax, x in ((axes[0], [e["step"] for e in ev]), (axes[1], [e["minutes"] for e in ev])):
-            ax.errorbar(x, [e["acc"] for e in ev], yerr=[[e["acc"] - e["lo"] for e in ev], [e["hi"] - e["acc"] for e in ev]],
-                        marker="o", capsize=2, linestyle="-" if name == "grpo" else "--", label=f"{name.upper()} seed {seed}")
+            ax.errorbar(
+                x,
+                [e["acc"] for e in ev],
+                yerr=[[e["acc"] - e["lo"] for e in ev], [e["hi"] - e["acc"] for e in ev]],
+                marker="o",
+                capsize=2,
+                linestyle="-" if name == "grpo" else "--",
+                label=f"{name.upper()} seed {seed}",
+            )
     axes[0].set_xlabel("step")
     axes[1].set_xlabel("training minutes")
     for ax in axes:
@@ -149,12 +185,25 @@ def main() -> None:
         env.update(OMP_NUM_THREADS=str(a.threads), MKL_NUM_THREADS=str(a.threads))
     runs = {}
     for i, seed in enumerate(a.seeds):
-        for name in (("grpo", "ppo") if i % 2 == 0 else ("ppo", "grpo")):
+        for name in ("grpo", "ppo") if i % 2 == 0 else ("ppo", "grpo"):
             run_dir = out / f"{name}-seed{seed}"
             if not a.report_only:
-                cmd = [sys.executable, "-c", WRAPPER, str(out / f"{name}-seed{seed}.rss.json"), sys.executable, "-m",
-                       "grpokit", "train", RECIPES[name], f"train.seed={seed}", f"train.output_dir={run_dir}",
-                       "train.resume=none", "--no-progress", *(QUICK if a.quick else [])]
+                cmd = [
+                    sys.executable,
+                    "-c",
+                    WRAPPER,
+                    str(out / f"{name}-seed{seed}.rss.json"),
+                    sys.executable,
+                    "-m",
+                    "grpokit",
+                    "train",
+                    RECIPES[name],
+                    f"train.seed={seed}",
+                    f"train.output_dir={run_dir}",
+                    "train.resume=none",
+                    "--no-progress",
+                    *(QUICK if a.quick else []),
+                ]
                 print(f"## {name} seed {seed}: {' '.join(cmd[3:])}", flush=True)
                 with open(out / f"{name}-seed{seed}.log", "w") as log:
                     rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
@@ -165,8 +214,12 @@ def main() -> None:
     summary = compare(runs)
     text = render(runs, summary)
     print(text)
-    (out / "ppo_vs_grpo.json").write_text(json.dumps(
-        {"runs": {f"{k[0]}-seed{k[1]}": {kk: vv for kk, vv in v.items()} for k, v in runs.items()}, **summary}, indent=1))
+    (out / "ppo_vs_grpo.json").write_text(
+        json.dumps(
+            {"runs": {f"{k[0]}-seed{k[1]}": {kk: vv for kk, vv in v.items()} for k, v in runs.items()}, **summary},
+            indent=1,
+        )
+    )
     plot(runs, out / "ppo_vs_grpo.png")
     print(f"\nresults: {out / 'ppo_vs_grpo.json'}, {out / 'ppo_vs_grpo.png'}")
 

@@ -19,12 +19,20 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (  # noqa: E402
-    MODEL_ALIAS, Result, StepRecord, Workload, load_avg, ordered_rows, peak_rss_gb, versions,
-    workload_from_args, workload_parser,
-)
-
 import torch  # noqa: E402
+
+from _common import (  # noqa: E402
+    MODEL_ALIAS,
+    Result,
+    StepRecord,
+    Workload,
+    load_avg,
+    ordered_rows,
+    peak_rss_gb,
+    versions,
+    workload_from_args,
+    workload_parser,
+)
 
 
 def build_recipe(w: Workload, out_dir: str, recompute_mlp: bool | None = None, backend: str = "auto"):
@@ -35,20 +43,33 @@ def build_recipe(w: Workload, out_dir: str, recompute_mlp: bool | None = None, b
     from grpokit.config import recipe_from_dict
 
     bf16 = w.precision == "bf16"  # bf16 parameters: AdamW with stochastic rounding, bf16 states
-    model = {"name_or_path": MODEL_ALIAS, "dtype": "bfloat16" if bf16 else "float32",
-             "autocast_bf16": w.precision == "bf16_autocast", "backend": backend,
-             "recompute_mlp": w.precision != "fp32" if recompute_mlp is None else recompute_mlp}
-    return recipe_from_dict({
-        "model": model,
-        "data": {"dataset": "gsm8k", "split": "train"},
-        "rollout": {"group_size": w.G, "max_new_tokens": w.max_new_tokens, "temperature": w.temperature},
-        "rewards": {"functions": ["math_correct"]},
-        "algo": {"beta": w.beta},
-        "train": {"prompts_per_step": w.B, "max_steps": w.steps, "micro_batch_size": w.micro_batch_size,
-                  "learning_rate": w.learning_rate, "seed": w.seed, "output_dir": out_dir,
-                  "optimizer": "adamw_bf16_sr" if bf16 else "adamw",
-                  "sample_every": 0, "save_steps": 0},
-    })
+    model = {
+        "name_or_path": MODEL_ALIAS,
+        "dtype": "bfloat16" if bf16 else "float32",
+        "autocast_bf16": w.precision == "bf16_autocast",
+        "backend": backend,
+        "recompute_mlp": w.precision != "fp32" if recompute_mlp is None else recompute_mlp,
+    }
+    return recipe_from_dict(
+        {
+            "model": model,
+            "data": {"dataset": "gsm8k", "split": "train"},
+            "rollout": {"group_size": w.G, "max_new_tokens": w.max_new_tokens, "temperature": w.temperature},
+            "rewards": {"functions": ["math_correct"]},
+            "algo": {"beta": w.beta},
+            "train": {
+                "prompts_per_step": w.B,
+                "max_steps": w.steps,
+                "micro_batch_size": w.micro_batch_size,
+                "learning_rate": w.learning_rate,
+                "seed": w.seed,
+                "output_dir": out_dir,
+                "optimizer": "adamw_bf16_sr" if bf16 else "adamw",
+                "sample_every": 0,
+                "save_steps": 0,
+            },
+        }
+    )
 
 
 def _processed_tokens(batch, share: bool) -> tuple[int, int]:
@@ -80,23 +101,45 @@ def _trained_tokens(batch, t, share: bool) -> dict[str, int]:
 
 def main() -> None:
     ap = workload_parser(__doc__.splitlines()[0])
-    ap.add_argument("--plain", action="store_true",
-                    help="switch off the cpu backend's prompt sharing, static generation cache and packed weights "
-                         "(its fused ops stay; --backend plain drops the whole backend)")
-    ap.add_argument("--backend", choices=("auto", "cpu", "plain"), default="auto",
-                    help="model.backend (auto: cpu here; plain: the stock transformers forward and generate)")
-    ap.add_argument("--bf16-sampler", action="store_true",
-                    help="sample from a bf16 copy of the policy (generate_rollouts(sampler_dtype=torch.bfloat16))")
-    ap.add_argument("--recompute-mlp", choices=("auto", "on", "off"), default="auto",
-                    help="model.recompute_mlp (auto: off at fp32, on otherwise)")
-    ap.add_argument("--parity", action="store_true",
-                    help="after the steps: loss/grad of this setting vs the plain fp32 path on the last batch")
+    ap.add_argument(
+        "--plain",
+        action="store_true",
+        help="switch off the cpu backend's prompt sharing, static generation cache and packed weights "
+        "(its fused ops stay; --backend plain drops the whole backend)",
+    )
+    ap.add_argument(
+        "--backend",
+        choices=("auto", "cpu", "plain"),
+        default="auto",
+        help="model.backend (auto: cpu here; plain: the stock transformers forward and generate)",
+    )
+    ap.add_argument(
+        "--bf16-sampler",
+        action="store_true",
+        help="sample from a bf16 copy of the policy (generate_rollouts(sampler_dtype=torch.bfloat16))",
+    )
+    ap.add_argument(
+        "--recompute-mlp",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="model.recompute_mlp (auto: off at fp32, on otherwise)",
+    )
+    ap.add_argument(
+        "--parity",
+        action="store_true",
+        help="after the steps: loss/grad of this setting vs the plain fp32 path on the last batch",
+    )
     a = ap.parse_args()
     w = workload_from_args(a)
-    setting = (a.precision + ("+plain" if a.plain else "") + ("+bf16sampler" if a.bf16_sampler else "")
-               + ("" if a.backend == "auto" else f"+backend={a.backend}"))
-    res = Result(peer="grpokit", setting=setting, workload=vars(w) | {"N": w.N}, load_avg_before=load_avg(),
-                 versions=versions())
+    setting = (
+        a.precision
+        + ("+plain" if a.plain else "")
+        + ("+bf16sampler" if a.bf16_sampler else "")
+        + ("" if a.backend == "auto" else f"+backend={a.backend}")
+    )
+    res = Result(
+        peer="grpokit", setting=setting, workload=vars(w) | {"N": w.N}, load_avg_before=load_avg(), versions=versions()
+    )
 
     from grpokit.metrics import RunLogger
     from grpokit.trainer.build import build_run
@@ -128,14 +171,23 @@ def main() -> None:
             cm = batch.completion_mask
             phases = m["gen_s"] + m["ref_s"] + m["reward_s"]  # the loop's own phase timers
             rec = StepRecord(
-                step=m["step"], step_s=step_s, gen_s=m["gen_s"], logp_ref_s=m["ref_s"], train_s=step_s - phases,
-                completion_tokens=int(cm.sum()), completion_len_mean=float(cm.sum(1).float().mean()),
-                **counts, reward_mean=m.get("reward_mean"), loss=m.get("loss"),
+                step=m["step"],
+                step_s=step_s,
+                gen_s=m["gen_s"],
+                logp_ref_s=m["ref_s"],
+                train_s=step_s - phases,
+                completion_tokens=int(cm.sum()),
+                completion_len_mean=float(cm.sum(1).float().mean()),
+                **counts,
+                reward_mean=m.get("reward_mean"),
+                loss=m.get("loss"),
             )
             res.steps.append(vars(rec))
-            print(f"[grpokit {setting}] step {rec.step}: {rec.step_s:.1f}s (gen {rec.gen_s:.1f}, "
-                  f"logp/ref {rec.logp_ref_s:.1f}, train {rec.train_s:.1f}); len {rec.completion_len_mean:.1f}",
-                  flush=True)
+            print(
+                f"[grpokit {setting}] step {rec.step}: {rec.step_s:.1f}s (gen {rec.gen_s:.1f}, "
+                f"logp/ref {rec.logp_ref_s:.1f}, train {rec.train_s:.1f}); len {rec.completion_len_mean:.1f}",
+                flush=True,
+            )
         logger.close()
         res.notes["same_prompts_as_workload"] = seen == expected[: len(seen)]
         res.peak_rss_gb = peak_rss_gb()  # before the parity check (which builds a second graph)
@@ -153,8 +205,9 @@ def _loss_and_grad(s, r, batch, advantages, *, share: bool, autocast: bool):
     from grpokit.models.logprobs import batch_logprobs, completion_logprobs
 
     temp, mbs = r.rollout.temperature, r.train.micro_batch_size
-    ref = batch_logprobs(s.ref_model, batch, temperature=temp, micro_batch_size=mbs, autocast_bf16=autocast,
-                         share_prompt=share)
+    ref = batch_logprobs(
+        s.ref_model, batch, temperature=temp, micro_batch_size=mbs, autocast_bf16=autocast, share_prompt=share
+    )
     n, n_tok = len(batch), int(batch.completion_mask.sum())
     s.model.zero_grad(set_to_none=True)
     total, logps = 0.0, []
@@ -162,9 +215,16 @@ def _loss_and_grad(s, r, batch, advantages, *, share: bool, autocast: bool):
         tt = sub.completion_ids.shape[1]
         logp, _ = completion_logprobs(s.model, sub, temperature=temp, autocast_bf16=autocast, share_prompt=share)
         loss, _ = algo.policy_loss(
-            logp, logp.detach(), advantages[sl], sub.completion_mask, ref_logp=ref[sl, :tt], beta=r.algo.beta,
-            aggregation=r.algo.loss_aggregation, max_completion_length=r.rollout.max_new_tokens,
-            num_sequences=n, num_tokens=n_tok,
+            logp,
+            logp.detach(),
+            advantages[sl],
+            sub.completion_mask,
+            ref_logp=ref[sl, :tt],
+            beta=r.algo.beta,
+            aggregation=r.algo.loss_aggregation,
+            max_completion_length=r.rollout.max_new_tokens,
+            num_sequences=n,
+            num_tokens=n_tok,
         )
         loss.backward()
         total += loss.item()
@@ -202,10 +262,16 @@ def parity(s, recipe, batch, advantages, w: Workload, *, share: bool) -> dict:
     g_fast, g_plain = fast[2].double(), plain[2].double()
     gd = (g_fast - g_plain).norm() / g_plain.norm().clamp(min=1e-300)
     cos = (g_fast @ g_plain) / (g_fast.norm() * g_plain.norm()).clamp(min=1e-300)
-    return {"loss_fast": fast[0], "loss_plain_fp32": plain[0], "loss_abs_diff": abs(fast[0] - plain[0]),
-            "logp_max_abs_diff": float((fast[1] - plain[1]).abs().max()),
-            "grad_rel_l2_diff": float(gd), "grad_cosine": float(cos),
-            "finite": all(math.isfinite(x) for x in (fast[0], plain[0])), "advantages": note}
+    return {
+        "loss_fast": fast[0],
+        "loss_plain_fp32": plain[0],
+        "loss_abs_diff": abs(fast[0] - plain[0]),
+        "logp_max_abs_diff": float((fast[1] - plain[1]).abs().max()),
+        "grad_rel_l2_diff": float(gd),
+        "grad_cosine": float(cos),
+        "finite": all(math.isfinite(x) for x in (fast[0], plain[0])),
+        "advantages": note,
+    }
 
 
 if __name__ == "__main__":

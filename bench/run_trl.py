@@ -22,22 +22,33 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torch  # noqa: E402
+
 from _common import (  # noqa: E402
-    Clock, Result, StepRecord, load_avg, model_path, ordered_rows, peak_rss_gb, versions, workload_from_args,
+    Clock,
+    Result,
+    StepRecord,
+    load_avg,
+    model_path,
+    ordered_rows,
+    peak_rss_gb,
+    versions,
+    workload_from_args,
     workload_parser,
 )
 
-import torch  # noqa: E402
-
 
 def main() -> None:
-    ap = workload_parser(__doc__.splitlines()[0],
-                         "fp32; bf16_autocast = TrainingArguments(bf16=True) (accelerate autocast); "
-                         "bf16 = parameters loaded in bf16 as well")
+    ap = workload_parser(
+        __doc__.splitlines()[0],
+        "fp32; bf16_autocast = TrainingArguments(bf16=True) (accelerate autocast); "
+        "bf16 = parameters loaded in bf16 as well",
+    )
     a = ap.parse_args()
     w = workload_from_args(a)
-    res = Result(peer="trl", setting=a.precision, workload=vars(w) | {"N": w.N}, load_avg_before=load_avg(),
-                 versions=versions())
+    res = Result(
+        peer="trl", setting=a.precision, workload=vars(w) | {"N": w.N}, load_avg_before=load_avg(), versions=versions()
+    )
 
     import trl.extras.profiling as profiling
     from datasets import Dataset
@@ -73,20 +84,45 @@ def main() -> None:
         raise SystemExit(f"micro batch {a.micro_batch_size} must divide N = {w.N}")
     with tempfile.TemporaryDirectory(prefix="trl-bench-") as tmp:
         args = GRPOConfig(
-            output_dir=tmp, use_cpu=True, seed=w.seed, data_seed=w.seed,
-            bf16=a.precision in ("bf16_autocast", "bf16"), fp16=False,
+            output_dir=tmp,
+            use_cpu=True,
+            seed=w.seed,
+            data_seed=w.seed,
+            bf16=a.precision in ("bf16_autocast", "bf16"),
+            fp16=False,
             model_init_kwargs={"dtype": torch.bfloat16 if a.precision == "bf16" else torch.float32},
-            per_device_train_batch_size=a.micro_batch_size, gradient_accumulation_steps=w.N // a.micro_batch_size,
-            num_generations=w.G, max_completion_length=w.max_new_tokens, temperature=w.temperature,
-            top_p=1.0, top_k=0, min_p=None, repetition_penalty=1.0,
-            beta=w.beta, num_iterations=1, epsilon=0.2, loss_type="grpo", scale_rewards="group",
-            learning_rate=w.learning_rate, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
-            max_grad_norm=1.0, max_steps=w.steps, shuffle_dataset=False, disable_dropout=True,
-            logging_steps=1, save_strategy="no", report_to="none", log_completions=False,
-            dataloader_num_workers=0, gradient_checkpointing=False,
+            per_device_train_batch_size=a.micro_batch_size,
+            gradient_accumulation_steps=w.N // a.micro_batch_size,
+            num_generations=w.G,
+            max_completion_length=w.max_new_tokens,
+            temperature=w.temperature,
+            top_p=1.0,
+            top_k=0,
+            min_p=None,
+            repetition_penalty=1.0,
+            beta=w.beta,
+            num_iterations=1,
+            epsilon=0.2,
+            loss_type="grpo",
+            scale_rewards="group",
+            learning_rate=w.learning_rate,
+            lr_scheduler_type="constant",
+            warmup_steps=0,
+            weight_decay=0.0,
+            max_grad_norm=1.0,
+            max_steps=w.steps,
+            shuffle_dataset=False,
+            disable_dropout=True,
+            logging_steps=1,
+            save_strategy="no",
+            report_to="none",
+            log_completions=False,
+            dataloader_num_workers=0,
+            gradient_checkpointing=False,
         )
-        trainer = GRPOTrainer(model=path, reward_funcs=[math_correct_reward], args=args, train_dataset=dataset,
-                              processing_class=tok)
+        trainer = GRPOTrainer(
+            model=path, reward_funcs=[math_correct_reward], args=args, train_dataset=dataset, processing_class=tok
+        )
         res.n_params = sum(p.numel() for p in trainer.model.parameters())
         orig_logps = trainer._get_per_token_logps_and_entropies
 
@@ -117,14 +153,23 @@ def main() -> None:
                 reward = ph.get("_calculate_rewards", 0.0)
                 n = max(counts["rows"], 1)
                 rec = StepRecord(
-                    step=state.global_step, step_s=step_s, gen_s=gen, logp_ref_s=lr,
-                    train_s=step_s - gen - lr - reward, completion_tokens=counts["completion_tokens"],
-                    completion_len_mean=counts["completion_tokens"] / n, train_tokens=counts["train_tokens"],
-                    train_tokens_padded=counts["train_tokens_padded"], sequence_tokens=counts["train_tokens"],
+                    step=state.global_step,
+                    step_s=step_s,
+                    gen_s=gen,
+                    logp_ref_s=lr,
+                    train_s=step_s - gen - lr - reward,
+                    completion_tokens=counts["completion_tokens"],
+                    completion_len_mean=counts["completion_tokens"] / n,
+                    train_tokens=counts["train_tokens"],
+                    train_tokens_padded=counts["train_tokens_padded"],
+                    sequence_tokens=counts["train_tokens"],
                 )
                 res.steps.append(vars(rec))
-                print(f"[trl {a.precision}] step {rec.step}: {rec.step_s:.1f}s (gen {gen:.1f}, logp/ref {lr:.1f}, "
-                      f"train {rec.train_s:.1f}); len {rec.completion_len_mean:.1f}", flush=True)
+                print(
+                    f"[trl {a.precision}] step {rec.step}: {rec.step_s:.1f}s (gen {gen:.1f}, logp/ref {lr:.1f}, "
+                    f"train {rec.train_s:.1f}); len {rec.completion_len_mean:.1f}",
+                    flush=True,
+                )
 
             def on_log(self, args, state, control, logs=None, **kw):
                 if logs and res.steps and "reward" in logs:
@@ -133,8 +178,9 @@ def main() -> None:
 
         trainer.add_callback(StepTimer())
         trainer.train()
-        res.notes["trl_generation_config"] = {k: v for k, v in trainer.generation_kwargs.items()
-                                              if isinstance(v, (int, float, str, list, type(None)))}
+        res.notes["trl_generation_config"] = {
+            k: v for k, v in trainer.generation_kwargs.items() if isinstance(v, (int, float, str, list, type(None)))
+        }
     res.peak_rss_gb = peak_rss_gb()
     res.load_avg_after = load_avg()
     res.write(a.out)

@@ -107,9 +107,16 @@ def ordered_rows(recipe, tokenizer, max_positions: int | None) -> tuple[list[dic
     from grpokit.trainer.state import TrainState, next_prompt_indices
 
     d, t = recipe.data, recipe.train
-    rows, prompts, _ = load_prompts(recipe, tokenizer, dataset=d.dataset, split=d.split, limit=d.limit,
-                                    rows=section_rows(recipe, "data"), max_new_tokens=recipe.rollout.max_new_tokens,
-                                    max_positions=max_positions)
+    rows, prompts, _ = load_prompts(
+        recipe,
+        tokenizer,
+        dataset=d.dataset,
+        split=d.split,
+        limit=d.limit,
+        rows=section_rows(recipe, "data"),
+        max_new_tokens=recipe.rollout.max_new_tokens,
+        max_positions=max_positions,
+    )
     state, order = TrainState(), []
     for _ in range(t.max_steps):
         order += next_prompt_indices(state, len(rows), t.prompts_per_step, t.seed)
@@ -131,8 +138,8 @@ def evaluate_checkpoints(recipe_path: str, overrides: list[str], result_path: Pa
     in ``result_path`` with grpokit's held-out evaluation (``build_run(recipe).evaluator``): the held-out
     rows it gives for this recipe and seed, greedy, ``eval.max_new_tokens``, the recipe's scorer, the
     model prepared as grpokit prepares its own (``build_run``: speed backend, eval mode, EOS ids), the
-    weights read by ``grpokit.trainer.checkpoint.load_model_weights``. Writes ``eval_before.json`` and ``eval_step<N>.json`` next to
-    the checkpoints (``train.output_dir``)."""
+    weights read by ``grpokit.trainer.checkpoint.load_model_weights``. Writes ``eval_before.json`` and
+    ``eval_step<N>.json`` next to the checkpoints (``train.output_dir``)."""
     import warnings
 
     from grpokit.config import load_recipe
@@ -143,7 +150,8 @@ def evaluate_checkpoints(recipe_path: str, overrides: list[str], result_path: Pa
     result = json.loads(result_path.read_text())
     show = warnings.showwarning  # a RunWarning is one line, as `grpokit train` prints it
     warnings.showwarning = lambda msg, cat, *a, **k: (
-        print(f"[grpokit] warning: {msg}", file=sys.stderr) if issubclass(cat, RunWarning) else show(msg, cat, *a, **k))
+        print(f"[grpokit] warning: {msg}", file=sys.stderr) if issubclass(cat, RunWarning) else show(msg, cat, *a, **k)
+    )
     run = build_run(load_recipe(recipe_path, overrides))
 
     def evaluate(when: str) -> None:
@@ -159,9 +167,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--recipe", required=True)
     ap.add_argument("--result", required=True, help="JSON written at the end (read with --evaluate)")
-    ap.add_argument("--evaluate", action="store_true", help="score the checkpoints of --result with grpokit's "
-                    "evaluation instead of training (run it with grpokit's own venv)")
-    ap.add_argument("overrides", nargs="*", help="section.key=value recipe overrides (train.seed, train.output_dir, ...)")
+    ap.add_argument(
+        "--evaluate",
+        action="store_true",
+        help="score the checkpoints of --result with grpokit's "
+        "evaluation instead of training (run it with grpokit's own venv)",
+    )
+    ap.add_argument(
+        "overrides", nargs="*", help="section.key=value recipe overrides (train.seed, train.output_dir, ...)"
+    )
     a = ap.parse_args()
     if a.evaluate:
         return evaluate_checkpoints(a.recipe, a.overrides, Path(a.result))
@@ -184,8 +198,9 @@ def main() -> None:
     torch.manual_seed(t.seed)
     path = resolve_model_path(m.name_or_path)
     tok = load_tokenizer(m.name_or_path, trust_remote_code=m.trust_remote_code)
-    rows, prompts, order = ordered_rows(recipe, tok, model_max_positions(m.name_or_path,
-                                                                         trust_remote_code=m.trust_remote_code))
+    rows, prompts, order = ordered_rows(
+        recipe, tok, model_max_positions(m.name_or_path, trust_remote_code=m.trust_remote_code)
+    )
     row_columns = sorted({k for row in rows for k in row} - {"prompt"})
     dataset = Dataset.from_list([{"prompt": prompts[i], "row_id": i} for i in order])
     # TRL tokenizes string prompts with the tokenizer's special tokens; grpokit adds exactly one BOS
@@ -207,24 +222,59 @@ def main() -> None:
     every = e.every_steps or t.max_steps
     n = t.prompts_per_step * r.group_size
     args = GRPOConfig(
-        output_dir=str(out), use_cpu=True, seed=t.seed, data_seed=t.seed, report_to="none",
-        bf16=m.autocast_bf16, fp16=False, gradient_checkpointing=m.gradient_checkpointing,
+        output_dir=str(out),
+        use_cpu=True,
+        seed=t.seed,
+        data_seed=t.seed,
+        report_to="none",
+        bf16=m.autocast_bf16,
+        fp16=False,
+        gradient_checkpointing=m.gradient_checkpointing,
         model_init_kwargs={"dtype": torch.bfloat16 if m.dtype == "bfloat16" else torch.float32},
-        trust_remote_code=m.trust_remote_code, disable_tqdm=True,
-        per_device_train_batch_size=t.micro_batch_size, gradient_accumulation_steps=n // t.micro_batch_size,
-        generation_batch_size=n, num_generations=r.group_size, num_iterations=1, shuffle_dataset=False,
-        max_completion_length=r.max_new_tokens, temperature=r.temperature, top_p=1.0, top_k=0, min_p=None,
-        repetition_penalty=1.0, beta=al.beta, epsilon=al.clip_eps_low, epsilon_high=al.clip_eps_high,
-        loss_type=LOSS_TYPES[al.loss_aggregation], scale_rewards=al.advantage_scale, mask_truncated_completions=False,
-        learning_rate=t.learning_rate, lr_scheduler_type=HF_SCHEDULES[t.lr_scheduler], warmup_steps=t.warmup_steps,
-        optim="adamw_torch_fused", adam_beta1=t.adam_betas[0], adam_beta2=t.adam_betas[1], adam_epsilon=1e-8,
-        weight_decay=t.weight_decay, max_grad_norm=t.max_grad_norm, max_steps=t.max_steps,
-        disable_dropout=True, logging_steps=1, log_completions=False, dataloader_num_workers=0,
-        save_strategy="steps", save_steps=every, save_only_model=True, save_total_limit=None,
+        trust_remote_code=m.trust_remote_code,
+        disable_tqdm=True,
+        per_device_train_batch_size=t.micro_batch_size,
+        gradient_accumulation_steps=n // t.micro_batch_size,
+        generation_batch_size=n,
+        num_generations=r.group_size,
+        num_iterations=1,
+        shuffle_dataset=False,
+        max_completion_length=r.max_new_tokens,
+        temperature=r.temperature,
+        top_p=1.0,
+        top_k=0,
+        min_p=None,
+        repetition_penalty=1.0,
+        beta=al.beta,
+        epsilon=al.clip_eps_low,
+        epsilon_high=al.clip_eps_high,
+        loss_type=LOSS_TYPES[al.loss_aggregation],
+        scale_rewards=al.advantage_scale,
+        mask_truncated_completions=False,
+        learning_rate=t.learning_rate,
+        lr_scheduler_type=HF_SCHEDULES[t.lr_scheduler],
+        warmup_steps=t.warmup_steps,
+        optim="adamw_torch_fused",
+        adam_beta1=t.adam_betas[0],
+        adam_beta2=t.adam_betas[1],
+        adam_epsilon=1e-8,
+        weight_decay=t.weight_decay,
+        max_grad_norm=t.max_grad_norm,
+        max_steps=t.max_steps,
+        disable_dropout=True,
+        logging_steps=1,
+        log_completions=False,
+        dataloader_num_workers=0,
+        save_strategy="steps",
+        save_steps=every,
+        save_only_model=True,
+        save_total_limit=None,
     )
     if args.steps_per_generation != args.gradient_accumulation_steps:
-        raise SystemExit(f"run_trl_efficacy: {args.steps_per_generation} generations per optimizer step's "
-                         f"{args.gradient_accumulation_steps} micro-batches; expected one generation per step")
+        raise SystemExit(
+            f"run_trl_efficacy: {args.steps_per_generation} generations per optimizer step's "
+            f"{args.gradient_accumulation_steps} micro-batches; expected one generation per step"
+        )
     factor = grpokit_schedule(recipe)
 
     class Trainer(GRPOTrainer):
@@ -234,8 +284,15 @@ def main() -> None:
                 self._created_lr_scheduler = True
             return self.lr_scheduler
 
-    result = {"peer": "trl", "recipe": a.recipe, "overrides": a.overrides, "checkpoints": [], "steps": [], "questions": [],
-              "notes": {"loss_type": args.loss_type, "prompt_ids_match_grpokit": same_ids}}
+    result = {
+        "peer": "trl",
+        "recipe": a.recipe,
+        "overrides": a.overrides,
+        "checkpoints": [],
+        "steps": [],
+        "questions": [],
+        "notes": {"loss_type": args.loss_type, "prompt_ids_match_grpokit": same_ids},
+    }
 
     class Clock(TrainerCallback):
         """Training wall-clock since ``on_train_begin``, the seconds spent saving checkpoints left out."""
@@ -249,37 +306,56 @@ def main() -> None:
             result["steps"].append({"step": state.global_step, "train_minutes": self.minutes})
             if state.global_step >= state.max_steps:
                 control.should_save = True  # the last step is evaluated too
-            print(f"[trl efficacy] step {state.global_step}/{state.max_steps}: {self.minutes:.2f} training minutes",
-                  flush=True)
+            print(
+                f"[trl efficacy] step {state.global_step}/{state.max_steps}: {self.minutes:.2f} training minutes",
+                flush=True,
+            )
 
         def on_save(self, args, state, control, **kw):
             now = time.perf_counter()
             self.saving += now - self.t_end
             ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             if not any(c["step"] == state.global_step for c in result["checkpoints"]):
-                result["checkpoints"].append({"step": state.global_step, "train_minutes": self.minutes,
-                                              "path": str(ckpt), "save_s": now - self.t_end})
+                result["checkpoints"].append(
+                    {
+                        "step": state.global_step,
+                        "train_minutes": self.minutes,
+                        "path": str(ckpt),
+                        "save_s": now - self.t_end,
+                    }
+                )
             self.t_end = now
 
         def on_log(self, args, state, control, logs=None, **kw):
             if logs and result["steps"] and result["steps"][-1]["step"] == state.global_step:
                 result["steps"][-1].update({k: v for k, v in logs.items() if isinstance(v, (int, float))})
 
-    trainer = Trainer(model=path, reward_funcs=[grpokit_reward], args=args, train_dataset=dataset,
-                      processing_class=tok, callbacks=[Clock()])
-    result["notes"]["generation_kwargs"] = {k: v for k, v in trainer.generation_kwargs.items()
-                                            if isinstance(v, (int, float, str, list, type(None)))}
+    trainer = Trainer(
+        model=path,
+        reward_funcs=[grpokit_reward],
+        args=args,
+        train_dataset=dataset,
+        processing_class=tok,
+        callbacks=[Clock()],
+    )
+    result["notes"]["generation_kwargs"] = {
+        k: v for k, v in trainer.generation_kwargs.items() if isinstance(v, (int, float, str, list, type(None)))
+    }
     result["notes"]["eos_token_ids"] = list(trainer.eos_token_ids)
     try:
         trainer.train()
     finally:
         for f in funcs.values():
             f.close()
-    import trl
     import transformers
+    import trl
 
-    result["versions"] = {"trl": trl.__version__, "transformers": transformers.__version__,
-                          "torch": torch.__version__, "threads": torch.get_num_threads()}
+    result["versions"] = {
+        "trl": trl.__version__,
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+    }
     Path(a.result).write_text(json.dumps(result, indent=1))
     print(f"[trl efficacy] done: {len(result['checkpoints'])} checkpoints in {out}", flush=True)
 

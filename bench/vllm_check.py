@@ -53,9 +53,19 @@ def _tiny_folder(tok, seed: int = 0) -> str:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(vocab_size=49152, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
-                      num_key_value_heads=2, intermediate_size=256, max_position_embeddings=512,
-                      tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    cfg = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        intermediate_size=256,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(cfg)
@@ -116,16 +126,20 @@ def agreement(out: dict) -> bool:
     from transformers import AutoModelForCausalLM
 
     from grpokit.algo import LogprobGap
-    from grpokit.trainer.checkpoint import load_model_weights
     from grpokit.models.loading import load_tokenizer
     from grpokit.models.logprobs import batch_logprobs
     from grpokit.rollout import SamplingParams, load_engine
+    from grpokit.trainer.checkpoint import load_model_weights
 
     ok = True
     tok = load_tokenizer("smollm2-135m-instruct")
-    chats = [[{"role": "user", "content": "What is 2 + 3?"}],
-             [{"role": "system", "content": "Answer with one number."},
-              {"role": "user", "content": "Natalia sold 48 clips in April and half as many in May. Total?"}]]
+    chats = [
+        [{"role": "user", "content": "What is 2 + 3?"}],
+        [
+            {"role": "system", "content": "Answer with one number."},
+            {"role": "user", "content": "Natalia sold 48 clips in April and half as many in May. Total?"},
+        ],
+    ]
     prompts = RAW_PROMPTS + [tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in chats]
     model = AutoModelForCausalLM.from_pretrained(_tiny_folder(tok)).eval()
     t0 = time.perf_counter()
@@ -141,14 +155,22 @@ def agreement(out: dict) -> bool:
             v = load_engine("vllm", model=model, tokenizer=tok, eos_token_ids=eos)  # shares the LLM
             h = load_engine("hf", model=model, tokenizer=tok, eos_token_ids=eos)
         a, b = v.generate(prompts, 2, greedy, 0), h.generate(prompts, 2, greedy, 0)
-        same_prompts = all(torch.equal(getattr(a, f), getattr(b, f)) for f in ("prompt_ids", "prompt_mask", "group_index"))
+        same_prompts = all(
+            torch.equal(getattr(a, f), getattr(b, f)) for f in ("prompt_ids", "prompt_mask", "group_index")
+        )
         s = v.generate(prompts, 4, SamplingParams(temperature=1.0, max_new_tokens=16), 3)
-        problems = (layout_problems(a, tok, prompts, 2, 16, eos) + layout_problems(s, tok, prompts, 4, 16, eos)
-                    + ([] if same_prompts else ["prompt ids/masks differ from hf's"]))
+        problems = (
+            layout_problems(a, tok, prompts, 2, 16, eos)
+            + layout_problems(s, tok, prompts, 4, 16, eos)
+            + ([] if same_prompts else ["prompt ids/masks differ from hf's"])
+        )
         out[f"greedy_{name}"] = row_agreement(a, b) | {
-            "vllm_shape": list(a.completion_ids.shape), "hf_shape": list(b.completion_ids.shape),
-            "sampled_rows_stopped_by_eos": int((~s.truncated).sum()), "sampled_rows_truncated": int(s.truncated.sum()),
-            "layout_problems": problems[:10]}
+            "vllm_shape": list(a.completion_ids.shape),
+            "hf_shape": list(b.completion_ids.shape),
+            "sampled_rows_stopped_by_eos": int((~s.truncated).sum()),
+            "sampled_rows_truncated": int(s.truncated.sum()),
+            "layout_problems": problems[:10],
+        }
         ok &= not problems
 
     # 3. weights follow the trained model
@@ -161,9 +183,12 @@ def agreement(out: dict) -> bool:
         a, b = vl.generate(prompts, 1, greedy, 0), hf.generate(prompts, 1, greedy, 0)
         changed = rows(b) != before  # the new weights give other greedy rows (on hf)
         stale = rows(a) == before and changed
-        out[f"sync_{label}"] = row_agreement(a, b) | {"hf_output_changed": changed, "vllm_kept_old_output": stale,
-                                                      "weights_version": vl.weights_version,
-                                                      "push_s": vl.shared.last_sync_s}
+        out[f"sync_{label}"] = row_agreement(a, b) | {
+            "hf_output_changed": changed,
+            "vllm_kept_old_output": stale,
+            "weights_version": vl.weights_version,
+            "push_s": vl.shared.last_sync_s,
+        }
         return changed and not stale and out[f"sync_{label}"]["row_rate"] >= 0.75
 
     def fused_step():
@@ -186,8 +211,11 @@ def agreement(out: dict) -> bool:
         load_model_weights(model, ckpt)
         vl.sync_weights()  # what grpokit.trainer.resume.resume does
 
-    for label, change in (("fused_adamw_step_then_sync", fused_step), ("untold_inplace_change", untold),
-                          ("checkpoint_loaded", resume)):
+    for label, change in (
+        ("fused_adamw_step_then_sync", fused_step),
+        ("untold_inplace_change", untold),
+        ("checkpoint_loaded", resume),
+    ):
         ok &= sync_case(label, change)
 
     # 4. per-request seeds: the rows of (seed, b, g) whatever else is in the batch
@@ -196,12 +224,19 @@ def agreement(out: dict) -> bool:
     again = vl.generate(prompts, 4, p, 11)
     alone = vl.generate(prompts[:1], 2, p, 11)
     two = vl.generate(prompts, 2, p, 11)
-    pairs = [(alone, 0, 0), (alone, 1, 1)] + [(two, b * 2 + g, b * 4 + g) for b in range(len(prompts)) for g in range(2)]
-    same = sum(x.completion_ids[i][x.completion_mask[i]].tolist() == full.completion_ids[j][full.completion_mask[j]].tolist()
-               for x, i, j in pairs)
+    pairs = [(alone, 0, 0), (alone, 1, 1)] + [
+        (two, b * 2 + g, b * 4 + g) for b in range(len(prompts)) for g in range(2)
+    ]
+    same = sum(
+        x.completion_ids[i][x.completion_mask[i]].tolist() == full.completion_ids[j][full.completion_mask[j]].tolist()
+        for x, i, j in pairs
+    )
     distinct = len({tuple(r) for r in full.completion_ids.tolist()})
-    out["seeds"] = {"same_call_twice_identical": torch.equal(full.completion_ids, again.completion_ids),
-                    "rows_identical_across_batchings": f"{same}/{len(pairs)}", "distinct_rows": f"{distinct}/{len(full)}"}
+    out["seeds"] = {
+        "same_call_twice_identical": torch.equal(full.completion_ids, again.completion_ids),
+        "rows_identical_across_batchings": f"{same}/{len(pairs)}",
+        "distinct_rows": f"{distinct}/{len(full)}",
+    }
     ok &= same == len(pairs) and out["seeds"]["same_call_twice_identical"]
 
     # 5. the sampler's log-probs against the trainer's
@@ -217,14 +252,19 @@ def agreement(out: dict) -> bool:
     halves = [vl.generate(prompts[:2], 4, p, 11, first_prompt=0), vl.generate(prompts[2:], 4, p, 11, first_prompt=2)]
     split_rows = [r[m].tolist() for h in halves for r, m in zip(h.completion_ids, h.completion_mask)]
     full_rows = [r[m].tolist() for r, m in zip(full.completion_ids, full.completion_mask)]
-    out["seeds"]["rows_identical_when_split_with_first_prompt"] = f"{sum(a == b for a, b in zip(split_rows, full_rows))}/{len(full_rows)}"
+    out["seeds"]["rows_identical_when_split_with_first_prompt"] = (
+        f"{sum(a == b for a, b in zip(split_rows, full_rows))}/{len(full_rows)}"
+    )
     ok &= split_rows == full_rows
 
     # 7. a LoRA policy: vLLM gets the adapters folded in (out of place); its greedy rows are the peft model's
     from grpokit.models.lora import apply_lora
 
-    lora_model = apply_lora(AutoModelForCausalLM.from_pretrained(_tiny_folder(tok, seed=2)).eval(),
-                            {"r": 4, "alpha": 8, "target_modules": "all-linear", "dropout": 0.0}, announce=False)
+    lora_model = apply_lora(
+        AutoModelForCausalLM.from_pretrained(_tiny_folder(tok, seed=2)).eval(),
+        {"r": 4, "alpha": 8, "target_modules": "all-linear", "dropout": 0.0},
+        announce=False,
+    )
     with torch.no_grad():
         for name, prm in lora_model.named_parameters():
             if "lora_B" in name:
@@ -236,7 +276,8 @@ def agreement(out: dict) -> bool:
         base = hf_lora.generate(prompts, 1, greedy, 0)
     out["lora_merged_greedy"] = row_agreement(a, b) | {
         "adapters_change_the_rows": not torch.equal(base.completion_ids, b.completion_ids),
-        "policy_still_unmerged": not any(getattr(m, "merged", False) for m in lora_model.modules())}
+        "policy_still_unmerged": not any(getattr(m, "merged", False) for m in lora_model.modules()),
+    }
     ok &= out["lora_merged_greedy"]["row_rate"] >= 0.75 and out["lora_merged_greedy"]["policy_still_unmerged"]
     return ok
 
@@ -244,26 +285,41 @@ def agreement(out: dict) -> bool:
 def throughput(out: dict, engines: list[str], steps: int, dtype: str) -> None:
     import torch
 
-    from grpokit.trainer.build import load_policy
     from grpokit.config import load_recipe
+    from grpokit.data.rows import load_prompts
     from grpokit.models.loading import eos_token_ids, load_tokenizer, model_max_positions
     from grpokit.rollout import SamplingParams, load_engine
-    from grpokit.data.rows import load_prompts
+    from grpokit.trainer.build import load_policy
 
     recipe = load_recipe(ROOT / "recipes" / "demo.yaml")
     m, d, r, t = recipe.model, recipe.data, recipe.rollout, recipe.train
     tok = load_tokenizer(m.name_or_path)
-    _, prompts, _ = load_prompts(recipe, tok, dataset=d.dataset, split=d.split, limit=d.limit,
-                                 max_new_tokens=r.max_new_tokens, max_positions=model_max_positions(m.name_or_path))
+    _, prompts, _ = load_prompts(
+        recipe,
+        tok,
+        dataset=d.dataset,
+        split=d.split,
+        limit=d.limit,
+        max_new_tokens=r.max_new_tokens,
+        max_positions=model_max_positions(m.name_or_path),
+    )
     model = load_policy(recipe, torch.device("cpu"))
     eos = eos_token_ids(model, tok)
     params = SamplingParams.from_config(r)
     B, G = t.prompts_per_step, r.group_size
     sampler_dtype = torch.bfloat16 if dtype == "bf16" else None  # bf16: what model.autocast_bf16 samples with
-    out["work"] = {"model": m.name_or_path, "B": B, "G": G, "max_new_tokens": r.max_new_tokens,
-                   "temperature": r.temperature, "calls": steps, "sampler_dtype": dtype,
-                   "torch_threads": torch.get_num_threads(), "cpus_allowed": sorted(os.sched_getaffinity(0)),
-                   "load_avg_before": os.getloadavg()}
+    out["work"] = {
+        "model": m.name_or_path,
+        "B": B,
+        "G": G,
+        "max_new_tokens": r.max_new_tokens,
+        "temperature": r.temperature,
+        "calls": steps,
+        "sampler_dtype": dtype,
+        "torch_threads": torch.get_num_threads(),
+        "cpus_allowed": sorted(os.sched_getaffinity(0)),
+        "load_avg_before": os.getloadavg(),
+    }
     built = {}
     for name in engines:
         t0 = time.perf_counter()
@@ -273,16 +329,23 @@ def throughput(out: dict, engines: list[str], steps: int, dtype: str) -> None:
         for name, eng in built.items():
             eng.sync_weights()  # training pushes the weights before every step's rollouts
             cpu0 = time.process_time()
-            e = eng.generate(prompts[s * B: (s + 1) * B], G, params, 100003 * t.seed + s + 1)
-            out[name]["calls"].append({"gen_s": e.gen_s, "cpu_s": time.process_time() - cpu0,
-                                       "tokens": int(e.completion_mask.sum()), "truncated": int(e.truncated.sum()),
-                                       "push_s": getattr(getattr(eng, "shared", None), "last_sync_s", 0.0)})
+            e = eng.generate(prompts[s * B : (s + 1) * B], G, params, 100003 * t.seed + s + 1)
+            out[name]["calls"].append(
+                {
+                    "gen_s": e.gen_s,
+                    "cpu_s": time.process_time() - cpu0,
+                    "tokens": int(e.completion_mask.sum()),
+                    "truncated": int(e.truncated.sum()),
+                    "push_s": getattr(getattr(eng, "shared", None), "last_sync_s", 0.0),
+                }
+            )
     out["work"]["load_avg_after"] = os.getloadavg()
     if "hf" in built and "vllm" in built:  # greedy rows of the real model, token for token
         greedy = SamplingParams(temperature=0.0, max_new_tokens=r.max_new_tokens)
         few = prompts[: 2 * B]
-        out["greedy_hf_vs_vllm"] = row_agreement(built["vllm"].generate(few, 1, greedy, 0),
-                                                 built["hf"].generate(few, 1, greedy, 0))
+        out["greedy_hf_vs_vllm"] = row_agreement(
+            built["vllm"].generate(few, 1, greedy, 0), built["hf"].generate(few, 1, greedy, 0)
+        )
         print(f"[vllm-check] greedy ({dtype}), {len(few)} prompts: {out['greedy_hf_vs_vllm']}", flush=True)
     for name in built:
         rec = out[name]
@@ -292,9 +355,12 @@ def throughput(out: dict, engines: list[str], steps: int, dtype: str) -> None:
         n = sum(c["tokens"] for c in timed)
         rec["tokens_per_s"] = n / sum(c["gen_s"] for c in timed)
         rec["tokens_per_cpu_s"] = n / sum(c["cpu_s"] for c in timed)
-        print(f"[vllm-check] {name} ({dtype}): {rec['gen_s_mean']:.2f} s per call ({rec['cpu_s_mean']:.2f} CPU s; "
-              f"{rec['push_s_mean']:.2f} s weight push), {rec['tokens_per_s']:.1f} completion tokens/s, "
-              f"{rec['tokens_per_cpu_s']:.1f} per CPU s, over {len(timed)} calls", flush=True)
+        print(
+            f"[vllm-check] {name} ({dtype}): {rec['gen_s_mean']:.2f} s per call ({rec['cpu_s_mean']:.2f} CPU s; "
+            f"{rec['push_s_mean']:.2f} s weight push), {rec['tokens_per_s']:.1f} completion tokens/s, "
+            f"{rec['tokens_per_cpu_s']:.1f} per CPU s, over {len(timed)} calls",
+            flush=True,
+        )
 
 
 def main() -> int:
@@ -303,16 +369,35 @@ def main() -> int:
     ap.add_argument("--engines", default="hf,vllm", help="throughput: engines to time, comma-separated")
     ap.add_argument("--steps", type=int, default=5, help="throughput: generate calls per engine (first is warm-up)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
-    ap.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
-                    help="throughput: the sampler's dtype (bf16: as with model.autocast_bf16)")
+    ap.add_argument(
+        "--dtype",
+        choices=("fp32", "bf16"),
+        default="fp32",
+        help="throughput: the sampler's dtype (bf16: as with model.autocast_bf16)",
+    )
     ap.add_argument("--tag", default="", help="suffix of the result file")
     a = ap.parse_args()
     if a.part == "all":  # one vLLM engine per process
         rc = 0
         for part in ("agreement", "throughput"):
-            rc |= subprocess.call([sys.executable, __file__, "--part", part, "--engines", a.engines,
-                                   "--steps", str(a.steps), "--threads", str(a.threads), "--dtype", a.dtype,
-                                   "--tag", a.tag])
+            rc |= subprocess.call(
+                [
+                    sys.executable,
+                    __file__,
+                    "--part",
+                    part,
+                    "--engines",
+                    a.engines,
+                    "--steps",
+                    str(a.steps),
+                    "--threads",
+                    str(a.threads),
+                    "--dtype",
+                    a.dtype,
+                    "--tag",
+                    a.tag,
+                ]
+            )
         return rc
     import torch
 

@@ -7,8 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from grpokit.utils.importing import require
 from grpokit.metrics import read_metrics
+from grpokit.utils.importing import require
 
 
 def _acc(run: Path, when: str) -> str:
@@ -37,10 +37,12 @@ def main(argv: list[str]) -> None:
         run = Path(d)
         rows = read_metrics(run / "metrics.jsonl")
         n = rows[-1]["step"]
-        print(f"| {name} | {n} | {_acc(run, 'before')} | {_acc(run, 'after')} | "
-              f"{_mean(rows, 'rewards/math_correct', 1, 5):.3f} | "
-              f"{_mean(rows, 'rewards/math_correct', n - 4, n):.3f} | {rows[-1]['kl']:.4f} | "
-              f"{_mean(rows, 'step_s', 1, n):.0f} |")
+        print(
+            f"| {name} | {n} | {_acc(run, 'before')} | {_acc(run, 'after')} | "
+            f"{_mean(rows, 'rewards/math_correct', 1, 5):.3f} | "
+            f"{_mean(rows, 'rewards/math_correct', n - 4, n):.3f} | {rows[-1]['kl']:.4f} | "
+            f"{_mean(rows, 'step_s', 1, n):.0f} |"
+        )
         steps = [r["step"] for r in rows]
         for ax, key in zip(axes, ("rewards/math_correct", "kl")):
             ax.plot(steps, [r.get(key) for r in rows], label=name)

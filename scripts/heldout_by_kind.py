@@ -20,8 +20,8 @@ from pathlib import Path
 def heldout_rows(recipe_path: str) -> list[dict]:
     """The held-out rows of a recipe's run, in the order its evaluations score them."""
     from grpokit.config import load_recipe
-    from grpokit.eval.evaluate import HeldOutEval
     from grpokit.data.rows import section_rows
+    from grpokit.eval.evaluate import HeldOutEval
 
     recipe = load_recipe(recipe_path)
     return HeldOutEval(recipe, section_rows(recipe, "data")).rows
@@ -37,16 +37,16 @@ def outcomes_of(path: Path) -> dict[str, list[bool]]:
     raise ValueError(f"{path}: no 'outcomes' and no 'models' (not an evaluation JSON)")
 
 
-def by_kind(rows: list[dict], outcomes: list[bool], column: str,
-            label: str = "outcomes") -> dict[str, tuple[int, int]]:
+def by_kind(rows: list[dict], outcomes: list[bool], column: str, label: str = "outcomes") -> dict[str, tuple[int, int]]:
     """``{kind: (correct, total)}`` over ``rows[i][column]``.
 
     Raises:
         ValueError: ``outcomes`` and ``rows`` differ in length, or a row lacks ``column``.
     """
     if len(outcomes) != len(rows):
-        raise ValueError(f"{label}: {len(outcomes)} outcomes for {len(rows)} held-out rows "
-                         "(another recipe's evaluation?)")
+        raise ValueError(
+            f"{label}: {len(outcomes)} outcomes for {len(rows)} held-out rows (another recipe's evaluation?)"
+        )
     missing = [i for i, r in enumerate(rows) if column not in r]
     if missing:
         raise ValueError(f"held-out row {missing[0]} has no column {column!r} (columns: {sorted(rows[missing[0]])})")

@@ -70,10 +70,7 @@ def smollm2_prompts(smollm2_tokenizer) -> list[str]:
             {"role": "user", "content": "Natalia sold 48 clips in April and half as many in May. Total?"},
         ],
     ]
-    return [
-        smollm2_tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True)
-        for c in chats
-    ]
+    return [smollm2_tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in chats]
 
 
 @pytest.fixture(scope="session")
@@ -111,12 +108,14 @@ def _make_tiny_model(vocab_size: int = SMOLLM2_VOCAB, seed: int = 0, **overrides
 
 @pytest.fixture
 def no_model_load(monkeypatch):
-    """``grpokit.models.loading.load_model`` fails the test if called (a check that must come before any model loads)."""
+    """``grpokit.models.loading.load_model`` fails the test if called (a check that must come before any
+    model loads)."""
     import grpokit.models.loading
 
     calls = []
-    monkeypatch.setattr(grpokit.models.loading, "load_model", lambda *a, **k: calls.append(a) or pytest.fail(
-        "load_model was called"))
+    monkeypatch.setattr(
+        grpokit.models.loading, "load_model", lambda *a, **k: calls.append(a) or pytest.fail("load_model was called")
+    )
     yield calls
     assert not calls
 

@@ -22,9 +22,15 @@ def _group(rewards: list[float], group_size: int):
     from grpokit.experience import Experience
 
     n = len(rewards)
-    exp = Experience.grouped(torch.ones(n, 2, dtype=torch.long), torch.ones(n, 2, dtype=torch.bool),
-                             torch.ones(n, 3, dtype=torch.long), torch.ones(n, 3, dtype=torch.bool), group_size,
-                             truncated=torch.zeros(n, dtype=torch.bool), completions=[f"c{r}" for r in rewards])
+    exp = Experience.grouped(
+        torch.ones(n, 2, dtype=torch.long),
+        torch.ones(n, 2, dtype=torch.bool),
+        torch.ones(n, 3, dtype=torch.long),
+        torch.ones(n, 3, dtype=torch.bool),
+        group_size,
+        truncated=torch.zeros(n, dtype=torch.bool),
+        completions=[f"c{r}" for r in rewards],
+    )
     exp.rewards = torch.tensor(rewards, dtype=torch.float64)
     return exp
 
@@ -39,8 +45,8 @@ def gather_and_reduce(rank: int, world: int, port: int, out: str) -> None:
     import torch.distributed as dist
 
     import grpokit.utils.distributed as gd
-    from grpokit.estimators.base import load_algorithm
     from grpokit.config import AlgoConfig
+    from grpokit.estimators.base import load_algorithm
     from grpokit.rewards.pipeline import ScoredRows, reward_metrics
     from grpokit.trainer.collect import gather_scored
 
@@ -54,12 +60,25 @@ def gather_and_reduce(rank: int, world: int, port: int, out: str) -> None:
     sums = gd.sum_over_ranks([1.0 + rank, 0.5], ranks)
     stop = gd.any_rank(rank == 1, ranks)
     gd.BUCKET_ELEMENTS = 5  # several buckets, and a tensor larger than one
-    params = [torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(7)), torch.nn.Parameter(torch.zeros(2))]
+    params = [
+        torch.nn.Parameter(torch.zeros(3)),
+        torch.nn.Parameter(torch.zeros(7)),
+        torch.nn.Parameter(torch.zeros(2)),
+    ]
     params[0].grad = torch.full((3,), float(rank + 1))
     params[1].grad = torch.arange(7.0) * (rank + 1)
     # params[2] has no gradient on either rank: zeros after the reduction
     gd.reduce_gradients(params, ranks)
-    torch.save({"advantages": advantages, "rewards": whole.rewards, "completions": whole.completions,
-                "metrics": dict(reward_metrics(whole, sc.per_function), reward_failures=sc.failures),
-                "sums": sums, "stop": stop, "grads": [p.grad for p in params]}, Path(out) / f"rank{rank}.pt")
+    torch.save(
+        {
+            "advantages": advantages,
+            "rewards": whole.rewards,
+            "completions": whole.completions,
+            "metrics": dict(reward_metrics(whole, sc.per_function), reward_failures=sc.failures),
+            "sums": sums,
+            "stop": stop,
+            "grads": [p.grad for p in params],
+        },
+        Path(out) / f"rank{rank}.pt",
+    )
     dist.destroy_process_group()

@@ -26,7 +26,6 @@ HANG_S = 2.0
 """How long ``hanging_reward`` sleeps on the bad row (tests use ``rewards.timeout_s=0.5``)."""
 
 
-
 def _memo(text: str) -> Path:
     root = Path(os.environ.get("GRPOKIT_FAKE_REWARDS_DIR") or Path(tempfile.gettempdir()) / "grpokit-fake-rewards")
     root.mkdir(parents=True, exist_ok=True)

@@ -17,8 +17,14 @@ TINY_RECIPE: dict[str, dict[str, Any]] = {
     "rollout": {"group_size": 2, "max_new_tokens": 8},
     "rewards": {"functions": ["fake_rewards:length_reward"]},
     "algo": {"beta": 0.04},
-    "train": {"prompts_per_step": 2, "max_steps": 2, "micro_batch_size": 4, "learning_rate": 1e-2,
-              "sample_every": 1, "seed": 0},
+    "train": {
+        "prompts_per_step": 2,
+        "max_steps": 2,
+        "micro_batch_size": 4,
+        "learning_rate": 1e-2,
+        "sample_every": 1,
+        "seed": 0,
+    },
     "eval": {"dataset": None},
 }
 

@@ -24,8 +24,9 @@ def _mean_std(xs: list[float]) -> tuple[float, float]:
     return m, math.sqrt(var)
 
 
-def group_advantages(rewards: list[float], group_size: int, scale: str = "group", eps: float = 1e-4,
-                     rounding_eps: float = F64_EPS):
+def group_advantages(
+    rewards: list[float], group_size: int, scale: str = "group", eps: float = 1e-4, rounding_eps: float = F64_EPS
+):
     """``rounding_eps``: ``finfo(dtype).eps`` of the rewards' dtype (float64 by default)."""
     out = []
     all_valid = [r for r in rewards if not math.isnan(r)]
@@ -48,8 +49,7 @@ def group_advantages(rewards: list[float], group_size: int, scale: str = "group"
     return out
 
 
-def process_advantages(step_rewards, step_end_mask, completion_mask, group_size, eps=1e-4,
-                       rounding_eps=F64_EPS):
+def process_advantages(step_rewards, step_end_mask, completion_mask, group_size, eps=1e-4, rounding_eps=F64_EPS):
     """step_rewards etc. as nested lists (N x T); ``rounding_eps`` as in ``group_advantages``."""
     n, t = len(step_rewards), len(step_rewards[0])
     out = [[0.0] * t for _ in range(n)]
@@ -112,8 +112,19 @@ def kl(logp: float, ref_logp: float, kind: str) -> float:
     return math.exp(d) - d - 1
 
 
-def policy_loss(logp, old_logp, adv, mask, ref_logp=None, beta=0.0, eps_low=0.2, eps_high=0.2,
-                kind="k3", aggregation="seq_mean_token_mean", max_len=None):
+def policy_loss(
+    logp,
+    old_logp,
+    adv,
+    mask,
+    ref_logp=None,
+    beta=0.0,
+    eps_low=0.2,
+    eps_high=0.2,
+    kind="k3",
+    aggregation="seq_mean_token_mean",
+    max_len=None,
+):
     """adv: list per sequence (float) or per token (list). Returns the scalar loss."""
     n = len(logp)
     seq_terms, tok_sum, tok_count = [], 0.0, 0

@@ -34,16 +34,29 @@ def parts(make_tiny_model, smollm2_tokenizer):
 
 
 def save(out, step, parts, keep=5, **state):
-    return save_checkpoint(out, step, trainer_state={"epoch": 0, "position": step, **state},
-                           recipe={"train": {"seed": 0}}, keep=keep, **parts)
+    return save_checkpoint(
+        out,
+        step,
+        trainer_state={"epoch": 0, "position": step, **state},
+        recipe={"train": {"seed": 0}},
+        keep=keep,
+        **parts,
+    )
 
 
 def test_checkpoint_contents_and_round_trip(tmp_path, parts):
     path = save(tmp_path, 3, parts)
     assert path == tmp_path / "checkpoint-3"
     names = {p.name for p in path.iterdir()}
-    assert {"model.safetensors", "config.json", "generation_config.json", "training_state.pt",
-            "trainer_state.json", "recipe.json", "tokenizer.json"} <= names
+    assert {
+        "model.safetensors",
+        "config.json",
+        "generation_config.json",
+        "training_state.pt",
+        "trainer_state.json",
+        "recipe.json",
+        "tokenizer.json",
+    } <= names
     assert not [n for n in names if n.endswith((".bin", ".pkl", ".pickle"))]  # safetensors only
     assert json.loads((path / "trainer_state.json").read_text()) == {"step": 3, "epoch": 0, "position": 3}
     reloaded = AutoModelForCausalLM.from_pretrained(path)
@@ -177,8 +190,9 @@ def _fake_checkpoint(folder, state_bytes, blob=None):
     """A checkpoint folder holding only the two files ``load_training_state`` reads."""
     folder.mkdir()
     (folder / "trainer_state.json").write_bytes(state_bytes)
-    torch.save(blob if blob is not None else {"optimizer": {}, "scheduler": {}, "rng": {}},
-               folder / "training_state.pt")
+    torch.save(
+        blob if blob is not None else {"optimizer": {}, "scheduler": {}, "rng": {}}, folder / "training_state.pt"
+    )
     return folder
 
 
@@ -186,8 +200,10 @@ def _fake_checkpoint(folder, state_bytes, blob=None):
     "content, expect",
     [
         # '{"step": 3, "epoch": 0, "position": 6, "extra": {"note": "caf' is 61 bytes
-        (b'{"step": 3, "epoch": 0, "position": 6, "extra": {"note": "caf\xe9"}}',
-         r"trainer_state.json: line 1: not valid UTF-8 \(byte 0xe9 at offset 61 of the file\); resume"),
+        (
+            b'{"step": 3, "epoch": 0, "position": 6, "extra": {"note": "caf\xe9"}}',
+            r"trainer_state.json: line 1: not valid UTF-8 \(byte 0xe9 at offset 61 of the file\); resume",
+        ),
         (b'{"step": 3, "epo', r"trainer_state.json: not valid JSON \(.*\); resume from an earlier"),
         (b'{"step": 3}', r"trainer_state.json: expected an object with integer step, epoch and position"),
         (b"[1, 2]", r"trainer_state.json: expected an object with integer step"),
@@ -261,8 +277,11 @@ def test_resume_with_changed_optimizer_keys_runs_at_the_recipes_values(tiny_mode
     assert (saved["learning_rate"], saved["weight_decay"], saved["adam_betas"]) == (1e-3, 0.1, [0.8, 0.95])
     changes = json.loads((ckpt / "trainer_state.json").read_text())["extra"]["recipe_changes"]
     assert [(c["step"], c["key"], c["old"], c["new"]) for c in changes] == [  # in the schema's order
-        (1, "train.max_steps", 1, 2), (1, "train.learning_rate", 0.01, 1e-3), (1, "train.weight_decay", 0.0, 0.1),
-        (1, "train.adam_betas", [0.9, 0.99], [0.8, 0.95])]
+        (1, "train.max_steps", 1, 2),
+        (1, "train.learning_rate", 0.01, 1e-3),
+        (1, "train.weight_decay", 0.0, 0.1),
+        (1, "train.adam_betas", [0.9, 0.99], [0.8, 0.95]),
+    ]
     group = load_training_state(ckpt)[1]["optimizer"]["param_groups"][0]
     assert (group["weight_decay"], group["betas"]) == (0.1, (0.8, 0.95))
 
@@ -290,11 +309,18 @@ def test_resume_refuses_changed_keys_by_name_before_the_model_loads(tiny_model_d
     from grpokit.trainer.loop import train
     from helpers import tiny_recipe
 
-    train(tiny_recipe(tiny_model_dir, tmp_path, algo={"beta": 0.0}, train={"max_steps": 1, "save_steps": 1}),
-          progress=False)
+    train(
+        tiny_recipe(tiny_model_dir, tmp_path, algo={"beta": 0.0}, train={"max_steps": 1, "save_steps": 1}),
+        progress=False,
+    )
     monkeypatch.setattr(grpokit.trainer.loop, "build_run", lambda r: pytest.fail("a model was loaded"))
-    changed = tiny_recipe(tiny_model_dir, tmp_path, algo={"beta": 0.0}, data={"limit": 6},
-                          train={"max_steps": 2, "seed": 1, "learning_rate": 1e-3})
+    changed = tiny_recipe(
+        tiny_model_dir,
+        tmp_path,
+        algo={"beta": 0.0},
+        data={"limit": 6},
+        train={"max_steps": 2, "seed": 1, "learning_rate": 1e-3},
+    )
     with pytest.raises(RecipeError) as e:
         train(changed, progress=False)
     message = str(e.value)
@@ -304,11 +330,18 @@ def test_resume_refuses_changed_keys_by_name_before_the_model_loads(tiny_model_d
     assert "train.resume=none" in message
 
 
-@pytest.mark.parametrize("key, old, new", [
-    ("model.dtype", "float32", "bfloat16"), ("model.lora", None, {"r": 4}), ("data.dataset", "mawps", "gsm8k"),
-    ("data.prompt_template", "{question}", "Q: {question}"), ("train.optimizer", "adamw", "adamw_8bit"),
-    ("train.num_iterations", 1, 2), ("model.name_or_path", "a", "b"),
-])
+@pytest.mark.parametrize(
+    "key, old, new",
+    [
+        ("model.dtype", "float32", "bfloat16"),
+        ("model.lora", None, {"r": 4}),
+        ("data.dataset", "mawps", "gsm8k"),
+        ("data.prompt_template", "{question}", "Q: {question}"),
+        ("train.optimizer", "adamw", "adamw_8bit"),
+        ("train.num_iterations", 1, 2),
+        ("model.name_or_path", "a", "b"),
+    ],
+)
 def test_each_refused_key_is_named_with_old_and_new(key, old, new):
     from grpokit.config import Recipe, RecipeError
     from grpokit.config.resume import check_resume
@@ -333,7 +366,10 @@ def test_keys_that_may_change_on_resume_are_returned_not_refused():
     recipe = Recipe()
     recipe.eval.limit = 5
     assert check_resume(saved, recipe, "ckpt") == [
-        ("rollout.group_size", 4, 8), ("train.max_steps", 3, 20), ("train.learning_rate", 0.01, 1e-6)]
+        ("rollout.group_size", 4, 8),
+        ("train.max_steps", 3, 20),
+        ("train.learning_rate", 0.01, 1e-6),
+    ]
 
 
 def test_a_damaged_recipe_json_is_a_one_line_value_error(tmp_path):
@@ -364,21 +400,34 @@ def test_resume_keeps_the_settings_of_every_optimizer_and_loads_their_moments(tm
     new recipe say lr 1e-3 / weight decay 0.05 and lr 1e-4: those stay, the moments come back."""
     from types import SimpleNamespace
 
-    from grpokit.utils.distributed import SINGLE
     from grpokit.trainer.resume import resume
+    from grpokit.utils.distributed import SINGLE
 
     critic = torch.nn.Linear(2, 1)
     critic_opt = torch.optim.AdamW(critic.parameters(), lr=1e-2)
     critic(torch.ones(1, 2)).sum().backward()
     critic_opt.step()
-    ckpt = save_checkpoint(tmp_path, 3, trainer_state={"epoch": 0, "position": 6}, recipe={"train": {"seed": 0}},
-                           keep=1, algorithm_state=_AlgorithmWithOptimizer(critic_opt).state_dict(), **parts)
+    ckpt = save_checkpoint(
+        tmp_path,
+        3,
+        trainer_state={"epoch": 0, "position": 6},
+        recipe={"train": {"seed": 0}},
+        keep=1,
+        algorithm_state=_AlgorithmWithOptimizer(critic_opt).state_dict(),
+        **parts,
+    )
     model = make_tiny_model(vocab_size=64, pad_token_id=0)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
     critic_opt2 = torch.optim.AdamW(torch.nn.Linear(2, 1).parameters(), lr=1e-4)
-    run = SimpleNamespace(model=model, optimizer=opt, engine=SimpleNamespace(sync_weights=lambda: None),
-                          scheduler=torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0 / (i + 1)),
-                          algorithm=_AlgorithmWithOptimizer(critic_opt2), ranks=SINGLE, state=None)
+    run = SimpleNamespace(
+        model=model,
+        optimizer=opt,
+        engine=SimpleNamespace(sync_weights=lambda: None),
+        scheduler=torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0 / (i + 1)),
+        algorithm=_AlgorithmWithOptimizer(critic_opt2),
+        ranks=SINGLE,
+        state=None,
+    )
     resume(run, ckpt)
     g = opt.param_groups[0]
     assert (g["lr"], g["initial_lr"], g["weight_decay"]) == (1e-3 / 2, 1e-3, 0.05)  # schedule at step 1: 1/(1+1)
@@ -386,8 +435,9 @@ def test_resume_keeps_the_settings_of_every_optimizer_and_loads_their_moments(tm
     want = parts["optimizer"].state_dict()["state"]
     for i, s in opt.state_dict()["state"].items():
         torch.testing.assert_close(s["exp_avg"], want[i]["exp_avg"], rtol=0, atol=0)
-    torch.testing.assert_close(critic_opt2.state_dict()["state"][0]["exp_avg"],
-                               critic_opt.state_dict()["state"][0]["exp_avg"], rtol=0, atol=0)
+    torch.testing.assert_close(
+        critic_opt2.state_dict()["state"][0]["exp_avg"], critic_opt.state_dict()["state"][0]["exp_avg"], rtol=0, atol=0
+    )
     assert (run.state.step, run.state.position) == (3, 6)
 
 
@@ -396,8 +446,9 @@ def test_the_docs_table_covers_every_key_and_refuses_exactly_the_refused_ones():
     the row's first dotted name; ``sec.*`` covers the section."""
     from pathlib import Path
 
-    from grpokit.config import Recipe, _walk
+    from grpokit.config import Recipe
     from grpokit.config.resume import REFUSED_ON_RESUME
+    from grpokit.config.schema import _walk
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "resume.md").read_text()
     covered, refused = set(), set()

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from helpers import tiny_recipe_dict, write_recipe
 
 import grpokit.models.loading
 from grpokit.cli.main import main
 from grpokit.metrics import read_metrics
+from helpers import tiny_recipe_dict, write_recipe
 
 
 def test_train_writes_outputs(tiny_model_dir, tmp_path, capsys):
@@ -34,8 +34,14 @@ def test_train_help_lists_keys(capsys):
         main(["train", "--help"])
     assert e.value.code == 0
     out = capsys.readouterr().out
-    for key in ("rollout.group_size", "algo.beta", "train.max_steps", "rewards.on_error",
-                "train.max_consecutive_skips", "model.trust_remote_code"):
+    for key in (
+        "rollout.group_size",
+        "algo.beta",
+        "train.max_steps",
+        "rewards.on_error",
+        "train.max_consecutive_skips",
+        "model.trust_remote_code",
+    ):
         assert key in out
 
 
@@ -57,14 +63,17 @@ def test_non_utf8_data_file_exits_1_with_one_line(tmp_path, capsys, monkeypatch,
     """Data errors come before any model or tokenizer loads: the model folder need not exist."""
     monkeypatch.setattr(grpokit.models.loading, "load_model", lambda *a, **k: pytest.fail("model loaded"))
     monkeypatch.setattr(grpokit.models.loading, "load_tokenizer", lambda *a, **k: pytest.fail("tokenizer loaded"))
-    head = {".jsonl": b'{"prompt": "a", "answer": "1"}\n{"prompt": "b", "answer": "2"}\n{"prompt": "caf',
-            ".csv": b"prompt,answer\na,1\ncaf",
-            ".json": b'[{"prompt": "a", "answer": "1"},\n{"prompt": "b", "answer": "2"},\n{"prompt": "caf'}[suffix]
+    head = {
+        ".jsonl": b'{"prompt": "a", "answer": "1"}\n{"prompt": "b", "answer": "2"}\n{"prompt": "caf',
+        ".csv": b"prompt,answer\na,1\ncaf",
+        ".json": b'[{"prompt": "a", "answer": "1"},\n{"prompt": "b", "answer": "2"},\n{"prompt": "caf',
+    }[suffix]
     tail = {".jsonl": b'", "answer": "3"}\n', ".csv": b",3\n", ".json": b'", "answer": "3"}]'}[suffix]
     data = tmp_path / f"data{suffix}"
     data.write_bytes(head + b"\xe9" + tail)
-    recipe = write_recipe(tmp_path / "r.yaml", tiny_recipe_dict(tmp_path / "no-model", tmp_path / "out",
-                                                                data={"dataset": str(data)}))
+    recipe = write_recipe(
+        tmp_path / "r.yaml", tiny_recipe_dict(tmp_path / "no-model", tmp_path / "out", data={"dataset": str(data)})
+    )
     assert main(["train", str(recipe), "--no-progress"]) == 1
     err = capsys.readouterr().err
     assert f"{data}: line 3: not valid UTF-8 (byte 0xe9 at offset {len(head)} of the file) " in err
@@ -77,13 +86,19 @@ def test_non_utf8_recipe_exits_2_with_one_line(tmp_path, capsys):
     recipe.write_bytes(b"data:\n  system_prompt: caf\xe9\n")
     assert main(["train", str(recipe)]) == 2
     err = capsys.readouterr().err
-    assert err == f"grpokit train: recipe error: recipe {recipe}: line 2: not valid UTF-8 (byte 0xe9 at offset 26 of the file)\n"
+    assert (
+        err == f"grpokit train: recipe error: recipe {recipe}: line 2: not valid UTF-8 "
+        "(byte 0xe9 at offset 26 of the file)\n"
+    )
 
 
-@pytest.mark.parametrize("error", [
-    lambda: b"caf\xe9".decode("utf-8"),  # UnicodeDecodeError: a constructor of 5 arguments
-    lambda: open("/nonexistent/grpokit-data.jsonl"),  # FileNotFoundError: kept as such
-])
+@pytest.mark.parametrize(
+    "error",
+    [
+        lambda: b"caf\xe9".decode("utf-8"),  # UnicodeDecodeError: a constructor of 5 arguments
+        lambda: open("/nonexistent/grpokit-data.jsonl"),  # FileNotFoundError: kept as such
+    ],
+)
 def test_any_data_error_is_rewrapped_without_failing(tmp_path, capsys, monkeypatch, error):
     """``section_rows`` adds the recipe keys to whatever a loader (HF, reasoning_gym, ...) raises."""
     import grpokit.data.rows
@@ -126,61 +141,147 @@ def _fault_case(case: str, model: str, tmp_path, monkeypatch) -> tuple[list[str]
     return {
         # the recipe (exit 2)
         "unknown_key": (["train", recipe(), "train.max_stepz=1"], 2, ["train.max_stepz", "max_steps"]),
-        "wrong_type": (["train", recipe(), "train.max_steps=two"], 2,
-                       ["train.max_steps", "(from the command line: train.max_steps)"]),
-        "override_without_section": (["train", recipe(), "max_steps=3"], 2, ["max_steps=3", "section.name, e.g. "
-                                                                             "train.max_steps"]),
-        "duplicate_section": (["train", str(write_text(tmp_path / "d.yaml", good_text(recipe())
-                                                       + "train:\n  max_steps: 20\n"))], 2, ["train"]),
+        "wrong_type": (
+            ["train", recipe(), "train.max_steps=two"],
+            2,
+            ["train.max_steps", "(from the command line: train.max_steps)"],
+        ),
+        "override_without_section": (
+            ["train", recipe(), "max_steps=3"],
+            2,
+            ["max_steps=3", "section.name, e.g. train.max_steps"],
+        ),
+        "duplicate_section": (
+            ["train", str(write_text(tmp_path / "d.yaml", good_text(recipe()) + "train:\n  max_steps: 20\n"))],
+            2,
+            ["train"],
+        ),
         "weights_element": (["train", recipe(), two, "rewards.weights=[1, x]"], 2, ["rewards.weights"]),
         "weights_nan": (["train", recipe(), two, "rewards.weights=[.nan, 1]"], 2, ["rewards.weights"]),
         "weights_bool": (["train", recipe(), two, "rewards.weights=[true, 1]"], 2, ["rewards.weights"]),
         "functions_element": (["train", recipe(), "rewards.functions=[3, format]"], 2, ["rewards.functions"]),
         "functions_null": (["train", recipe(), "rewards.functions=[null, format]"], 2, ["rewards.functions"]),
-        "functions_twice": (["train", recipe(), "rewards.functions=[format, format]", "rewards.weights=[1, 0.5]"],
-                            2, ["rewards.functions", "format"]),
+        "functions_twice": (
+            ["train", recipe(), "rewards.functions=[format, format]", "rewards.weights=[1, 0.5]"],
+            2,
+            ["rewards.functions", "format"],
+        ),
         "missing_recipe": (["train", str(tmp_path / "nope.yaml")], 2, ["nope.yaml", "arith, demo, long"]),
         "recipe_is_a_folder": (["train", str(tmp_path)], 2, [str(tmp_path), "cannot read"]),
         "recipe_not_yaml": (["train", str(write_text(tmp_path / "b.yaml", "train: [\n"))], 2, ["not valid YAML"]),
         # its output locations, before any model loads (exit 1)
-        "output_dir_is_a_file": (["train", recipe(train={"output_dir": str(a_file)})], 1,
-                                 [f"train.output_dir='{a_file}': is a file"]),
-        "output_dir_below_a_file": (["train", recipe(), f"train.output_dir={a_file}/run"], 1,
-                                    ["train.output_dir=", "a_file is a file, so nothing can be made below it",
-                                     "(from the command line: train.output_dir)"]),
-        "recipe_dir_not_writable": (["train", recipe(), f"train.output_dir={tmp_path}/ro/run"], 1,
-                                    ["train.output_dir=", "no permission"]),
+        "output_dir_is_a_file": (
+            ["train", recipe(train={"output_dir": str(a_file)})],
+            1,
+            [f"train.output_dir='{a_file}': is a file"],
+        ),
+        "output_dir_below_a_file": (
+            ["train", recipe(), f"train.output_dir={a_file}/run"],
+            1,
+            [
+                "train.output_dir=",
+                "a_file is a file, so nothing can be made below it",
+                "(from the command line: train.output_dir)",
+            ],
+        ),
+        "recipe_dir_not_writable": (
+            ["train", recipe(), f"train.output_dir={tmp_path}/ro/run"],
+            1,
+            ["train.output_dir=", "no permission"],
+        ),
         # data, rewards, resume (exit 1)
-        "data_file_missing": (["train", recipe(), f"data.dataset={tmp_path}/missing.jsonl"], 1,
-                              ["data.dataset", "missing.jsonl"]),
-        "data_bad_json": (["train", recipe(data={"dataset": str(write_text(tmp_path / "b.jsonl", good_text(good)
-                                                                           + "{broken\n")), "split": "train"})],
-                          1, ["b.jsonl", "line 3"]),
-        "data_no_rows_left": (["train", recipe(data={"dataset": good, "split": "train"}), "data.skip=5"], 1,
-                              ["data.skip=5", "; from the command line: data.skip)"]),
-        "data_bad_messages": (["train", recipe(data={"dataset": _rows(tmp_path / "m.jsonl", [
-            {"prompt": [{"role": "user"}], "answer": "1"}]), "split": "train"})], 1, ["m.jsonl", "row 0"]),
-        "data_field_twice": (["train", recipe(data={"dataset": str(write_text(tmp_path / "t.jsonl",
-            '{"question": "1+1", "answer": "2", "answer": "3"}\n')), "split": "train"})], 1,
-            ["t.jsonl", "line 1", "'answer' is written twice"]),
-        "data_csv_column_twice": (["train", recipe(data={"dataset": str(write_text(tmp_path / "t.csv",
-            "question,answer,answer\n1+1,2,3\n")), "split": "train"})], 1, ["t.csv", "'answer' appears 2 times"]),
-        "reward_signature": (["train", recipe(), "rewards.functions=[fake_rewards:one_argument_reward]",
-                              "rewards.weights=[1]"], 1, ["fake_rewards:one_argument_reward", "signature"]),
-        "reward_module_missing": (["train", recipe(), "rewards.functions=[no_such_module_xyz:exact]"], 1,
-                                  ["rewards.functions", "no_such_module_xyz"]),
+        "data_file_missing": (
+            ["train", recipe(), f"data.dataset={tmp_path}/missing.jsonl"],
+            1,
+            ["data.dataset", "missing.jsonl"],
+        ),
+        "data_bad_json": (
+            [
+                "train",
+                recipe(
+                    data={
+                        "dataset": str(write_text(tmp_path / "b.jsonl", good_text(good) + "{broken\n")),
+                        "split": "train",
+                    }
+                ),
+            ],
+            1,
+            ["b.jsonl", "line 3"],
+        ),
+        "data_no_rows_left": (
+            ["train", recipe(data={"dataset": good, "split": "train"}), "data.skip=5"],
+            1,
+            ["data.skip=5", "; from the command line: data.skip)"],
+        ),
+        "data_bad_messages": (
+            [
+                "train",
+                recipe(
+                    data={
+                        "dataset": _rows(tmp_path / "m.jsonl", [{"prompt": [{"role": "user"}], "answer": "1"}]),
+                        "split": "train",
+                    }
+                ),
+            ],
+            1,
+            ["m.jsonl", "row 0"],
+        ),
+        "data_field_twice": (
+            [
+                "train",
+                recipe(
+                    data={
+                        "dataset": str(
+                            write_text(tmp_path / "t.jsonl", '{"question": "1+1", "answer": "2", "answer": "3"}\n')
+                        ),
+                        "split": "train",
+                    }
+                ),
+            ],
+            1,
+            ["t.jsonl", "line 1", "'answer' is written twice"],
+        ),
+        "data_csv_column_twice": (
+            [
+                "train",
+                recipe(
+                    data={
+                        "dataset": str(write_text(tmp_path / "t.csv", "question,answer,answer\n1+1,2,3\n")),
+                        "split": "train",
+                    }
+                ),
+            ],
+            1,
+            ["t.csv", "'answer' appears 2 times"],
+        ),
+        "reward_signature": (
+            ["train", recipe(), "rewards.functions=[fake_rewards:one_argument_reward]", "rewards.weights=[1]"],
+            1,
+            ["fake_rewards:one_argument_reward", "signature"],
+        ),
+        "reward_module_missing": (
+            ["train", recipe(), "rewards.functions=[no_such_module_xyz:exact]"],
+            1,
+            ["rewards.functions", "no_such_module_xyz"],
+        ),
         "resume_not_a_checkpoint": (["train", recipe(), f"train.resume={tmp_path}"], 1, ["train.resume"]),
         # eval (exit 2), sft and export (exit 1)
         "eval_output_is_a_folder": ([*eval_args, "--output", str(tmp_path)], 2, ["--output", "is a folder"]),
-        "eval_output_below_a_file": ([*eval_args, "--output", f"{a_file}/e.json"], 2,
-                                     ["--output", "nothing can be made below it"]),
+        "eval_output_below_a_file": (
+            [*eval_args, "--output", f"{a_file}/e.json"],
+            2,
+            ["--output", "nothing can be made below it"],
+        ),
         "eval_data_options": ([*eval_args, "--data-options", "{size: ["], 2, ["--data-options", "not valid YAML"]),
         "eval_data_options_list": ([*eval_args, "--data-options", "[1, 2]"], 2, ["--data-options", "a mapping"]),
         "eval_temperature_nan": ([*eval_args, "--temperature", "nan"], 2, ["--temperature", "finite number"]),
         "eval_heldout_of_missing": (["eval", model, "--heldout-of", "nope"], 2, ["nope", "arith, demo, long"]),
         "sft_out_is_a_file": (["sft", model, str(a_file), *sft_args], 1, ["OUT", "is a file"]),
-        "sft_learning_rate_inf": (["sft", model, str(tmp_path / "m"), *sft_args, "--learning-rate", "inf"], 2,
-                                  ["--learning-rate", "finite number"]),
+        "sft_learning_rate_inf": (
+            ["sft", model, str(tmp_path / "m"), *sft_args, "--learning-rate", "inf"],
+            2,
+            ["--learning-rate", "finite number"],
+        ),
         "sft_out_below_a_file": (["sft", model, f"{a_file}/m", *sft_args], 1, ["OUT", "below it"]),
         "export_out_below_a_file": (["export", model, f"{a_file}/m"], 1, ["OUT", "below it"]),
         "export_not_a_checkpoint": (["export", str(tmp_path / "none"), str(tmp_path / "x")], 1, ["not a checkpoint"]),
@@ -196,14 +297,44 @@ def good_text(path: str) -> str:
     return open(path).read()
 
 
-FAULTS = ["unknown_key", "wrong_type", "override_without_section", "duplicate_section", "weights_element",
-          "weights_nan", "weights_bool", "functions_element", "functions_null", "functions_twice", "missing_recipe",
-          "recipe_is_a_folder", "recipe_not_yaml", "output_dir_is_a_file", "output_dir_below_a_file",
-          "recipe_dir_not_writable", "data_file_missing", "data_bad_json", "data_no_rows_left", "data_bad_messages",
-          "data_field_twice", "data_csv_column_twice", "reward_signature", "reward_module_missing", "resume_not_a_checkpoint", "eval_output_is_a_folder", "eval_output_below_a_file",
-          "eval_data_options", "eval_data_options_list", "eval_temperature_nan", "eval_heldout_of_missing", "sft_out_is_a_file",
-          "sft_learning_rate_inf",
-          "sft_out_below_a_file", "export_out_below_a_file", "export_not_a_checkpoint"]
+FAULTS = [
+    "unknown_key",
+    "wrong_type",
+    "override_without_section",
+    "duplicate_section",
+    "weights_element",
+    "weights_nan",
+    "weights_bool",
+    "functions_element",
+    "functions_null",
+    "functions_twice",
+    "missing_recipe",
+    "recipe_is_a_folder",
+    "recipe_not_yaml",
+    "output_dir_is_a_file",
+    "output_dir_below_a_file",
+    "recipe_dir_not_writable",
+    "data_file_missing",
+    "data_bad_json",
+    "data_no_rows_left",
+    "data_bad_messages",
+    "data_field_twice",
+    "data_csv_column_twice",
+    "reward_signature",
+    "reward_module_missing",
+    "resume_not_a_checkpoint",
+    "eval_output_is_a_folder",
+    "eval_output_below_a_file",
+    "eval_data_options",
+    "eval_data_options_list",
+    "eval_temperature_nan",
+    "eval_heldout_of_missing",
+    "sft_out_is_a_file",
+    "sft_learning_rate_inf",
+    "sft_out_below_a_file",
+    "export_out_below_a_file",
+    "export_not_a_checkpoint",
+]
 
 
 @pytest.mark.parametrize("case", FAULTS)
@@ -239,7 +370,9 @@ def captured(monkeypatch) -> list:
     import grpokit.trainer.loop
 
     seen = []
-    monkeypatch.setattr(grpokit.trainer.loop, "train", lambda recipe, **k: seen.append(recipe) or {"nothing_to_do": True})
+    monkeypatch.setattr(
+        grpokit.trainer.loop, "train", lambda recipe, **k: seen.append(recipe) or {"nothing_to_do": True}
+    )
     return seen
 
 
@@ -254,14 +387,27 @@ def test_no_recipe_runs_the_demo_and_says_so_first(captured, capsys):
 
 def test_own_data_or_rewards_without_a_recipe_do_not_inherit_the_demos(captured, capsys, tmp_path):
     """The demo's data.skip=100, prompt template and reward weights belong to its MAWPS rows."""
-    assert main(["train", f"data.dataset={tmp_path}/qa.jsonl", "data.split=train",
-                 "rewards.functions=[fake_rewards:length_reward]"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                f"data.dataset={tmp_path}/qa.jsonl",
+                "data.split=train",
+                "rewards.functions=[fake_rewards:length_reward]",
+            ]
+        )
+        == 0
+    )
     first = capsys.readouterr().out.splitlines()[0]
     assert "data.dataset given, so the data section starts from the defaults" in first
     assert "rewards.functions given, so the rewards section starts from the defaults" in first
     r = captured[0]
-    assert (r.data.dataset, r.data.split, r.data.skip, r.data.prompt_template) == (f"{tmp_path}/qa.jsonl", "train",
-                                                                                   0, "{question}")
+    assert (r.data.dataset, r.data.split, r.data.skip, r.data.prompt_template) == (
+        f"{tmp_path}/qa.jsonl",
+        "train",
+        0,
+        "{question}",
+    )
     assert (r.rewards.functions, r.rewards.weights) == (["fake_rewards:length_reward"], None)
     assert (r.train.max_steps, r.rollout.temperature) == (8, 0.7)  # the rest is still the demo's
 
@@ -272,8 +418,9 @@ def test_an_error_names_the_demo_recipe_as_the_values_source(tmp_path, capsys, m
     assert main(["train", "data.split=nope", "--no-progress"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("grpokit train: error: data.dataset='mawps' data.split='nope': ")
-    assert err.endswith("(from the demo recipe (no recipe was given): data.dataset; from the command line: "
-                        "data.split)\n")
+    assert err.endswith(
+        "(from the demo recipe (no recipe was given): data.dataset; from the command line: data.split)\n"
+    )
 
 
 def test_help_shows_the_values_that_apply_without_a_recipe(capsys):
@@ -281,8 +428,12 @@ def test_help_shows_the_values_that_apply_without_a_recipe(capsys):
         main(["train", "--help"])
     out = capsys.readouterr().out
     assert "With no recipe the packaged demo recipe runs" in out
-    for line in ("  data.skip = 0  (demo: 100)\n", "  train.max_steps = 20  (demo: 8)\n",
-                 "  rewards.weights = None  (demo: [1.0, 0.2])\n", "  algo.beta = 0.04\n"):  # beta: the same in both
+    for line in (
+        "  data.skip = 0  (demo: 100)\n",
+        "  train.max_steps = 20  (demo: 8)\n",
+        "  rewards.weights = None  (demo: [1.0, 0.2])\n",
+        "  algo.beta = 0.04\n",
+    ):  # beta: the same in both
         assert line in out, line
 
 
@@ -294,14 +445,17 @@ def test_a_packaged_recipe_is_found_by_name_from_any_folder(captured, capsys, tm
     assert "the packaged " in capsys.readouterr().out
 
 
-def test_a_file_of_a_packaged_name_comes_first_and_unknown_names_list_the_packaged(captured, capsys, tmp_path,
-                                                                                  monkeypatch):
+def test_a_file_of_a_packaged_name_comes_first_and_unknown_names_list_the_packaged(
+    captured, capsys, tmp_path, monkeypatch
+):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "arith.yaml").write_text("train:\n  max_steps: 2\n")
     assert main(["train", "arith.yaml"]) == 0 and captured[0].train.max_steps == 2
     assert main(["train", "arithmetic"]) == 2
-    assert capsys.readouterr().err == ("grpokit train: recipe error: recipe file not found: arithmetic; the packaged "
-                                       "recipes, found by name from any folder: arith, demo, long, ppo, process\n")
+    assert capsys.readouterr().err == (
+        "grpokit train: recipe error: recipe file not found: arithmetic; the packaged "
+        "recipes, found by name from any folder: arith, demo, long, ppo, process\n"
+    )
 
 
 def test_a_recipe_error_found_by_the_run_exits_2_naming_the_values_source(tmp_path, capsys, monkeypatch):
@@ -315,5 +469,7 @@ def test_a_recipe_error_found_by_the_run_exits_2_naming_the_values_source(tmp_pa
     monkeypatch.setattr(grpokit.trainer.loop, "train", refuse)
     monkeypatch.chdir(tmp_path)
     assert main(["train", "rollout.group_size=4"]) == 2
-    assert capsys.readouterr().err == ("grpokit train: recipe error: rollout.group_size: 8 -> 4 cannot change on "
-                                       "resume (from the command line: rollout.group_size)\n")
+    assert capsys.readouterr().err == (
+        "grpokit train: recipe error: rollout.group_size: 8 -> 4 cannot change on "
+        "resume (from the command line: rollout.group_size)\n"
+    )

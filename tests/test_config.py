@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from grpokit.cli.main import DEFAULT_RECIPE
 from grpokit.config import (
     Recipe,
     RecipeError,
@@ -14,7 +15,6 @@ from grpokit.config import (
     parse_override,
     recipe_from_dict,
 )
-from grpokit.cli.main import DEFAULT_RECIPE
 
 
 def test_defaults_and_demo_recipe_validate():
@@ -32,11 +32,14 @@ def _error_setting(key: str, value) -> str:
     return str(e.value)
 
 
-@pytest.mark.parametrize("raw, names", [
-    ({"train": {"max_stepz": 3}}, ["train.max_stepz", "max_steps"]),  # lists what is allowed
-    ({"trainer": {}}, ["'trainer'", "train"]),
-    ({"rollout": {"group_size": 2, "temprature": 1.0}}, ["rollout.temprature"]),
-])
+@pytest.mark.parametrize(
+    "raw, names",
+    [
+        ({"train": {"max_stepz": 3}}, ["train.max_stepz", "max_steps"]),  # lists what is allowed
+        ({"trainer": {}}, ["'trainer'", "train"]),
+        ({"rollout": {"group_size": 2, "temprature": 1.0}}, ["rollout.temprature"]),
+    ],
+)
 def test_unknown_key_error_names_the_key(raw, names):
     with pytest.raises(RecipeError) as e:
         recipe_from_dict(raw)
@@ -44,15 +47,18 @@ def test_unknown_key_error_names_the_key(raw, names):
         assert n in str(e.value)
 
 
-@pytest.mark.parametrize("key, value, expect", [
-    ("train.max_steps", "ten", "expected an integer"),
-    ("train.max_steps", 2.5, "expected an integer"),
-    ("train.max_steps", True, "expected an integer"),
-    ("model.autocast_bf16", "yes", "expected true/false"),
-    ("algo.beta", "0.1", "expected float"),
-    ("rewards.functions", "math_correct", "expected list"),
-    ("data.limit", "8", "expected an integer"),
-])
+@pytest.mark.parametrize(
+    "key, value, expect",
+    [
+        ("train.max_steps", "ten", "expected an integer"),
+        ("train.max_steps", 2.5, "expected an integer"),
+        ("train.max_steps", True, "expected an integer"),
+        ("model.autocast_bf16", "yes", "expected true/false"),
+        ("algo.beta", "0.1", "expected float"),
+        ("rewards.functions", "math_correct", "expected list"),
+        ("data.limit", "8", "expected an integer"),
+    ],
+)
 def test_wrong_type_names_key_and_value(key, value, expect):
     message = _error_setting(key, value)
     assert key in message and expect in message and repr(value) in message
@@ -64,30 +70,33 @@ def test_int_where_float_expected_is_accepted():
     assert isinstance(r.train.learning_rate, float)
 
 
-@pytest.mark.parametrize("key, value, allowed", [
-    ("rollout.group_size", 1, ">= 2"),
-    ("rollout.group_size", 0, ">= 2"),
-    ("rollout.max_new_tokens", 0, "> 0"),
-    ("train.prompts_per_step", 0, "> 0"),
-    ("train.max_steps", -1, "> 0"),
-    ("train.micro_batch_size", 0, "> 0"),
-    ("train.num_iterations", 0, "> 0"),
-    ("data.max_prompt_tokens", 0, "> 0"),
-    ("rewards.timeout_s", 0, "> 0"),
-    ("algo.clip_eps_low", -0.1, ">= 0"),
-    ("algo.clip_eps_high", -0.1, ">= 0"),
-    ("algo.clip_eps_low", 1.0, "< 1"),
-    ("algo.beta", -0.01, ">= 0"),
-    ("algo.advantage_eps", -1e-4, ">= 0"),
-    ("train.learning_rate", -1e-6, ">= 0"),
-    ("rollout.temperature", 0.0, "> 0"),
-    ("rollout.top_p", 0.0, "(0, 1]"),
-    ("rollout.top_p", 1.5, "(0, 1]"),
-    ("algo.kl_estimator", "k4", "k1, k2, k3"),
-    ("algo.loss_aggregation", "sum", "token_mean"),
-    ("rewards.on_error", "ignore", "raise, none"),
-    ("train.save_total_limit", 0, ">= 1"),
-])
+@pytest.mark.parametrize(
+    "key, value, allowed",
+    [
+        ("rollout.group_size", 1, ">= 2"),
+        ("rollout.group_size", 0, ">= 2"),
+        ("rollout.max_new_tokens", 0, "> 0"),
+        ("train.prompts_per_step", 0, "> 0"),
+        ("train.max_steps", -1, "> 0"),
+        ("train.micro_batch_size", 0, "> 0"),
+        ("train.num_iterations", 0, "> 0"),
+        ("data.max_prompt_tokens", 0, "> 0"),
+        ("rewards.timeout_s", 0, "> 0"),
+        ("algo.clip_eps_low", -0.1, ">= 0"),
+        ("algo.clip_eps_high", -0.1, ">= 0"),
+        ("algo.clip_eps_low", 1.0, "< 1"),
+        ("algo.beta", -0.01, ">= 0"),
+        ("algo.advantage_eps", -1e-4, ">= 0"),
+        ("train.learning_rate", -1e-6, ">= 0"),
+        ("rollout.temperature", 0.0, "> 0"),
+        ("rollout.top_p", 0.0, "(0, 1]"),
+        ("rollout.top_p", 1.5, "(0, 1]"),
+        ("algo.kl_estimator", "k4", "k1, k2, k3"),
+        ("algo.loss_aggregation", "sum", "token_mean"),
+        ("rewards.on_error", "ignore", "raise, none"),
+        ("train.save_total_limit", 0, ">= 1"),
+    ],
+)
 def test_out_of_range_names_key_and_allowed(key, value, allowed):
     message = _error_setting(key, value)
     assert key in message and allowed in message
@@ -98,18 +107,24 @@ def test_weights_must_match_functions():
         recipe_from_dict({"rewards": {"functions": ["format"], "weights": [1.0, 2.0]}})
 
 
-@pytest.mark.parametrize("text, key, value", [
-    ("train.max_steps=5", ["train", "max_steps"], 5),
-    ("train.learning_rate=3e-6", ["train", "learning_rate"], 3e-6),
-    ("algo.beta=0.5", ["algo", "beta"], 0.5),
-    ("rewards.functions=[math_correct, format]", ["rewards", "functions"], ["math_correct", "format"]),
-    ("rewards.weights=[1, 0.5]", ["rewards", "weights"], [1, 0.5]),
-    ("data.limit=null", ["data", "limit"], None),
-    ("data.limit=", ["data", "limit"], None),
-    ("model.autocast_bf16=true", ["model", "autocast_bf16"], True),
-    ("data.prompt_template={question} Answer: x=1", ["data", "prompt_template"],
-     "{question} Answer: x=1"),  # only the first '=' splits
-])
+@pytest.mark.parametrize(
+    "text, key, value",
+    [
+        ("train.max_steps=5", ["train", "max_steps"], 5),
+        ("train.learning_rate=3e-6", ["train", "learning_rate"], 3e-6),
+        ("algo.beta=0.5", ["algo", "beta"], 0.5),
+        ("rewards.functions=[math_correct, format]", ["rewards", "functions"], ["math_correct", "format"]),
+        ("rewards.weights=[1, 0.5]", ["rewards", "weights"], [1, 0.5]),
+        ("data.limit=null", ["data", "limit"], None),
+        ("data.limit=", ["data", "limit"], None),
+        ("model.autocast_bf16=true", ["model", "autocast_bf16"], True),
+        (
+            "data.prompt_template={question} Answer: x=1",
+            ["data", "prompt_template"],
+            "{question} Answer: x=1",
+        ),  # only the first '=' splits
+    ],
+)
 def test_parse_override(text, key, value):
     assert parse_override(text) == (key, value)
 
@@ -123,8 +138,16 @@ def test_bad_override_is_rejected(text):
 def test_load_recipe_applies_overrides(tmp_path):
     p = tmp_path / "r.yaml"
     p.write_text("train:\n  max_steps: 7\nrollout:\n  group_size: 4\n")
-    r = load_recipe(p, ["train.max_steps=3", "algo.beta=0", "data.limit=null",
-                        "rewards.functions=[format]", "train.adam_betas=[0.9, 0.95]"])
+    r = load_recipe(
+        p,
+        [
+            "train.max_steps=3",
+            "algo.beta=0",
+            "data.limit=null",
+            "rewards.functions=[format]",
+            "train.adam_betas=[0.9, 0.95]",
+        ],
+    )
     assert r.train.max_steps == 3 and r.rollout.group_size == 4 and r.algo.beta == 0.0
     assert r.data.limit is None and r.rewards.functions == ["format"]
     assert r.train.adam_betas == [0.9, 0.95]
@@ -167,13 +190,16 @@ def test_exponent_floats_without_a_dot(tmp_path):
     assert parse_override("data.system_prompt=e5")[1] == "e5"  # not a number: stays a string
 
 
-@pytest.mark.parametrize("text, value", [
-    ("data.prompt_template={question}", "{question}"),  # YAML would read a mapping
-    ("data.prompt_template={question} Answer: x=1", "{question} Answer: x=1"),  # YAML error
-    ("data.system_prompt=42", "42"),
-    ("data.system_prompt=null", None),
-    ("data.dataset=data/train.jsonl", "data/train.jsonl"),
-])
+@pytest.mark.parametrize(
+    "text, value",
+    [
+        ("data.prompt_template={question}", "{question}"),  # YAML would read a mapping
+        ("data.prompt_template={question} Answer: x=1", "{question} Answer: x=1"),  # YAML error
+        ("data.system_prompt=42", "42"),
+        ("data.system_prompt=null", None),
+        ("data.dataset=data/train.jsonl", "data/train.jsonl"),
+    ],
+)
 def test_text_fields_keep_the_literal_text(text, value):
     assert parse_override(text)[1] == value
 
@@ -183,21 +209,24 @@ def test_unparsable_value_of_a_non_text_field_is_a_recipe_error():
         parse_override("rewards.functions=[a, b")
 
 
-@pytest.mark.parametrize("key, value, allowed", [
-    ("train.max_consecutive_skips", 0, ">= 1"),
-    ("train.sample_every", -1, ">= 0"),
-    ("train.adam_betas", [0.9, 1.5], "[0, 1)"),
-    ("train.adam_betas", [0.9], "two numbers"),
-    ("data.limit", 0, "> 0 or null"),
-    ("eval.limit", -5, "> 0 or null"),
-    ("rollout.chunk_size", 0, "> 0 or null"),
-    ("eval.max_new_tokens", 0, "> 0 or null"),
-    ("rollout.top_k", -1, ">= 0"),
-    ("rollout.min_p", 1.5, "[0, 1]"),
-    ("data.prompt_template", "Solve this.", "no {question} field"),
-    ("data.prompt_template", "{question} in {units}", "only the field {question}"),
-    ("data.prompt_template", "{question} }", "only the field {question}"),
-])
+@pytest.mark.parametrize(
+    "key, value, allowed",
+    [
+        ("train.max_consecutive_skips", 0, ">= 1"),
+        ("train.sample_every", -1, ">= 0"),
+        ("train.adam_betas", [0.9, 1.5], "[0, 1)"),
+        ("train.adam_betas", [0.9], "two numbers"),
+        ("data.limit", 0, "> 0 or null"),
+        ("eval.limit", -5, "> 0 or null"),
+        ("rollout.chunk_size", 0, "> 0 or null"),
+        ("eval.max_new_tokens", 0, "> 0 or null"),
+        ("rollout.top_k", -1, ">= 0"),
+        ("rollout.min_p", 1.5, "[0, 1]"),
+        ("data.prompt_template", "Solve this.", "no {question} field"),
+        ("data.prompt_template", "{question} in {units}", "only the field {question}"),
+        ("data.prompt_template", "{question} }", "only the field {question}"),
+    ],
+)
 def test_more_out_of_range_values(key, value, allowed):
     message = _error_setting(key, value)
     assert key in message and allowed in message
@@ -238,12 +267,15 @@ def test_a_renamed_key_says_what_replaced_it():
 # -- choices kept by the registries ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("key, value, message", [
-    ("rollout.engine", "sglang", "rollout.engine: 'sglang' is not one of hf, vllm"),
-    ("rollout.sampler", "gumbel", "rollout.sampler: 'gumbel' is not one of inverse_cdf, multinomial"),
-    ("algo.estimator", "a2c", "algo.estimator: 'a2c' is not one of grpo, ppo"),
-    ("model.backend", "gpu", "model.backend: 'gpu' is not one of auto, cpu, plain"),
-])
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("rollout.engine", "sglang", "rollout.engine: 'sglang' is not one of hf, vllm"),
+        ("rollout.sampler", "gumbel", "rollout.sampler: 'gumbel' is not one of inverse_cdf, multinomial"),
+        ("algo.estimator", "a2c", "algo.estimator: 'a2c' is not one of grpo, ppo"),
+        ("model.backend", "gpu", "model.backend: 'gpu' is not one of auto, cpu, plain"),
+    ],
+)
 def test_a_bad_choice_names_the_key_and_the_registrys_names(key, value, message):
     assert _error_setting(key, value) == message
 
@@ -260,15 +292,26 @@ def test_registry_choices_have_one_source(monkeypatch):
     monkeypatch.setitem(ALGORITHMS, "ppo", object)
     monkeypatch.setattr(grpokit.backends, "NAMES", (*grpokit.backends.NAMES, "cuda_fast"))
     monkeypatch.setattr("grpokit.rollout.engine.SAMPLERS", (*SAMPLERS, "gumbel"))
-    r = recipe_from_dict({"rollout": {"engine": "sglang", "sampler": "gumbel"}, "algo": {"estimator": "ppo"},
-                          "model": {"backend": "cuda_fast"}})
-    assert (r.rollout.engine, r.rollout.sampler, r.algo.estimator, r.model.backend) == ("sglang", "gumbel", "ppo",
-                                                                                        "cuda_fast")
+    r = recipe_from_dict(
+        {
+            "rollout": {"engine": "sglang", "sampler": "gumbel"},
+            "algo": {"estimator": "ppo"},
+            "model": {"backend": "cuda_fast"},
+        }
+    )
+    assert (r.rollout.engine, r.rollout.sampler, r.algo.estimator, r.model.backend) == (
+        "sglang",
+        "gumbel",
+        "ppo",
+        "cuda_fast",
+    )
     text = help_text()
-    for line in ("rollout.engine = 'hf' [hf | vllm | sglang]",
-                 "rollout.sampler = 'inverse_cdf' [inverse_cdf | multinomial | gumbel]",
-                 "algo.estimator = 'grpo' [grpo | ppo]",
-                 "model.backend = 'auto' [auto | cpu | plain | cuda_fast]"):
+    for line in (
+        "rollout.engine = 'hf' [hf | vllm | sglang]",
+        "rollout.sampler = 'inverse_cdf' [inverse_cdf | multinomial | gumbel]",
+        "algo.estimator = 'grpo' [grpo | ppo]",
+        "model.backend = 'auto' [auto | cpu | plain | cuda_fast]",
+    ):
         assert line in text, line
 
 
@@ -283,9 +326,12 @@ def test_importing_the_recipe_module_does_not_import_torch():
 
 def test_registry_listed_names_are_the_registries_names():
     # --help prints `listed` without importing the module; they must be what the module registers
-    from grpokit.config import Registry, _walk
+    from grpokit.config import Registry
+    from grpokit.config.schema import _walk
 
-    registries = [f.metadata["choices"] for _, _, f in _walk(Recipe()) if isinstance(f.metadata.get("choices"), Registry)]
+    registries = [
+        f.metadata["choices"] for _, _, f in _walk(Recipe()) if isinstance(f.metadata.get("choices"), Registry)
+    ]
     assert len(registries) == 4
     for reg in registries:
         assert reg.listed == reg.names(), reg
@@ -295,9 +341,11 @@ def test_train_help_imports_no_torch():
     import subprocess
     import sys
 
-    code = ("import sys; from grpokit.cli.main import main\n"
-            "try:\n    main(['train', '--help'])\nexcept SystemExit:\n    pass\n"
-            "assert 'torch' not in sys.modules, 'torch imported'\n")
+    code = (
+        "import sys; from grpokit.cli.main import main\n"
+        "try:\n    main(['train', '--help'])\nexcept SystemExit:\n    pass\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "model.backend = 'auto' [auto | cpu | plain]" in out.stdout
@@ -307,34 +355,57 @@ def test_train_help_imports_no_torch():
 # -- list keys: every element checked, named key[index] ---------------------------------------------
 
 
-@pytest.mark.parametrize("section, expect", [
-    ({"functions": ["format", "math_correct"], "weights": [1, "x"]}, "rewards.weights[1]: expected a number, got 'x'"),
-    ({"functions": ["format", "math_correct"], "weights": [float("nan"), 1]},
-     "rewards.weights[0]: expected a finite number, got nan"),
-    ({"functions": ["format", "math_correct"], "weights": [1, float("-inf")]},
-     "rewards.weights[1]: expected a finite number, got -inf"),
-    ({"functions": ["format", "math_correct"], "weights": [True, 1]}, "rewards.weights[0]: expected a number, got True"),
-    ({"functions": [3, "format"]}, "rewards.functions[0]: expected a reward function name"),
-    ({"functions": [None, "format"]}, "rewards.functions[0]: expected a reward function name"),
-    ({"functions": ["format", ""]}, "rewards.functions[1]: expected a reward function name"),
-    ({"functions": ["format", "math_correct", "format"], "weights": [1, 1, 0.5]},
-     "rewards.functions[2]: 'format' is listed twice (also rewards.functions[0])"),
-])
+@pytest.mark.parametrize(
+    "section, expect",
+    [
+        (
+            {"functions": ["format", "math_correct"], "weights": [1, "x"]},
+            "rewards.weights[1]: expected a number, got 'x'",
+        ),
+        (
+            {"functions": ["format", "math_correct"], "weights": [float("nan"), 1]},
+            "rewards.weights[0]: expected a finite number, got nan",
+        ),
+        (
+            {"functions": ["format", "math_correct"], "weights": [1, float("-inf")]},
+            "rewards.weights[1]: expected a finite number, got -inf",
+        ),
+        (
+            {"functions": ["format", "math_correct"], "weights": [True, 1]},
+            "rewards.weights[0]: expected a number, got True",
+        ),
+        ({"functions": [3, "format"]}, "rewards.functions[0]: expected a reward function name"),
+        ({"functions": [None, "format"]}, "rewards.functions[0]: expected a reward function name"),
+        ({"functions": ["format", ""]}, "rewards.functions[1]: expected a reward function name"),
+        (
+            {"functions": ["format", "math_correct", "format"], "weights": [1, 1, 0.5]},
+            "rewards.functions[2]: 'format' is listed twice (also rewards.functions[0])",
+        ),
+    ],
+)
 def test_each_list_element_is_checked_by_key_and_index(section, expect):
     with pytest.raises(RecipeError) as e:
         recipe_from_dict({"rewards": section})
     assert str(e.value).startswith(expect), str(e.value)
 
 
-@pytest.mark.parametrize("raw, expect", [
-    ({"train": {"adam_betas": [0.9, "x"]}}, "train.adam_betas[1]: expected a number, got 'x'"),
-    ({"train": {"adam_betas": [True, 0.9]}}, "train.adam_betas[0]: expected a number, got True"),
-    ({"train": {"adam_betas": [0.9, float("nan")]}}, "train.adam_betas[1]: expected a finite number"),
-    ({"train": {"adam_betas": [0.9, 1.0]}}, "train.adam_betas[1]: expected a number in [0, 1), got 1.0"),
-    ({"model": {"lora": {"target_modules": ["q_proj", 3]}}}, "model.lora.target_modules[1]: expected a module name"),
-    ({"model": {"lora": {"target_modules": ["q_proj", "v_proj", "q_proj"]}}},
-     "model.lora.target_modules[2]: 'q_proj' is listed twice (also model.lora.target_modules[0])"),
-])
+@pytest.mark.parametrize(
+    "raw, expect",
+    [
+        ({"train": {"adam_betas": [0.9, "x"]}}, "train.adam_betas[1]: expected a number, got 'x'"),
+        ({"train": {"adam_betas": [True, 0.9]}}, "train.adam_betas[0]: expected a number, got True"),
+        ({"train": {"adam_betas": [0.9, float("nan")]}}, "train.adam_betas[1]: expected a finite number"),
+        ({"train": {"adam_betas": [0.9, 1.0]}}, "train.adam_betas[1]: expected a number in [0, 1), got 1.0"),
+        (
+            {"model": {"lora": {"target_modules": ["q_proj", 3]}}},
+            "model.lora.target_modules[1]: expected a module name",
+        ),
+        (
+            {"model": {"lora": {"target_modules": ["q_proj", "v_proj", "q_proj"]}}},
+            "model.lora.target_modules[2]: 'q_proj' is listed twice (also model.lora.target_modules[0])",
+        ),
+    ],
+)
 def test_other_list_keys_check_each_element(raw, expect):
     with pytest.raises(RecipeError) as e:
         recipe_from_dict(raw)
@@ -355,10 +426,17 @@ def test_every_list_key_of_the_schema_has_an_element_check():
     assert list_keys == set(LIST_ELEMENTS)
 
 
-@pytest.mark.parametrize("key, value", [
-    ("train.learning_rate", float("nan")), ("algo.beta", float("nan")), ("rollout.temperature", float("inf")),
-    ("train.max_grad_norm", float("inf")), ("rewards.timeout_s", float("nan")), ("algo.clip_eps_high", float("nan")),
-])
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("train.learning_rate", float("nan")),
+        ("algo.beta", float("nan")),
+        ("rollout.temperature", float("inf")),
+        ("train.max_grad_norm", float("inf")),
+        ("rewards.timeout_s", float("nan")),
+        ("algo.clip_eps_high", float("nan")),
+    ],
+)
 def test_a_float_key_must_be_finite(key, value):
     """NaN passes every ``<``/``>`` range check, so it is refused before them."""
     assert _error_setting(key, value) == f"{key}: expected a finite number, got {value!r}"
@@ -374,13 +452,18 @@ def test_list_elements_from_overrides_are_checked_before_anything_loads():
 # -- a key written twice in a recipe file -----------------------------------------------------------
 
 
-@pytest.mark.parametrize("text, expect", [
-    ("train:\n  max_steps: 5\n  learning_rate: 1.0e-5\nrollout:\n  group_size: 4\ntrain:\n  max_steps: 20\n",
-     "train is written twice (lines 1 and 6)"),
-    ("train:\n  max_steps: 5\n  seed: 1\n  max_steps: 20\n", "train.max_steps is written twice (lines 2 and 4)"),
-    ("data:\n  options:\n    size: 10\n    size: 20\n", "data.options.size is written twice (lines 3 and 4)"),
-    ("model:\n  lora: {r: 4, r: 8}\n", "model.lora.r is written twice (line 2, columns 10 and 16)"),
-])
+@pytest.mark.parametrize(
+    "text, expect",
+    [
+        (
+            "train:\n  max_steps: 5\n  learning_rate: 1.0e-5\nrollout:\n  group_size: 4\ntrain:\n  max_steps: 20\n",
+            "train is written twice (lines 1 and 6)",
+        ),
+        ("train:\n  max_steps: 5\n  seed: 1\n  max_steps: 20\n", "train.max_steps is written twice (lines 2 and 4)"),
+        ("data:\n  options:\n    size: 10\n    size: 20\n", "data.options.size is written twice (lines 3 and 4)"),
+        ("model:\n  lora: {r: 4, r: 8}\n", "model.lora.r is written twice (line 2, columns 10 and 16)"),
+    ],
+)
 def test_a_key_written_twice_names_the_key_and_both_lines(tmp_path, text, expect):
     p = tmp_path / "r.yaml"
     p.write_text(text)
@@ -390,7 +473,8 @@ def test_a_key_written_twice_names_the_key_and_both_lines(tmp_path, text, expect
 
 
 def test_yaml_merge_keys_and_anchors_are_not_duplicates():
-    from grpokit.config import DuplicateKeyError, _yaml_load
+    from grpokit.config import DuplicateKeyError
+    from grpokit.config.schema import _yaml_load
 
     assert _yaml_load("a: &x {b: 1}\nc:\n  <<: *x\n  b: 2\n") == {"a": {"b": 1}, "c": {"b": 2}}
     assert _yaml_load("a: {1: x, '1': y}") == {"a": {1: "x", "1": "y"}}  # an int and a string key differ

@@ -10,9 +10,20 @@ from grpokit.metrics import curve_panels, plot_curves, smooth
 def _rows(n=4, evals=()):
     rows = []
     for s in range(1, n + 1):
-        r = {"step": s, "rewards/math_correct": 0.1 * s, "rewards/format": 1.0, "reward_mean": 0.1 * s + 1,
-             "truncated_frac": 0.5, "frac_zero_std": 0.25, "entropy": 1.0 / s, "completion_len_mean": 10.0 + s,
-             "kl": 0.01 * s, "clip_frac_low": 0.0, "clip_frac_high": 0.0, "train_minutes": 0.5 * s}
+        r = {
+            "step": s,
+            "rewards/math_correct": 0.1 * s,
+            "rewards/format": 1.0,
+            "reward_mean": 0.1 * s + 1,
+            "truncated_frac": 0.5,
+            "frac_zero_std": 0.25,
+            "entropy": 1.0 / s,
+            "completion_len_mean": 10.0 + s,
+            "kl": 0.01 * s,
+            "clip_frac_low": 0.0,
+            "clip_frac_high": 0.0,
+            "train_minutes": 0.5 * s,
+        }
         if s in evals:
             r.update({"eval/greedy": 0.2 + 0.1 * s, "eval/greedy_lo": 0.1 + 0.1 * s, "eval/greedy_hi": 0.3 + 0.1 * s})
         rows.append(r)
@@ -64,8 +75,10 @@ def test_process_runs_also_draw_the_step_reward():
 
 def test_held_out_points_with_before_at_step_zero():
     # as eval_before.json holds it (Setup.run_eval: evaluate()'s result, metrics from evalstats.summarize)
-    before = {"accuracy": 0.05, "metrics": {"n_problems": 100, "k": 0,
-                                            "metrics": {"greedy": {"value": 0.05, "lo": 0.03, "hi": 0.07}}}}
+    before = {
+        "accuracy": 0.05,
+        "metrics": {"n_problems": 100, "k": 0, "metrics": {"greedy": {"value": 0.05, "lo": 0.03, "hi": 0.07}}},
+    }
     panels = curve_panels(_rows(4, evals=(2, 4)), beta=0, num_iterations=1, before=before)
     (acc,) = [p for p in panels if p["title"].startswith("held-out accuracy")]
     (ln,) = acc["lines"]
@@ -80,9 +93,13 @@ def test_plot_writes_a_png(tmp_path):
 
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in _rows(6, evals=(3, 6))))
-    plot_curves(path, tmp_path / "c.png", beta=0.04, num_iterations=2,
-                before={"metrics": {"n_problems": 10, "k": 0,
-                                    "metrics": {"greedy": {"value": 0.1, "lo": 0.05, "hi": 0.2}}}})
+    plot_curves(
+        path,
+        tmp_path / "c.png",
+        beta=0.04,
+        num_iterations=2,
+        before={"metrics": {"n_problems": 10, "k": 0, "metrics": {"greedy": {"value": 0.1, "lo": 0.05, "hi": 0.2}}}},
+    )
     assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -98,14 +115,22 @@ def test_a_run_with_evaluations_draws_them(tiny_model_dir, tmp_path, monkeypatch
     real = grpokit.trainer.loop.plot_curves
 
     def spy(metrics_path, out_png, **kw):
-        seen["panels"] = curve_panels(read_metrics(metrics_path), beta=kw["beta"],
-                                      num_iterations=kw["num_iterations"], before=kw["before"])
+        seen["panels"] = curve_panels(
+            read_metrics(metrics_path), beta=kw["beta"], num_iterations=kw["num_iterations"], before=kw["before"]
+        )
         return real(metrics_path, out_png, **kw)
 
     monkeypatch.setattr(grpokit.trainer.loop, "plot_curves", spy)
-    train(tiny_recipe(tiny_model_dir, tmp_path, data={"skip": 4, "limit": 8}, train={"max_steps": 2},
-                      eval={"dataset": "mawps", "split": "singleop", "limit": 2, "max_new_tokens": 2,
-                            "every_steps": 2}), progress=False)
+    train(
+        tiny_recipe(
+            tiny_model_dir,
+            tmp_path,
+            data={"skip": 4, "limit": 8},
+            train={"max_steps": 2},
+            eval={"dataset": "mawps", "split": "singleop", "limit": 2, "max_new_tokens": 2, "every_steps": 2},
+        ),
+        progress=False,
+    )
     assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
     (acc,) = [p for p in seen["panels"] if p["title"].startswith("held-out accuracy")]
     assert acc["lines"][0]["x"] == [0, 2]

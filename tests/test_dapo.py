@@ -8,20 +8,20 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import tiny_recipe
 
 import grpokit.trainer.collect as collect
 import grpokit.trainer.loop as trainer
 from grpokit import algo
 from grpokit.estimators.base import GRPO
-from grpokit.trainer.build import TrainData
-from grpokit.utils.distributed import SINGLE
 from grpokit.experience import Experience
 from grpokit.models.logprobs import LogprobScorer
 from grpokit.rewards.pipeline import RewardPipeline
-from grpokit.trainer.state import TrainState
+from grpokit.trainer.build import TrainData
 from grpokit.trainer.collect import refill_groups_with_signal
 from grpokit.trainer.loop import optimize
+from grpokit.trainer.state import TrainState
+from grpokit.utils.distributed import SINGLE
+from helpers import tiny_recipe
 
 G = 2
 
@@ -30,12 +30,21 @@ def _setup(model, recipe):
     """The parts ``optimize`` reads (``grpokit.trainer.build.Run``'s names)."""
     # plain SGD: the update is the gradient itself (Adam's first step would hide a scale error)
     opt = torch.optim.SGD(model.parameters(), lr=recipe.train.learning_rate)
-    logprobs = LogprobScorer(model, None, temperature=recipe.rollout.temperature,
-                             micro_batch_size=recipe.train.micro_batch_size)
-    return SimpleNamespace(model=model, ref_model=None, optimizer=opt, algorithm=GRPO(recipe.algo, 5),
-                           scheduler=torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0), state=TrainState(),
-                           engine=SimpleNamespace(sync_weights=lambda: None), ranks=SINGLE, recipe=recipe,
-                           logprobs=logprobs)
+    logprobs = LogprobScorer(
+        model, None, temperature=recipe.rollout.temperature, micro_batch_size=recipe.train.micro_batch_size
+    )
+    return SimpleNamespace(
+        model=model,
+        ref_model=None,
+        optimizer=opt,
+        algorithm=GRPO(recipe.algo, 5),
+        scheduler=torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0),
+        state=TrainState(),
+        engine=SimpleNamespace(sync_weights=lambda: None),
+        ranks=SINGLE,
+        recipe=recipe,
+        logprobs=logprobs,
+    )
 
 
 def _optimize(run, recipe, tensors, advantages, keep_rows=None):
@@ -48,8 +57,12 @@ def _optimize(run, recipe, tensors, advantages, keep_rows=None):
 
 @pytest.mark.parametrize("aggregation", ["seq_mean_token_mean", "token_mean"])
 def test_overlong_filter_trains_as_if_the_cut_rows_were_absent(tiny_model_v64, tmp_path, aggregation):
-    recipe = tiny_recipe("unused", tmp_path, algo={"beta": 0.0, "loss_aggregation": aggregation},
-                         train={"learning_rate": 1e-2, "micro_batch_size": 3, "max_grad_norm": 0.0})
+    recipe = tiny_recipe(
+        "unused",
+        tmp_path,
+        algo={"beta": 0.0, "loss_aggregation": aggregation},
+        train={"learning_rate": 1e-2, "micro_batch_size": 3, "max_grad_norm": 0.0},
+    )
     gen = torch.Generator().manual_seed(0)
     n, p, t = 6, 3, 5
     prompt_ids = torch.randint(3, 64, (n, p), generator=gen)
@@ -81,9 +94,15 @@ def _fake_generate(seeds):
         n, t = len(prompts) * group_size, 2 + len(seeds)  # each round has another completion width
         p = 1 + len(prompts)
         return Experience.grouped(
-            torch.full((n, p), 7), torch.ones(n, p, dtype=torch.bool), torch.full((n, t), 9),
-            torch.ones(n, t, dtype=torch.bool), group_size, truncated=torch.zeros(n, dtype=torch.bool),
-            completions=[f"{q}|{g}" for q in prompts for g in range(group_size)])
+            torch.full((n, p), 7),
+            torch.ones(n, p, dtype=torch.bool),
+            torch.full((n, t), 9),
+            torch.ones(n, t, dtype=torch.bool),
+            group_size,
+            truncated=torch.zeros(n, dtype=torch.bool),
+            completions=[f"{q}|{g}" for q in prompts for g in range(group_size)],
+        )
+
     return generate
 
 
@@ -93,24 +112,38 @@ def _by_name(prompts, completions, **_):
 
 
 def _fake_setup(names, tmp_path, **algo_kw):
-    recipe = tiny_recipe("unused", tmp_path, rollout={"group_size": G}, train={"prompts_per_step": 2},
-                         algo={"dynamic_sampling": True, **algo_kw})
+    recipe = tiny_recipe(
+        "unused",
+        tmp_path,
+        rollout={"group_size": G},
+        train={"prompts_per_step": 2},
+        algo={"dynamic_sampling": True, **algo_kw},
+    )
     seeds = []
     rows = [{"prompt": q, "answer": "0"} for q in names]
-    run = SimpleNamespace(data=TrainData(rows, list(names), ["answer"], 0), state=TrainState(),
-                          rewards=RewardPipeline({"r": _by_name}, {}), algorithm=GRPO(recipe.algo, 8),
-                          tokenizer=SimpleNamespace(pad_token_id=0), sampling=None,
-                          engine=SimpleNamespace(generate=_fake_generate(seeds)), ranks=SINGLE, recipe=recipe)
+    run = SimpleNamespace(
+        data=TrainData(rows, list(names), ["answer"], 0),
+        state=TrainState(),
+        rewards=RewardPipeline({"r": _by_name}, {}),
+        algorithm=GRPO(recipe.algo, 8),
+        tokenizer=SimpleNamespace(pad_token_id=0),
+        sampling=None,
+        engine=SimpleNamespace(generate=_fake_generate(seeds)),
+        ranks=SINGLE,
+        recipe=recipe,
+    )
     return (run, recipe), seeds
 
 
 @pytest.fixture
 def in_order(monkeypatch):
     """Prompts drawn in file order (the real order is a seeded permutation)."""
+
     def take(state, n_rows, b, seed):
         out = list(range(state.position, state.position + b))
         state.position += b
         return out
+
     monkeypatch.setattr(collect, "next_prompt_indices", take)
 
 
@@ -134,7 +167,9 @@ def test_constant_groups_are_refilled_until_b_groups_carry_signal(tmp_path, in_o
     assert ro.rewards.tolist() == [0.0, 1.0, 0.0, 1.0] and ro.group_index.tolist() == [0, 0, 1, 1]
     torch.testing.assert_close(ro.advantages, algo.group_advantages(ro.rewards, G).float())
     # padding: round 0 had 3-wide prompts and 3 new tokens, round 3 2-wide prompts and 6
-    assert ro.prompt_mask.tolist()[2] == [False, True, True] and ro.completion_mask[0].tolist() == [True] * 3 + [False] * 3
+    assert (
+        ro.prompt_mask.tolist()[2] == [False, True, True] and ro.completion_mask[0].tolist() == [True] * 3 + [False] * 3
+    )
 
 
 def test_the_round_cap_leaves_fewer_groups(tmp_path, in_order):
@@ -167,8 +202,14 @@ def test_process_groups_with_signal_are_those_with_varying_step_rewards(tmp_path
     steps) agree but a middle step differs, so it is kept; group 1's steps all agree: dropped,
     though its outcome rewards differ."""
     recipe = tiny_recipe("unused", tmp_path, rollout={"group_size": G}, algo={"supervision": "process"})
-    exp = Experience.grouped(torch.full((4, 1), 7), torch.ones(4, 1, dtype=torch.bool), torch.full((4, 2), 9),
-                             torch.ones(4, 2, dtype=torch.bool), G, rewards=torch.tensor([1.0, 1.0, 0.0, 1.0]))
+    exp = Experience.grouped(
+        torch.full((4, 1), 7),
+        torch.ones(4, 1, dtype=torch.bool),
+        torch.full((4, 2), 9),
+        torch.ones(4, 2, dtype=torch.bool),
+        G,
+        rewards=torch.tensor([1.0, 1.0, 0.0, 1.0]),
+    )
     exp.step_rewards = torch.tensor([[0.0, 1.0], [1.0, 1.0], [1.0, 1.0], [1.0, 1.0]])
     exp.step_ends = torch.ones(4, 2, dtype=torch.bool)
     assert GRPO(recipe.algo, 2).groups_with_signal(exp) == [0]
@@ -176,17 +217,33 @@ def test_process_groups_with_signal_are_those_with_varying_step_rewards(tmp_path
     assert GRPO(recipe.algo, 2).groups_with_signal(exp) == [1]
 
 
-@pytest.mark.parametrize("reward, kept, rounds, zero_std", [
-    ("process_length_reward", 2, 0, 0.0),  # step lengths always vary
-    ("process_constant_reward", 0, 1, 1.0),  # every step 1.0: no group has signal, the one extra round is spent
-])
-def test_dynamic_sampling_with_process_supervision_in_a_real_run(tiny_model_dir, tmp_path, reward, kept, rounds,
-                                                                zero_std):
+@pytest.mark.parametrize(
+    "reward, kept, rounds, zero_std",
+    [
+        ("process_length_reward", 2, 0, 0.0),  # step lengths always vary
+        ("process_constant_reward", 0, 1, 1.0),  # every step 1.0: no group has signal, the one extra round is spent
+    ],
+)
+def test_dynamic_sampling_with_process_supervision_in_a_real_run(
+    tiny_model_dir, tmp_path, reward, kept, rounds, zero_std
+):
     from grpokit.metrics import read_metrics
 
-    trainer.train(tiny_recipe(tiny_model_dir, tmp_path, train={"max_steps": 1}, algo={
-        "supervision": "process", "process_reward": f"fake_rewards:{reward}", "step_rule": "regex:\\s",
-        "dynamic_sampling": True, "max_sampling_rounds": 1}), progress=False)
+    trainer.train(
+        tiny_recipe(
+            tiny_model_dir,
+            tmp_path,
+            train={"max_steps": 1},
+            algo={
+                "supervision": "process",
+                "process_reward": f"fake_rewards:{reward}",
+                "step_rule": "regex:\\s",
+                "dynamic_sampling": True,
+                "max_sampling_rounds": 1,
+            },
+        ),
+        progress=False,
+    )
     m = read_metrics(tmp_path / "metrics.jsonl")[0]
     assert (m["dynamic/groups_kept"], m["dynamic/rounds"], m["step_frac_zero_std"]) == (kept, rounds, zero_std)
 
@@ -201,8 +258,12 @@ def test_recipe_rules(tmp_path):
 def test_both_options_in_a_real_run(tiny_model_dir, tmp_path):
     from grpokit.metrics import read_metrics
 
-    trainer.train(tiny_recipe(tiny_model_dir, tmp_path, algo={"dynamic_sampling": True, "overlong_filter": True},
-                              train={"max_steps": 1}), progress=False)
+    trainer.train(
+        tiny_recipe(
+            tiny_model_dir, tmp_path, algo={"dynamic_sampling": True, "overlong_filter": True}, train={"max_steps": 1}
+        ),
+        progress=False,
+    )
     m = read_metrics(tmp_path / "metrics.jsonl")[0]
     assert m["overlong_filtered_frac"] == 1.0  # a random tiny model never samples EOS in 8 tokens
     assert m["dynamic/groups_kept"] == 2 and m["dynamic/rounds"] == 0  # length rewards always vary

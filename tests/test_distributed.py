@@ -28,15 +28,15 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
-from helpers import tiny_recipe, tiny_recipe_dict, write_recipe
 from safetensors.torch import load_file
 
 import dist_workers
-from grpokit.utils import distributed as gd
-from grpokit.trainer.build import start_ranks
 from grpokit.config import TrainConfig
 from grpokit.metrics import NullLogger
+from grpokit.trainer.build import start_ranks
 from grpokit.trainer.loop import train
+from grpokit.utils import distributed as gd
+from helpers import tiny_recipe, tiny_recipe_dict, write_recipe
 
 TESTS = Path(__file__).resolve().parent
 TIMINGS = {"step_s", "gen_s", "reward_s", "train_s", "tokens_per_s", "train_minutes", "ref_s"}
@@ -62,15 +62,24 @@ def test_resolve_parallel():
     assert tuple(choices) == gd.PARALLEL
 
 
-@pytest.mark.parametrize("sections, message", [
-    ({"train": {"prompts_per_step": 3}}, r"train.prompts_per_step=3 is not divisible by the 2 processes"),
-    ({"algo": {"dynamic_sampling": True}}, r"algo.dynamic_sampling is not supported with 2 processes"),
-    ({"algo": {"estimator": "ppo"}, "train": {"parallel": "fsdp2"}}, r"algo.estimator=ppo with train.parallel=fsdp2"),
-    ({"rollout": {"sampler": "multinomial", "group_size": 2}}, r"rollout.sampler=multinomial is not supported"),
-    ({"rollout": {"engine": "vllm", "group_size": 2}}, r"rollout.engine=vllm is not supported"),
-    ({"model": {"lora": {"r": 4}}, "train": {"parallel": "fsdp2"}}, r"model.lora with train.parallel=fsdp2"),
-    ({"model": {"autocast_bf16": True}, "train": {"parallel": "fsdp2"}}, r"model.autocast_bf16 with train.parallel"),
-])
+@pytest.mark.parametrize(
+    "sections, message",
+    [
+        ({"train": {"prompts_per_step": 3}}, r"train.prompts_per_step=3 is not divisible by the 2 processes"),
+        ({"algo": {"dynamic_sampling": True}}, r"algo.dynamic_sampling is not supported with 2 processes"),
+        (
+            {"algo": {"estimator": "ppo"}, "train": {"parallel": "fsdp2"}},
+            r"algo.estimator=ppo with train.parallel=fsdp2",
+        ),
+        ({"rollout": {"sampler": "multinomial", "group_size": 2}}, r"rollout.sampler=multinomial is not supported"),
+        ({"rollout": {"engine": "vllm", "group_size": 2}}, r"rollout.engine=vllm is not supported"),
+        ({"model": {"lora": {"r": 4}}, "train": {"parallel": "fsdp2"}}, r"model.lora with train.parallel=fsdp2"),
+        (
+            {"model": {"autocast_bf16": True}, "train": {"parallel": "fsdp2"}},
+            r"model.autocast_bf16 with train.parallel",
+        ),
+    ],
+)
 def test_settings_refused_with_two_processes(tiny_model_dir, tmp_path, monkeypatch, sections, message):
     """Refused before any process group is made (no rendezvous is set up here: joining one would hang)."""
     monkeypatch.setenv("WORLD_SIZE", "2")
@@ -99,9 +108,9 @@ def test_null_logger_writes_nothing(tmp_path):
 # -- 2 spawned processes: the collectives -------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_collectives_on_two_ranks(tmp_path):
-    mp.start_processes(dist_workers.gather_and_reduce, args=(2, _port(), str(tmp_path)), nprocs=2,
-                       start_method="spawn")
+    mp.start_processes(dist_workers.gather_and_reduce, args=(2, _port(), str(tmp_path)), nprocs=2, start_method="spawn")
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1))
     # advantages scaled by the whole batch's std: the one-process values, on every rank
     from grpokit import algo
@@ -126,20 +135,40 @@ def test_collectives_on_two_ranks(tmp_path):
 # -- end to end with torchrun -------------------------------------------------------------------------
 
 #: B = 4 prompts of G = 2: 8 rows, one micro-batch of 4 per rank (two in one process)
-SECTIONS = {"train": {"max_steps": 3, "prompts_per_step": 4, "micro_batch_size": 4, "save_steps": 1,
-                      "save_total_limit": 5},
-            "model": {"backend": "plain"}}
+SECTIONS = {
+    "train": {"max_steps": 3, "prompts_per_step": 4, "micro_batch_size": 4, "save_steps": 1, "save_total_limit": 5},
+    "model": {"backend": "plain"},
+}
 
 
 def _env() -> dict[str, str]:
     py_path = os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])
-    return dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
-                TOKENIZERS_PARALLELISM="false", PYTHONPATH=py_path)
+    return dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONPATH=py_path,
+    )
 
 
 def _torchrun(recipe: Path, *overrides: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_port()),
-            "-m", "grpokit", "train", str(recipe), "--no-progress", *overrides]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        str(_port()),
+        "-m",
+        "grpokit",
+        "train",
+        str(recipe),
+        "--no-progress",
+        *overrides,
+    ]
 
 
 def _run2(recipe: Path, *overrides: str) -> str:
@@ -157,8 +186,10 @@ def _run1(model_dir: str, out: Path, **sections) -> None:
 
 
 def _metrics(out: Path) -> list[dict]:
-    return [{k: v for k, v in json.loads(l).items() if k not in TIMINGS}
-            for l in (out / "metrics.jsonl").read_text().splitlines()]
+    return [
+        {k: v for k, v in json.loads(l).items() if k not in TIMINGS}
+        for l in (out / "metrics.jsonl").read_text().splitlines()
+    ]
 
 
 def _samples(out: Path) -> list[dict]:
@@ -187,8 +218,9 @@ def _assert_same_run(a: Path, b: Path, name: str = "model", steps: int = 3, shar
 
 def _assert_only_rank0_wrote(out: Path, steps: int = 3) -> None:
     assert len((out / "metrics.jsonl").read_text().splitlines()) == steps  # a second writer doubles lines
-    assert sorted(p.name for p in out.iterdir() if p.name.startswith(("checkpoint", "."))) == \
-        [f"checkpoint-{s}" for s in range(1, steps + 1)]  # no temporary folder of another process
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(("checkpoint", "."))) == [
+        f"checkpoint-{s}" for s in range(1, steps + 1)
+    ]  # no temporary folder of another process
 
 
 @pytest.fixture(scope="module")
@@ -213,14 +245,28 @@ def test_fsdp2_in_one_process_trains_as_one_process(one_process, recipe_file, tm
     """``train.parallel=fsdp2`` without torchrun: a group of one, the same run (the reference model,
     sharded too, is scored under no_grad: FSDP2 cannot gather into inference tensors)."""
     out = tmp_path / "run"
-    p = subprocess.run([sys.executable, "-m", "grpokit", "train", str(recipe_file), "--no-progress",
-                        f"train.output_dir={out}", "train.parallel=fsdp2"], env=_env(), capture_output=True,
-                       text=True, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "grpokit",
+            "train",
+            str(recipe_file),
+            "--no-progress",
+            f"train.output_dir={out}",
+            "train.parallel=fsdp2",
+        ],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert "on 1 rank (fsdp2)" in p.stdout
     _assert_same_run(one_process, out, sharded=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
 def test_two_ranks_train_as_one_process(one_process, recipe_file, tmp_path, parallel):
     """Same completions, metrics (gradient norms, losses, rewards), and weights after every step,
@@ -241,18 +287,25 @@ def test_two_ranks_train_as_one_process(one_process, recipe_file, tmp_path, para
         _assert_same_run(one_process, out, sharded=True)
 
 
-@pytest.mark.parametrize("parallel, switches", [
-    ("ddp", {"autocast_bf16": True, "gradient_checkpointing": True}),
-    ("fsdp2", {"dtype": "bfloat16", "gradient_checkpointing": True}),
-])
-def test_precision_and_checkpointing_switches_on_two_ranks(tiny_model_dir, recipe_file, tmp_path, parallel,
-                                                           switches):
+@pytest.mark.parametrize(
+    "parallel, switches",
+    [
+        ("ddp", {"autocast_bf16": True, "gradient_checkpointing": True}),
+        ("fsdp2", {"dtype": "bfloat16", "gradient_checkpointing": True}),
+    ],
+)
+@pytest.mark.slow
+def test_precision_and_checkpointing_switches_on_two_ranks(tiny_model_dir, recipe_file, tmp_path, parallel, switches):
     """bf16 (autocast, or bf16 parameters) and gradient checkpointing on 2 ranks: the run of one
     process with the same switches. Weights bit for bit; under fsdp2 with bf16 parameters the
     gradient norm (used for clipping) is summed over shards in bf16, so it is compared to 2 %."""
     _run1(tiny_model_dir, tmp_path / "one", model=switches)
-    _run2(recipe_file, f"train.output_dir={tmp_path / 'two'}", f"train.parallel={parallel}",
-          *(f"model.{k}={str(v).lower()}" for k, v in switches.items()))
+    _run2(
+        recipe_file,
+        f"train.output_dir={tmp_path / 'two'}",
+        f"train.parallel={parallel}",
+        *(f"model.{k}={str(v).lower()}" for k, v in switches.items()),
+    )
     assert _samples(tmp_path / "one") == _samples(tmp_path / "two")
     for a, b in zip(_metrics(tmp_path / "one"), _metrics(tmp_path / "two")):
         assert a.pop("grad_norm") == pytest.approx(b.pop("grad_norm"), rel=0 if parallel == "ddp" else 0.02)
@@ -262,6 +315,7 @@ def test_precision_and_checkpointing_switches_on_two_ranks(tiny_model_dir, recip
         assert all(torch.equal(wa[k], wb[k]) for k in wa), step
 
 
+@pytest.mark.slow
 def test_two_ranks_of_ppo_train_as_one_process(tiny_model_dir, recipe_file, tmp_path):
     """PPO under ddp: GAE and whitening over the gathered batch, the value model's loss normalized
     by the batch's token count and its gradients summed over ranks: the one-process run, bit for
@@ -276,11 +330,14 @@ def test_two_ranks_of_ppo_train_as_one_process(tiny_model_dir, recipe_file, tmp_
     for step in (1, 2, 3):
         wa, wb = _weights(one, step), _weights(two, step)
         assert all(torch.equal(wa[k], wb[k]) for k in wa), step
-    a, b = (torch.load(d / "checkpoint-3" / "training_state.pt", weights_only=True)["algorithm"]["critic"]
-            for d in (tmp_path / "one", tmp_path / "two"))
+    a, b = (
+        torch.load(d / "checkpoint-3" / "training_state.pt", weights_only=True)["algorithm"]["critic"]
+        for d in (tmp_path / "one", tmp_path / "two")
+    )
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_two_ranks_with_lora_train_as_one_process(tiny_model_dir, recipe_file, tmp_path):
     lora = {"lora": {"r": 4, "alpha": 8}}
     _run1(tiny_model_dir, tmp_path / "one", model=lora)
@@ -320,6 +377,7 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
+@pytest.mark.slow
 def test_two_ranks_with_the_cpu_backend_train_as_one_process_with_it(tiny_model_dir, recipe_file, tmp_path):
     """Under ddp the gradients are summed from ``param.grad`` after the backward, so the cpu speed
     backend (whose gradient aliases write ``param.grad`` directly) is exact on 2 ranks: ``auto``
@@ -351,11 +409,17 @@ def _kill_all_when(path: Path, proc: subprocess.Popen, timeout: float = 180.0) -
             pass
 
 
+@pytest.mark.slow
 def test_sigkill_two_ranks_then_resume(one_process, recipe_file, tmp_path):
     out = tmp_path / "run"
     slow = dict(_env(), FAKE_REWARD_SLEEP_S="1")  # a step of > 1 s: the kill lands before checkpoint-2
-    proc = subprocess.Popen(_torchrun(recipe_file, f"train.output_dir={out}"), env=slow, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        _torchrun(recipe_file, f"train.output_dir={out}"),
+        env=slow,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     killer = threading.Thread(target=_kill_all_when, args=(out / "checkpoint-1", proc), daemon=True)
     killer.start()
     killer.join(timeout=200)
@@ -379,13 +443,19 @@ def _rank_pid(torchrun_pid: int, rank: int) -> int:
     raise AssertionError(f"no process of rank {rank} under torchrun {torchrun_pid}")
 
 
+@pytest.mark.slow
 def test_sigterm_to_one_rank_stops_both_after_the_same_step(recipe_file, tmp_path):
     """SIGTERM to rank 1 alone: both ranks finish the step, rank 0 checkpoints it, both exit 143 (so torchrun
     reports a failure and `torchrun ... && grpokit eval ...` stops)."""
     out = tmp_path / "run"
     slow = dict(_env(), FAKE_REWARD_SLEEP_S="1")
-    proc = subprocess.Popen(_torchrun(recipe_file, f"train.output_dir={out}"), env=slow, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        _torchrun(recipe_file, f"train.output_dir={out}"),
+        env=slow,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     t0 = time.monotonic()
     while not (out / "checkpoint-1").exists() and proc.poll() is None and time.monotonic() - t0 < 180:
         time.sleep(0.005)
@@ -401,15 +471,35 @@ def test_sigterm_to_one_rank_stops_both_after_the_same_step(recipe_file, tmp_pat
     assert len((out / "metrics.jsonl").read_text().splitlines()) == stopped
 
 
+@pytest.mark.slow
 def test_two_nodes_by_rendezvous_train_as_one_process(one_process, recipe_file, tmp_path):
     """Multi-node launch on one machine: two torchrun agents (``--nnodes 2``, one process each)
     meeting at a c10d rendezvous endpoint; the same run as one process."""
     out, port = tmp_path / "run", _port()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "grpokit-test",
-           "-m", "grpokit", "train", str(recipe_file), "--no-progress", f"train.output_dir={out}"]
-    nodes = [subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for _ in range(2)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv-id",
+        "grpokit-test",
+        "-m",
+        "grpokit",
+        "train",
+        str(recipe_file),
+        "--no-progress",
+        f"train.output_dir={out}",
+    ]
+    nodes = [
+        subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)
+    ]
     logs = [p.communicate(timeout=300)[0] for p in nodes]
     assert all(p.returncode == 0 for p in nodes), "\n".join(log[-2000:] for log in logs)
     assert any("on 2 ranks (ddp)" in log for log in logs)

@@ -16,14 +16,17 @@ _spec.loader.exec_module(bench)
 CURVE = [(0.0, 0.1), (2.0, 0.3), (4.0, 0.5)]
 
 
-@pytest.mark.parametrize("target, minutes", [
-    (0.4, 3.0),    # halfway between (2, 0.3) and (4, 0.5)
-    (0.35, 2.5),   # a quarter of the way
-    (0.3, 2.0),    # exactly at an evaluation point
-    (0.05, 0.0),   # the base model already has it
-    (0.5, 4.0),    # reached at the last point
-    (0.6, None),   # never reached
-])
+@pytest.mark.parametrize(
+    "target, minutes",
+    [
+        (0.4, 3.0),  # halfway between (2, 0.3) and (4, 0.5)
+        (0.35, 2.5),  # a quarter of the way
+        (0.3, 2.0),  # exactly at an evaluation point
+        (0.05, 0.0),  # the base model already has it
+        (0.5, 4.0),  # reached at the last point
+        (0.6, None),  # never reached
+    ],
+)
 def test_time_to_accuracy(target, minutes):
     got = bench.time_to_accuracy(CURVE, target)
     assert got == (None if minutes is None else pytest.approx(minutes))
@@ -62,10 +65,19 @@ def test_time_to_accuracy_summary_unreached_grpokit_gives_no_ratio():
 
 
 def _run(peer, minutes, accs, final, lr):
-    pts = [{"step": 2 * i, "minutes": m, "acc": a, "lo": a - 0.1, "hi": a + 0.1, "correct": int(4 * a), "total": 4}
-           for i, (m, a) in enumerate(zip(minutes, accs))]
-    return {"peer": peer, "seed": 0, "points": pts, "before_outcomes": [False] * 4, "final_outcomes": final, "lr": lr,
-            "questions": {1: ["1+1"] * 2 + ["2+2"] * 2}}
+    pts = [
+        {"step": 2 * i, "minutes": m, "acc": a, "lo": a - 0.1, "hi": a + 0.1, "correct": int(4 * a), "total": 4}
+        for i, (m, a) in enumerate(zip(minutes, accs))
+    ]
+    return {
+        "peer": peer,
+        "seed": 0,
+        "points": pts,
+        "before_outcomes": [False] * 4,
+        "final_outcomes": final,
+        "lr": lr,
+        "questions": {1: ["1+1"] * 2 + ["2+2"] * 2},
+    }
 
 
 def test_build_summary_and_report():
@@ -78,7 +90,9 @@ def test_build_summary_and_report():
     assert row["diff"]["p_value"] == pytest.approx(1.0) and row["diff"]["agree"] is True
     assert row["grpokit_gain"]["diff"] == pytest.approx(0.5) and row["trl_gain"]["diff"] == pytest.approx(0.25)
     # equal wall-clock at grpokit's 2 minutes: TRL at 0 + (2 / 4) · 0.25
-    assert s["equal_wallclock"] == [{"seed": 0, "minutes": 2.0, "grpokit": pytest.approx(0.5), "trl": pytest.approx(0.125)}]
+    assert s["equal_wallclock"] == [
+        {"seed": 0, "minutes": 2.0, "grpokit": pytest.approx(0.5), "trl": pytest.approx(0.125)}
+    ]
     # target 0.25: grpokit at minute 1, TRL at minute 4
     assert s["time_to_accuracy"]["ratio"] == pytest.approx(0.25)
     assert all(v == "yes" for v in s["checks"].values())

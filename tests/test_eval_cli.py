@@ -14,22 +14,35 @@ from grpokit.cli.main import main
 @pytest.fixture
 def load_model_raises(monkeypatch):
     """``load_model`` raises AssertionError: a refused call never gets there, a valid one does."""
+
     def boom(*a, **k):
         raise AssertionError("a model was loaded")
+
     monkeypatch.setattr(grpokit.models.loading, "load_model", boom)
 
 
-@pytest.mark.parametrize("args, msg", [
-    (["--samples", "0"], "--samples must be >= 1"),
-    (["--against", "./no/such/checkpoint-20"], "no/such/checkpoint-20"),
-    (["--scorer", "reasoning_gym"], "scorer 'reasoning_gym' needs reasoning_gym: data"),
-    (["--scorer", "no_such_reward"], "unknown reward 'no_such_reward'"),
-    (["--skip", "100", "--limit", "5", "--dataset", "svamp"], None),  # svamp's test split has rows past 100
-])
-def test_bad_input_is_refused_before_any_model_loads(tiny_model_dir, tmp_path, capsys, load_model_raises, args,
-                                                     msg):
-    base = [tiny_model_dir, "--dataset", "mawps", "--split", "singleop", "--limit", "4",
-            "--output", str(tmp_path / "e.json")]
+@pytest.mark.parametrize(
+    "args, msg",
+    [
+        (["--samples", "0"], "--samples must be >= 1"),
+        (["--against", "./no/such/checkpoint-20"], "no/such/checkpoint-20"),
+        (["--scorer", "reasoning_gym"], "scorer 'reasoning_gym' needs reasoning_gym: data"),
+        (["--scorer", "no_such_reward"], "unknown reward 'no_such_reward'"),
+        (["--skip", "100", "--limit", "5", "--dataset", "svamp"], None),  # svamp's test split has rows past 100
+    ],
+)
+def test_bad_input_is_refused_before_any_model_loads(tiny_model_dir, tmp_path, capsys, load_model_raises, args, msg):
+    base = [
+        tiny_model_dir,
+        "--dataset",
+        "mawps",
+        "--split",
+        "singleop",
+        "--limit",
+        "4",
+        "--output",
+        str(tmp_path / "e.json"),
+    ]
     if msg is None:  # a valid call reaches the model load
         with pytest.raises(AssertionError, match="a model was loaded"):
             main(["eval", *base, "--split", "test", *args])
@@ -52,10 +65,12 @@ def test_a_run_folder_stands_for_its_newest_complete_checkpoint(tiny_model_dir, 
     def record(path, **_):
         loaded.append(path)
         raise AssertionError("a model was loaded")
+
     monkeypatch.setattr(grpokit.models.loading, "load_model", record)
     with pytest.raises(AssertionError, match="a model was loaded"):  # checkpoint-30 is incomplete: step 20
-        main(["eval", tiny_model_dir, "--against", str(run), "--dataset", "mawps", "--split", "singleop",
-              "--limit", "2"])
+        main(
+            ["eval", tiny_model_dir, "--against", str(run), "--dataset", "mawps", "--split", "singleop", "--limit", "2"]
+        )
     assert f"newest complete checkpoint, {run / 'checkpoint-20'}" in capsys.readouterr().out
     with pytest.raises(AssertionError):
         main(["eval", str(run), "--dataset", "mawps", "--split", "singleop", "--limit", "2"])
@@ -69,8 +84,29 @@ def test_a_run_folder_stands_for_its_newest_complete_checkpoint(tiny_model_dir, 
 
 def test_eval_prints_intervals_samples_and_a_paired_test(tiny_model_dir, tmp_path, capsys):
     out = tmp_path / "new" / "e.json"  # a folder that does not exist yet is made
-    assert main(["eval", tiny_model_dir, "--against", tiny_model_dir, "--dataset", "mawps", "--split", "singleop",
-                 "--limit", "3", "--samples", "2", "--max-new-tokens", "4", "--output", str(out)]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                tiny_model_dir,
+                "--against",
+                tiny_model_dir,
+                "--dataset",
+                "mawps",
+                "--split",
+                "singleop",
+                "--limit",
+                "3",
+                "--samples",
+                "2",
+                "--max-new-tokens",
+                "4",
+                "--output",
+                str(out),
+            ]
+        )
+        == 0
+    )
     res = json.loads(out.read_text())
     r = res["models"][tiny_model_dir]
     assert r["total"] == 3 and len(r["outcomes"]) == 3
@@ -97,8 +133,9 @@ def test_scores_of_none_are_counted_unscorable(tiny_model, smollm2_tokenizer, sm
 
     rows = [{"prompt": "q", "answer": "1"}, {"prompt": "r", "answer": "2"}]
     engine = load_engine("hf", model=tiny_model, tokenizer=smollm2_tokenizer, eos_token_ids=[2, 0])
-    res = evaluate(engine, smollm2_prompts, rows, max_new_tokens=2,
-                   scorer=lambda p, c, **_: [None] * len(c), num_samples=2)
+    res = evaluate(
+        engine, smollm2_prompts, rows, max_new_tokens=2, scorer=lambda p, c, **_: [None] * len(c), num_samples=2
+    )
     assert res["unscorable"] == 2 + 2 * 2 and res["accuracy"] == 0.0  # greedy and sampled
 
 
@@ -116,8 +153,11 @@ def test_heldout_of_a_recipe_evaluates_the_runs_heldout_problems(tiny_model_dir,
     data = tmp_path / "q.jsonl"
     data.write_text("".join(json.dumps({"question": q, "answer": "0"}) + "\n" for q in qs))
     recipe = tmp_path / "r.yaml"
-    recipe.write_text(f"model: {{name_or_path: {tiny_model_dir}}}\ndata: {{dataset: {data}, skip: 3, "
-                      "prompt_template: 'Q: {question}'}\neval: {dataset: " f"{data}, limit: 3, max_new_tokens: 3}}\n")
+    recipe.write_text(
+        f"model: {{name_or_path: {tiny_model_dir}}}\ndata: {{dataset: {data}, skip: 3, "
+        "prompt_template: 'Q: {question}'}\neval: {dataset: "
+        f"{data}, limit: 3, max_new_tokens: 3}}\n"
+    )
     out = tmp_path / "e.json"
     assert main(["eval", tiny_model_dir, "--heldout-of", str(recipe), "--output", str(out)]) == 0
     res = json.loads(out.read_text())
@@ -131,22 +171,53 @@ def test_heldout_of_a_recipe_evaluates_the_runs_heldout_problems(tiny_model_dir,
     assert "none.yaml" in capsys.readouterr().err
 
 
-def test_eval_warns_of_cut_answers_records_its_settings_and_never_overwrites(tiny_model_dir, tmp_path, capsys,
-                                                                           monkeypatch):
-    from grpokit.config import load_recipe
+def test_eval_warns_of_cut_answers_records_its_settings_and_never_overwrites(
+    tiny_model_dir, tmp_path, capsys, monkeypatch
+):
     from grpokit.cli.recipe_args import DEFAULT_RECIPE
+    from grpokit.config import load_recipe
 
     out = tmp_path / "e.json"
-    args = ["eval", tiny_model_dir, "--dataset", "mawps", "--split", "singleop", "--limit", "2", "--max-new-tokens",
-            "2", "--samples", "2", "--temperature", "0.7", "--seed", "5", "--output", str(out)]
+    args = [
+        "eval",
+        tiny_model_dir,
+        "--dataset",
+        "mawps",
+        "--split",
+        "singleop",
+        "--limit",
+        "2",
+        "--max-new-tokens",
+        "2",
+        "--samples",
+        "2",
+        "--temperature",
+        "0.7",
+        "--seed",
+        "5",
+        "--output",
+        str(out),
+    ]
     assert main(args) == 0
     err = capsys.readouterr().err  # a random tiny model never ends an answer within 2 tokens
-    assert (f"[grpokit] warning: {tiny_model_dir}: 100% of the greedy completions reached --max-new-tokens=2 "
-            "without an EOS: their answers count as wrong") in err
+    assert (
+        f"[grpokit] warning: {tiny_model_dir}: 100% of the greedy completions reached --max-new-tokens=2 "
+        "without an EOS: their answers count as wrong"
+    ) in err
     res = json.loads(out.read_text())
     demo = load_recipe(DEFAULT_RECIPE).data
-    want = {"prompt_template": demo.prompt_template, "system_prompt": demo.system_prompt, "chat_template": True,
-            "max_new_tokens": 2, "greedy": True, "samples": 2, "temperature": 0.7, "seed": 5, "limit": 2, "skip": 0}
+    want = {
+        "prompt_template": demo.prompt_template,
+        "system_prompt": demo.system_prompt,
+        "chat_template": True,
+        "max_new_tokens": 2,
+        "greedy": True,
+        "samples": 2,
+        "temperature": 0.7,
+        "seed": 5,
+        "limit": 2,
+        "skip": 0,
+    }
     assert {k: res["settings"][k] for k in want} == want
     r = res["models"][tiny_model_dir]
     assert r["truncated_frac"] == 1.0 and r["settings"]["max_new_tokens"] == 2 and r["settings"]["seed"] == 5
@@ -155,8 +226,10 @@ def test_eval_warns_of_cut_answers_records_its_settings_and_never_overwrites(tin
     before = out.read_bytes()
     assert main(args) == 2  # an existing output is refused before any model loads, and left as it was
     err = capsys.readouterr().err
-    assert err == (f"grpokit eval: error: --output {out}: exists; name another file with --output, or pass "
-                   "--overwrite to replace it\n")
+    assert err == (
+        f"grpokit eval: error: --output {out}: exists; name another file with --output, or pass "
+        "--overwrite to replace it\n"
+    )
     assert out.read_bytes() == before
     out.write_text("{}")
     assert main([*args, "--overwrite"]) == 0 and json.loads(out.read_text())["settings"]["seed"] == 5

@@ -51,9 +51,7 @@ def test_pass_at_1_is_c_over_n_and_hand_values():
     assert pass_at_k(200, 1, 100) == pytest.approx(0.5, abs=1e-12)
 
 
-@pytest.mark.parametrize(
-    "n,c,k,name", [(4, 1, 0, "k"), (4, 1, 5, "k"), (4, -1, 2, "c"), (4, 5, 2, "c")]
-)
+@pytest.mark.parametrize("n,c,k,name", [(4, 1, 0, "k"), (4, 1, 5, "k"), (4, -1, 2, "c"), (4, 5, 2, "c")])
 def test_pass_at_k_errors_name_the_argument(n, c, k, name):
     with pytest.raises(ValueError, match=rf"^{name} must"):
         pass_at_k(n, c, k)
@@ -275,8 +273,16 @@ def _newcombe_reference(both, b_only, a_only, neither, z=Z):
 
 @pytest.mark.parametrize(
     "cells",
-    [(59, 16, 6, 80), (1, 7, 1, 12), (10, 0, 0, 0), (0, 0, 0, 10), (5, 0, 0, 5), (0, 4, 3, 0),
-     (3, 2, 0, 1), (120, 30, 45, 305)],
+    [
+        (59, 16, 6, 80),
+        (1, 7, 1, 12),
+        (10, 0, 0, 0),
+        (0, 0, 0, 10),
+        (5, 0, 0, 5),
+        (0, 4, 3, 0),
+        (3, 2, 0, 1),
+        (120, 30, 45, 305),
+    ],
 )
 def test_paired_interval_matches_second_route(cells):
     r = paired_comparison(*_table(*cells))
@@ -341,16 +347,27 @@ def test_paired_sampled_sign_test_by_enumeration():
 def test_paired_sampled_k1_is_mcnemar_and_swap_flips_sign():
     a, b = [1, 0, 0, 1, 0, 1], [1, 1, 1, 0, 1, 1]
     r, mc = paired_sampled_comparison(a, b, 1), paired_comparison([bool(x) for x in a], [bool(x) for x in b])
-    assert (r["diff"], r["b_better"], r["a_better"], r["p_value"]) == (mc["diff"], mc["b_only"], mc["a_only"],
-                                                                      mc["p_value"])
+    assert (r["diff"], r["b_better"], r["a_better"], r["p_value"]) == (
+        mc["diff"],
+        mc["b_only"],
+        mc["a_only"],
+        mc["p_value"],
+    )
     s = paired_sampled_comparison(b, a, 1)
     assert s["diff"] == -r["diff"] and s["p_value"] == r["p_value"]
 
 
-@pytest.mark.parametrize("a, b, k, msg", [
-    ([], [], 2, "non-empty"), ([1], [1, 2], 2, "equal in length"), ([1], [1], 0, "k must be >= 1"),
-    ([1, 3], [0, 0], 2, r"a\[1\] = 3"), ([0], [0.5], 2, r"b\[0\] = 0.5"), ([0], [-1], 2, r"b\[0\] = -1"),
-])
+@pytest.mark.parametrize(
+    "a, b, k, msg",
+    [
+        ([], [], 2, "non-empty"),
+        ([1], [1, 2], 2, "equal in length"),
+        ([1], [1], 0, "k must be >= 1"),
+        ([1, 3], [0, 0], 2, r"a\[1\] = 3"),
+        ([0], [0.5], 2, r"b\[0\] = 0.5"),
+        ([0], [-1], 2, r"b\[0\] = -1"),
+    ],
+)
 def test_paired_sampled_errors_name_the_input(a, b, k, msg):
     with pytest.raises(ValueError, match=msg):
         paired_sampled_comparison(a, b, k)

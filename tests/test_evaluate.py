@@ -9,12 +9,12 @@ import json
 
 import pytest
 import torch
-from helpers import tiny_recipe
 
-from grpokit.trainer.build import build_run
 from grpokit.eval.evaluate import evaluate
 from grpokit.rollout.engine import SamplingParams, load_engine
 from grpokit.rollout.hf import generate_rollouts
+from grpokit.trainer.build import build_run
+from helpers import tiny_recipe
 
 
 class _Spy:
@@ -48,20 +48,44 @@ def test_evaluation_through_the_engine_is_the_direct_generation(tiny_model, smol
     spy = _Spy(load_engine("hf", model=tiny_model, tokenizer=tok, eos_token_ids=eos))
     rows = [{"prompt": f"q{i}", "answer": "1"} for i in range(3)]
     rng = torch.get_rng_state()
-    res = evaluate(spy, prompts, rows, max_new_tokens=n_new, batch_size=2, num_samples=2, temperature=1.0, seed=3,
-                   scorer=lambda p, c, **_: [0.0] * len(c), isolation="thread")
+    res = evaluate(
+        spy,
+        prompts,
+        rows,
+        max_new_tokens=n_new,
+        batch_size=2,
+        num_samples=2,
+        temperature=1.0,
+        seed=3,
+        scorer=lambda p, c, **_: [0.0] * len(c),
+        isolation="thread",
+    )
     assert torch.equal(torch.get_rng_state(), rng)  # the caller's RNG is left as it was
 
     # greedy: eval batches of 2 prompts, one completion each; samples: 2 // 2 = 1 prompt per call
     assert [(c[0], c[1], c[2].temperature, c[2].max_new_tokens) for c in spy.calls] == [
-        (prompts[:2], 1, 0.0, n_new), (prompts[2:], 1, 0.0, n_new),
-        (prompts[:1], 2, 1.0, n_new), (prompts[1:2], 2, 1.0, n_new), (prompts[2:], 2, 1.0, n_new)]
+        (prompts[:2], 1, 0.0, n_new),
+        (prompts[2:], 1, 0.0, n_new),
+        (prompts[:1], 2, 1.0, n_new),
+        (prompts[1:2], 2, 1.0, n_new),
+        (prompts[2:], 2, 1.0, n_new),
+    ]
     assert [c[3] for c in spy.calls[2:]] == [3 * 100003 + start for start in (0, 1, 2)]
     for chunk, _, _, _, exp in spy.calls[:2]:  # the calls evaluate() made before it took an engine
         _same(exp, generate_rollouts(tiny_model, tok, chunk, 1, greedy, eos_token_ids=eos))
     for chunk, g, _, seed, exp in spy.calls[2:]:
-        _same(exp, generate_rollouts(tiny_model, tok, chunk, g, SamplingParams(temperature=1.0, max_new_tokens=n_new),
-                                     eos_token_ids=eos, seed=seed))
+        _same(
+            exp,
+            generate_rollouts(
+                tiny_model,
+                tok,
+                chunk,
+                g,
+                SamplingParams(temperature=1.0, max_new_tokens=n_new),
+                eos_token_ids=eos,
+                seed=seed,
+            ),
+        )
     greedy_texts = spy.calls[0][4].completions + spy.calls[1][4].completions
     assert [e["completion"] for e in res["examples"]] == greedy_texts
     truncated = sum(int(c[4].truncated.sum()) for c in spy.calls[:2])
@@ -74,8 +98,9 @@ def test_the_runs_evaluation_engine_generates_as_evaluation_always_did(tiny_mode
     """The run's held-out evaluation generates with ``run.eval_engine``: the run's own engine when its
     options are evaluation's; with ``rollout.chunk_size`` or ``model.autocast_bf16`` (the hf engine's bf16
     sampler copy), a second hf engine with neither, so the evaluation's numbers do not move with them."""
-    sections = {"chunked_bf16_sampler": dict(rollout={"chunk_size": 1}, model={"autocast_bf16": True}),
-                "default": {}}[options]
+    sections = {"chunked_bf16_sampler": dict(rollout={"chunk_size": 1}, model={"autocast_bf16": True}), "default": {}}[
+        options
+    ]
     ev = {"dataset": "mawps", "split": "singleop", "limit": 5, "max_new_tokens": 4, "batch_size": 2}
     recipe = tiny_recipe(tiny_model_dir, tmp_path, data={"skip": 5}, algo={"beta": 0.0}, eval=ev, **sections)
     run = build_run(recipe)
@@ -91,16 +116,37 @@ def test_the_runs_evaluation_engine_generates_as_evaluation_always_did(tiny_mode
         prompts = run.evaluator.prompts
         assert len(prompts) == 4  # 5 held-out rows, one of them also a training question
         greedy = SamplingParams(temperature=0.0, max_new_tokens=4)
-        direct = [c for s in (0, 2) for c in generate_rollouts(run.model, run.tokenizer, prompts[s : s + 2], 1, greedy,
-                                                               eos_token_ids=run.eos_ids).completions]
+        direct = [
+            c
+            for s in (0, 2)
+            for c in generate_rollouts(
+                run.model, run.tokenizer, prompts[s : s + 2], 1, greedy, eos_token_ids=run.eos_ids
+            ).completions
+        ]
         assert [e["completion"] for e in res["examples"]] == direct
         assert (tmp_path / "eval_before.json").exists() and res["when"] == "before" and res["total"] == 4
         # the record says how the numbers were made: the prompt as the model got it, the budget, greedy
         saved = json.loads((tmp_path / "eval_before.json").read_text())
-        assert {k: saved["settings"][k] for k in ("prompt_template", "system_prompt", "chat_template",
-                                                  "max_new_tokens", "greedy", "num_samples", "batch_size")} == {
-            "prompt_template": recipe.data.prompt_template, "system_prompt": recipe.data.system_prompt,
-            "chat_template": True, "max_new_tokens": 4, "greedy": True, "num_samples": 0, "batch_size": 2}
+        assert {
+            k: saved["settings"][k]
+            for k in (
+                "prompt_template",
+                "system_prompt",
+                "chat_template",
+                "max_new_tokens",
+                "greedy",
+                "num_samples",
+                "batch_size",
+            )
+        } == {
+            "prompt_template": recipe.data.prompt_template,
+            "system_prompt": recipe.data.system_prompt,
+            "chat_template": True,
+            "max_new_tokens": 4,
+            "greedy": True,
+            "num_samples": 0,
+            "batch_size": 2,
+        }
         assert [e["prompt"] for e in saved["examples"]] == prompts
     finally:
         run.rewards.close()

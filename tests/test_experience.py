@@ -19,11 +19,20 @@ def _exp(n_groups=3, p=4, t=5, seed=0) -> Experience:
     pm = torch.arange(p)[None, :] >= (p - prompt_len)[:, None]
     cm = torch.arange(t)[None, :] < comp_len[:, None]
     return Experience.grouped(
-        torch.randint(3, 50, (n, p), generator=gen), pm, torch.randint(3, 50, (n, t), generator=gen), cm, G,
-        truncated=comp_len == t, completions=[f"c{i}" for i in range(n)],
-        rewards=torch.arange(n, dtype=torch.float64), advantages=torch.randn(n, t, generator=gen),
-        old_logprobs=torch.randn(n, t, generator=gen), ref_logprobs=torch.randn(n, t, generator=gen),
-        step_rewards=torch.randn(n, t, generator=gen, dtype=torch.float64), step_ends=cm.clone())
+        torch.randint(3, 50, (n, p), generator=gen),
+        pm,
+        torch.randint(3, 50, (n, t), generator=gen),
+        cm,
+        G,
+        truncated=comp_len == t,
+        completions=[f"c{i}" for i in range(n)],
+        rewards=torch.arange(n, dtype=torch.float64),
+        advantages=torch.randn(n, t, generator=gen),
+        old_logprobs=torch.randn(n, t, generator=gen),
+        ref_logprobs=torch.randn(n, t, generator=gen),
+        step_rewards=torch.randn(n, t, generator=gen, dtype=torch.float64),
+        step_ends=cm.clone(),
+    )
 
 
 def test_grouped_index_and_counts():
@@ -73,8 +82,11 @@ def test_select_groups_renumbers():
 def test_shard_takes_whole_groups_and_refuses_uneven_splits():
     e = Experience.concat([_exp(), _exp(seed=1)], pad_id=0)  # 6 groups
     shards = [e.shard(r, 3) for r in range(3)]
-    assert [s.completions for s in shards] == [["c0", "c1", "c2", "c3"], ["c4", "c5", "c0", "c1"],
-                                               ["c2", "c3", "c4", "c5"]]
+    assert [s.completions for s in shards] == [
+        ["c0", "c1", "c2", "c3"],
+        ["c4", "c5", "c0", "c1"],
+        ["c2", "c3", "c4", "c5"],
+    ]
     assert all(s.group_index.tolist() == [0, 0, 1, 1] for s in shards)
     with pytest.raises(ValueError, match="6 groups cannot be split evenly over 4 ranks"):
         e.shard(0, 4)
@@ -92,8 +104,15 @@ def test_concat_pads_every_field():
     assert out.old_logprobs[2:, 3:].eq(0).all() and torch.equal(out.old_logprobs[:2], a.old_logprobs)
     assert out.group_index.tolist() == [0, 0, 1, 1]
     with pytest.raises(ValueError, match="group sizes differ"):
-        Experience.concat([a, Experience.grouped(*[x[:1] for x in (a.prompt_ids, a.prompt_mask, a.completion_ids,
-                                                                   a.completion_mask)], 1)], 0)
+        Experience.concat(
+            [
+                a,
+                Experience.grouped(
+                    *[x[:1] for x in (a.prompt_ids, a.prompt_mask, a.completion_ids, a.completion_mask)], 1
+                ),
+            ],
+            0,
+        )
 
 
 def test_bad_shapes_are_refused():
@@ -106,8 +125,10 @@ def test_bad_shapes_are_refused():
 
 def test_to_moves_every_tensor():
     e = _exp().to("meta")
-    assert all(t.device.type == "meta" for t in (e.prompt_ids, e.completion_mask, e.group_index, e.rewards,
-                                                 e.advantages, e.old_logprobs, e.step_ends))
+    assert all(
+        t.device.type == "meta"
+        for t in (e.prompt_ids, e.completion_mask, e.group_index, e.rewards, e.advantages, e.old_logprobs, e.step_ends)
+    )
     assert e.completions[0] == "c0"
 
 

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import tiny_recipe, tiny_recipe_dict, write_recipe
 
 import grpokit.utils.importing
 from grpokit.utils.importing import MissingExtraWarning, require
+from helpers import tiny_recipe, tiny_recipe_dict, write_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 EXTRAS = {  # extra -> the modules it installs (as imported)
@@ -49,6 +49,7 @@ def _fresh_warnings(monkeypatch):
 
 
 # ---- pyproject.toml ------------------------------------------------------------------------------
+
 
 def _project() -> dict:
     tomllib = pytest.importorskip("tomllib")
@@ -91,7 +92,16 @@ def test_lock_pins_every_package_exactly():
     lines = [l for l in lock.read_text().splitlines() if l and not l.startswith("#")]
     assert all("==" in l and "+" not in l for l in lines), [l for l in lines if "==" not in l or "+" in l]
     pinned = {l.split("==")[0].lower().replace("_", "-") for l in lines}
-    assert {"torch", "transformers", "reasoning-gym", "torchao", "matplotlib", "tensorboard", "datasets", "peft"} <= pinned
+    assert {
+        "torch",
+        "transformers",
+        "reasoning-gym",
+        "torchao",
+        "matplotlib",
+        "tensorboard",
+        "datasets",
+        "peft",
+    } <= pinned
     assert "-c requirements/lock.txt" in (ROOT / "Makefile").read_text().replace("$(LOCK)", "requirements/lock.txt")
 
 
@@ -114,36 +124,45 @@ print(len(names), "modules")
 """
 
 
+@pytest.mark.slow
 def test_every_module_imports_without_the_optional_packages():
-    out = subprocess.run([sys.executable, "-c", _IMPORT_ALL, ",".join(OPTIONAL)], capture_output=True,
-                         text=True, timeout=300, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-c", _IMPORT_ALL, ",".join(OPTIONAL)], capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert int(out.stdout.split()[0]) > 30
 
 
 # ---- the helper ----------------------------------------------------------------------------------
 
+
 def test_require_names_the_extra_and_the_failing_import(monkeypatch):
     assert require("json", extra="x", why="y") is json
     _block(monkeypatch, "torchao")
-    with pytest.raises(ImportError, match=r"^the thing needs torchao, which is not installed: "
-                                          r"pip install 'grpokit\[torchao\]'$") as e:
+    with pytest.raises(
+        ImportError,
+        match=r"^the thing needs torchao, which is not installed: "
+        r"pip install 'grpokit\[torchao\]'$",
+    ) as e:
         require("torchao.optim", extra="torchao", why="the thing")
     assert isinstance(e.value.__cause__, ImportError)
-
 
 
 def test_require_says_what_failed_when_the_package_is_there_but_broken(monkeypatch, tmp_path):
     (tmp_path / "grpokit_broken_pkg").mkdir()
     (tmp_path / "grpokit_broken_pkg" / "__init__.py").write_text("import grpokit_missing_dep_xyz\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(ImportError, match=r"^w needs broken, which is not installed: pip install 'grpokit\[e\]' "
-                                          r"\(importing grpokit_broken_pkg failed: No module named "
-                                          r"'grpokit_missing_dep_xyz'\)$"):
+    with pytest.raises(
+        ImportError,
+        match=r"^w needs broken, which is not installed: pip install 'grpokit\[e\]' "
+        r"\(importing grpokit_broken_pkg failed: No module named "
+        r"'grpokit_missing_dep_xyz'\)$",
+    ):
         require("grpokit_broken_pkg", extra="e", why="w", package="broken")
 
 
 # ---- each optional package -----------------------------------------------------------------------
+
 
 def test_adamw_8bit_without_torchao_names_the_extra(monkeypatch):
     from grpokit.config import recipe_from_dict
@@ -151,11 +170,14 @@ def test_adamw_8bit_without_torchao_names_the_extra(monkeypatch):
 
     _block(monkeypatch, "torchao")
     recipe = recipe_from_dict({"train": {"optimizer": "adamw_8bit"}})
-    with pytest.raises(ImportError, match=r"train\.optimizer=adamw_8bit needs torchao.*pip install 'grpokit\[torchao\]'"):
+    with pytest.raises(
+        ImportError, match=r"train\.optimizer=adamw_8bit needs torchao.*pip install 'grpokit\[torchao\]'"
+    ):
         make_optimizer(torch.nn.Linear(4, 4), recipe.train)
     make_optimizer(torch.nn.Linear(4, 4), recipe_from_dict({}).train)  # the default needs nothing
 
 
+@pytest.mark.slow
 def test_grpokit_init_only_quiets_torchao_it_does_not_import_it():
     code = "import sys, grpokit; assert not {'torchao', 'torch', 'transformers'} & set(sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
@@ -184,8 +206,9 @@ def test_train_cli_without_reasoning_gym_is_one_line_naming_the_extra(tiny_model
     from grpokit.cli.main import main
 
     _block(monkeypatch, "reasoning_gym")
-    raw = tiny_recipe_dict(tiny_model_dir, tmp_path / "out", data={"dataset": "reasoning_gym:basic_arithmetic",
-                                                                 "split": "train"})
+    raw = tiny_recipe_dict(
+        tiny_model_dir, tmp_path / "out", data={"dataset": "reasoning_gym:basic_arithmetic", "split": "train"}
+    )
     assert main(["train", str(write_recipe(tmp_path / "r.yaml", raw)), "--no-progress"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("grpokit train: error: ") and "pip install 'grpokit[reasoning-gym]'" in err[-1], err
@@ -220,8 +243,11 @@ def test_run_logger_without_tensorboard_writes_jsonl_and_says_so_once(monkeypatc
     from grpokit.metrics import RunLogger, read_metrics
 
     _block(monkeypatch, "tensorboard")
-    with pytest.warns(MissingExtraWarning, match=r"TensorBoard.*needs tensorboard.*pip install "
-                                                 r"'grpokit\[tensorboard\]'; writing metrics\.jsonl only"):
+    with pytest.warns(
+        MissingExtraWarning,
+        match=r"TensorBoard.*needs tensorboard.*pip install "
+        r"'grpokit\[tensorboard\]'; writing metrics\.jsonl only",
+    ):
         logger = RunLogger(tmp_path)
     logger.log({"step": 1, "loss": 0.25})
     logger.close()

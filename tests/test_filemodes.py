@@ -50,8 +50,17 @@ def test_a_full_checkpoint_has_the_umasks_modes(tiny_model, smollm2_tokenizer, t
     opt = torch.optim.SGD(tiny_model.parameters(), lr=0.1)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     with umask(0o027):
-        ckpt = save_checkpoint(tmp_path, 1, model=tiny_model, tokenizer=smollm2_tokenizer, optimizer=opt,
-                               scheduler=sched, trainer_state={}, recipe={"model": {"name_or_path": "m"}}, keep=2)
+        ckpt = save_checkpoint(
+            tmp_path,
+            1,
+            model=tiny_model,
+            tokenizer=smollm2_tokenizer,
+            optimizer=opt,
+            scheduler=sched,
+            trainer_state={},
+            recipe={"model": {"name_or_path": "m"}},
+            keep=2,
+        )
     got = modes(ckpt)
     assert "model.safetensors" in got and set(got.values()) == {"0o640"}, got
     assert oct(ckpt.stat().st_mode & 0o777) == "0o750"
@@ -64,16 +73,24 @@ def test_the_sft_folder_has_the_umasks_modes(tiny_model_dir, smollm2_tokenizer, 
     rows = [{"prompt": "What is 1 + 1?", "answer": "2", "equation": "1 + 1"}] * 2
     enc = encode_rows(smollm2_tokenizer, completion_rows(rows, "{equation}")[0], prompt_template="{question}")
     with umask(0o027):
-        run_sft(load_model(tiny_model_dir).train(), smollm2_tokenizer, enc, tmp_path / "sft", max_steps=1,
-                batch_size=2, warmup_steps=0)
+        run_sft(
+            load_model(tiny_model_dir).train(),
+            smollm2_tokenizer,
+            enc,
+            tmp_path / "sft",
+            max_steps=1,
+            batch_size=2,
+            warmup_steps=0,
+        )
     got = modes(tmp_path / "sft")
     assert "model.safetensors" in got and set(got.values()) == {"0o640"}, got
     assert oct((tmp_path / "sft").stat().st_mode & 0o777) == "0o750"  # mkdtemp made it 0o700
 
 
 def test_the_packaged_models_cache_folder_has_the_umasks_modes(tmp_path, monkeypatch):
-    import grpokit.models.loading
     from safetensors.torch import save_file
+
+    import grpokit.models.loading
 
     def build(out):  # what _build_smollm2 writes, in brief: safetensors weights (0o600) and plain files
         save_file({"w": torch.zeros(2)}, str(out / "model.safetensors"))
@@ -83,7 +100,11 @@ def test_the_packaged_models_cache_folder_has_the_umasks_modes(tmp_path, monkeyp
     monkeypatch.setattr(grpokit.models.loading, "_build_smollm2", build)
     with umask(0o027):
         target = grpokit.models.loading._ensure_smollm2(tmp_path / "models" / "m")
-    assert modes(target) == {"model.safetensors": "0o640", "config.json": "0o640", grpokit.models.loading._MARKER: "0o640"}
+    assert modes(target) == {
+        "model.safetensors": "0o640",
+        "config.json": "0o640",
+        grpokit.models.loading._MARKER: "0o640",
+    }
     assert oct(target.stat().st_mode & 0o777) == "0o750"
 
 

@@ -17,8 +17,9 @@ from grpokit.data.rows import section_rows, shuffled_rows
 def sorted_file(tmp_path):
     """40 rows sorted by kind (like MAWPS's test file): kinds a, b, c, d in blocks of 10."""
     path = tmp_path / "rows.jsonl"
-    path.write_text("".join(json.dumps({"question": f"q{i}", "answer": str(i), "kind": "abcd"[i // 10]}) + "\n"
-                            for i in range(40)))
+    path.write_text(
+        "".join(json.dumps({"question": f"q{i}", "answer": str(i), "kind": "abcd"[i // 10]}) + "\n" for i in range(40))
+    )
     return str(path)
 
 

@@ -16,6 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_import_contracts_hold():
     lint = Path(sys.executable).parent / "lint-imports"
     if not lint.exists():

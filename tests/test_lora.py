@@ -14,19 +14,19 @@ import sys
 
 import pytest
 import torch
-from helpers import tiny_recipe, tiny_recipe_dict, write_recipe
 from transformers import AutoModelForCausalLM
 
 import grpokit.trainer.build
 from grpokit.backends import backend_of, install_backend, lora_modules
-from grpokit.trainer.checkpoint import load_model_weights, load_training_state
 from grpokit.cli.main import main
 from grpokit.config import RecipeError, load_recipe
-from grpokit.models.lora import adapter_dropout, is_peft_model, merged_copy
 from grpokit.metrics import read_metrics
 from grpokit.models.logprobs import batch_logprobs, completion_logprobs, reference_logprobs
+from grpokit.models.lora import adapter_dropout, is_peft_model, merged_copy
+from grpokit.trainer.checkpoint import load_model_weights, load_training_state
 from grpokit.trainer.collect import sample_and_score
 from grpokit.trainer.loop import optimize, train
+from helpers import tiny_recipe, tiny_recipe_dict, write_recipe
 
 pytest.importorskip("peft")
 
@@ -133,8 +133,7 @@ def test_backend_auto_steps_aside_and_cpu_refuses(tiny_model_dir, tmp_path, caps
     base = plain_model(tiny_model_dir)
     assert install_backend(base, "cpu", announce=False).startswith("backend cpu")
     kw = dict(temperature=recipe.rollout.temperature, micro_batch_size=recipe.train.micro_batch_size)
-    torch.testing.assert_close(batch_logprobs(run.model, exp, **kw), batch_logprobs(base, exp, **kw),
-                               atol=1e-5, rtol=0)
+    torch.testing.assert_close(batch_logprobs(run.model, exp, **kw), batch_logprobs(base, exp, **kw), atol=1e-5, rtol=0)
 
 
 # -- checkpoints ---------------------------------------------------------------------------------
@@ -186,8 +185,10 @@ def test_a_checkpoint_and_a_model_of_the_other_kind_do_not_mix(tiny_model_dir, t
     with pytest.raises(ValueError, match="no adapter_model.safetensors"):
         load_model_weights(run.model, full_out / "checkpoint-1")
     with pytest.raises(ValueError, match="does not fit model.lora"):  # another rank
-        load_model_weights(grpokit.trainer.build.build_run(lora_recipe(tiny_model_dir, tmp_path / "r8", {"r": 8})).model,
-                           lora_out / "checkpoint-1")
+        load_model_weights(
+            grpokit.trainer.build.build_run(lora_recipe(tiny_model_dir, tmp_path / "r8", {"r": 8})).model,
+            lora_out / "checkpoint-1",
+        )
 
 
 # -- export --------------------------------------------------------------------------------------
@@ -232,7 +233,9 @@ def test_merged_export_gives_the_adapted_logits(tiny_model_dir, tmp_path, capsys
     assert {"adapter_model.safetensors", "adapter_config.json", "tokenizer.json"} <= files
     assert not files & {"training_state.pt", "trainer_state.json", "model.safetensors"}
     with torch.no_grad():
-        again = PeftModel.from_pretrained(plain_model(tiny_model_dir), tmp_path / "adapter").eval()(input_ids=ids).logits
+        again = (
+            PeftModel.from_pretrained(plain_model(tiny_model_dir), tmp_path / "adapter").eval()(input_ids=ids).logits
+        )
     assert torch.equal(again, want)
     assert main(["export", str(ckpt), str(tmp_path / "adapter")]) == 1  # not empty: refused
     assert "exists and is not an empty folder" in capsys.readouterr().err
@@ -277,8 +280,10 @@ def test_value_model_of_a_lora_policy_is_a_merged_decoder_copy(tiny_model_dir, t
 
 
 def test_ppo_with_lora_takes_pi_ref_from_the_disabled_adapters(tiny_model_dir, tmp_path):
-    sections = {"algo": {"estimator": "ppo", "beta": 0.1, "kl_in_reward": True},
-                "train": {"critic_learning_rate": 1e-2, "max_steps": 1}}
+    sections = {
+        "algo": {"estimator": "ppo", "beta": 0.1, "kl_in_reward": True},
+        "train": {"critic_learning_rate": 1e-2, "max_steps": 1},
+    }
     recipe = lora_recipe(tiny_model_dir, tmp_path, **sections)
     run = grpokit.trainer.build.build_run(recipe)
     assert run.ref_model is None
@@ -312,8 +317,9 @@ def test_adapter_dropout_with_gradient_checkpointing_gives_the_same_gradients(ti
     """The dropout masks a checkpointed layer redraws in backward are those of the forward."""
     grads = []
     for ckpt in (False, True):
-        recipe = lora_recipe(tiny_model_dir, tmp_path / str(ckpt), {**LORA, "dropout": 0.5},
-                             model={"gradient_checkpointing": ckpt})
+        recipe = lora_recipe(
+            tiny_model_dir, tmp_path / str(ckpt), {**LORA, "dropout": 0.5}, model={"gradient_checkpointing": ckpt}
+        )
         run = grpokit.trainer.build.build_run(recipe)
         with torch.no_grad():
             for k, p in run.model.named_parameters():
@@ -344,21 +350,27 @@ def test_lora_keys_are_completed_with_their_defaults(tiny_model_dir, tmp_path):
     assert over.to_dict()["model"]["lora"]["r"] == 8  # recipe.json records every value
 
 
-@pytest.mark.parametrize("lora, message", [
-    ({"r": 0}, r"model\.lora\.r: the adapter rank must be an integer >= 1, got 0"),
-    ({"r": 2.5}, r"model\.lora\.r: .* got 2\.5"),
-    ({"r": True}, r"model\.lora\.r:"),
-    ({"alpha": 0}, r"model\.lora\.alpha: must be a number > 0"),
-    ({"alpha": -1.0}, r"model\.lora\.alpha:"),
-    ({"alpha": "big"}, r"model\.lora\.alpha:"),
-    ({"dropout": 1.0}, r"model\.lora\.dropout: must be in \[0, 1\), got 1\.0"),
-    ({"dropout": -0.1}, r"model\.lora\.dropout:"),
-    ({"target_modules": []}, r"model\.lora\.target_modules: a non-empty list"),
-    ({"target_modules": "q_proj"}, r"model\.lora\.target_modules: .* or all-linear, got 'q_proj'"),
-    ({"target_modules": ["q_proj", ""]}, r"model\.lora\.target_modules\[1\]: expected a module name"),
-    ({"rank": 4}, r"unknown recipe key model\.lora\.rank; allowed in model\.lora: r, alpha, target_modules, dropout"),
-    (8, r"model\.lora: expected dict, got int 8"),
-])
+@pytest.mark.parametrize(
+    "lora, message",
+    [
+        ({"r": 0}, r"model\.lora\.r: the adapter rank must be an integer >= 1, got 0"),
+        ({"r": 2.5}, r"model\.lora\.r: .* got 2\.5"),
+        ({"r": True}, r"model\.lora\.r:"),
+        ({"alpha": 0}, r"model\.lora\.alpha: must be a number > 0"),
+        ({"alpha": -1.0}, r"model\.lora\.alpha:"),
+        ({"alpha": "big"}, r"model\.lora\.alpha:"),
+        ({"dropout": 1.0}, r"model\.lora\.dropout: must be in \[0, 1\), got 1\.0"),
+        ({"dropout": -0.1}, r"model\.lora\.dropout:"),
+        ({"target_modules": []}, r"model\.lora\.target_modules: a non-empty list"),
+        ({"target_modules": "q_proj"}, r"model\.lora\.target_modules: .* or all-linear, got 'q_proj'"),
+        ({"target_modules": ["q_proj", ""]}, r"model\.lora\.target_modules\[1\]: expected a module name"),
+        (
+            {"rank": 4},
+            r"unknown recipe key model\.lora\.rank; allowed in model\.lora: r, alpha, target_modules, dropout",
+        ),
+        (8, r"model\.lora: expected dict, got int 8"),
+    ],
+)
 def test_bad_lora_values_name_the_key(tiny_model_dir, tmp_path, lora, message):
     raw = tiny_recipe_dict(tiny_model_dir, tmp_path, model={"lora": lora})
     with pytest.raises(RecipeError, match=message):
@@ -376,8 +388,11 @@ def test_lora_without_peft_names_the_extra_before_the_model_loads(tiny_model_dir
     for name in [m for m in sys.modules if m == "peft" or m.startswith("peft.")]:
         monkeypatch.setitem(sys.modules, name, None)
     monkeypatch.setattr(grpokit.models.loading, "load_model", lambda *a, **k: pytest.fail("model loaded"))
-    with pytest.raises(ImportError, match=r"^model\.lora needs peft, which is not installed: "
-                                          r"pip install 'grpokit\[lora\]'$"):
+    with pytest.raises(
+        ImportError,
+        match=r"^model\.lora needs peft, which is not installed: "
+        r"pip install 'grpokit\[lora\]'$",
+    ):
         grpokit.trainer.build.build_run(lora_recipe(tiny_model_dir, tmp_path))
 
 
@@ -408,7 +423,8 @@ def _modes(folder) -> dict[str, int]:
 
 @pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing:FutureWarning")  # peft's own question
 def test_lora_outputs_honour_the_umask_name_the_users_base_and_evaluate_as_any_model(
-        tiny_model_dir, tmp_path, monkeypatch, capsys):
+    tiny_model_dir, tmp_path, monkeypatch, capsys
+):
     import os
     import shutil
 

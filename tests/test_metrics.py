@@ -26,8 +26,10 @@ def test_truncate_after_on_a_non_utf8_file_names_it_and_leaves_it(tmp_path, name
     offset = len(_lines(1)) + len(b'{"step": 2, "text": "caf')
     with pytest.raises(ValueError) as e:
         RunLogger(tmp_path, tensorboard=False).truncate_after(1)
-    assert str(e.value) == (f"{tmp_path / name}: line 2: not valid UTF-8 (byte 0xe9 at offset {offset} of the"
-                            f" file); repair or remove it to resume in {tmp_path}")
+    assert str(e.value) == (
+        f"{tmp_path / name}: line 2: not valid UTF-8 (byte 0xe9 at offset {offset} of the"
+        f" file); repair or remove it to resume in {tmp_path}"
+    )
     assert (tmp_path / name).read_bytes() == content
 
 
@@ -51,12 +53,13 @@ def test_a_fresh_run_replaces_a_non_utf8_metrics_file(tmp_path):
 
 
 def test_samples_show_the_prompt_the_model_saw_and_each_advantage(tiny_model_dir, tmp_path):
+    from grpokit.trainer.loop import train
     from helpers import tiny_recipe
 
-    from grpokit.trainer.loop import train
-
-    train(tiny_recipe(tiny_model_dir, tmp_path, train={"max_steps": 1}, data={"system_prompt": "Be brief."}),
-          progress=False)
+    train(
+        tiny_recipe(tiny_model_dir, tmp_path, train={"max_steps": 1}, data={"system_prompt": "Be brief."}),
+        progress=False,
+    )
     lines = [json.loads(l) for l in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert len(lines) == 4  # B=2 prompts x G=2
     for s in lines:  # the question inside the template, the system prompt and the chat turns, as tokenized
@@ -66,7 +69,7 @@ def test_samples_show_the_prompt_the_model_saw_and_each_advantage(tiny_model_dir
     for a, b in (lines[0:2], lines[2:4]):  # a group of 2, rewards r_a, r_b: mean (r_a + r_b)/2, sample std
         assert a["model_prompt"] == b["model_prompt"]  # |r_a - r_b|/√2, so A_a = ((r_a - r_b)/2)/(std + 1e-4)
         d = a["reward"] - b["reward"]
-        want = 0.0 if d == 0 else (d / 2) / (abs(d) / 2 ** 0.5 + 1e-4)
+        want = 0.0 if d == 0 else (d / 2) / (abs(d) / 2**0.5 + 1e-4)
         assert a["advantage"] == pytest.approx(want, rel=1e-5) and b["advantage"] == pytest.approx(-want, rel=1e-5)
 
 
@@ -80,10 +83,17 @@ def test_sample_lines_of_token_advantages_give_the_first_tokens(smollm2_tokenize
     width = max(map(len, ids))
     prompt = torch.tensor([[2] * (width - len(x)) + x for x in ids])  # left-padded with the pad id 2
     mask = torch.tensor([[False] * (width - len(x)) + [True] * len(x) for x in ids])
-    exp = Experience(prompt_ids=prompt, prompt_mask=mask, completion_ids=torch.ones(2, 3, dtype=torch.long),
-                     completion_mask=torch.ones(2, 3, dtype=torch.bool), group_index=torch.tensor([0, 1]),
-                     group_size=1, truncated=torch.tensor([True, False]), completions=["a", "b"],
-                     rewards=torch.tensor([1.0, float("nan")], dtype=torch.float64))
+    exp = Experience(
+        prompt_ids=prompt,
+        prompt_mask=mask,
+        completion_ids=torch.ones(2, 3, dtype=torch.long),
+        completion_mask=torch.ones(2, 3, dtype=torch.bool),
+        group_index=torch.tensor([0, 1]),
+        group_size=1,
+        truncated=torch.tensor([True, False]),
+        completions=["a", "b"],
+        rewards=torch.tensor([1.0, float("nan")], dtype=torch.float64),
+    )
     # process supervision: token advantages; a token's = the sum of the normalized step rewards from it on
     exp.advantages = torch.tensor([[0.75, 0.25, 0.25], [-0.5, -0.5, 0.0]])
     rows = [{"prompt": "q0", "answer": "1"}, {"prompt": "q1"}]
@@ -98,13 +108,14 @@ def test_no_signal_under_process_supervision_quotes_the_step_reward_fraction():
 
     import torch
 
-    from grpokit.metrics import RunWarning
-    from grpokit.metrics import warn_if_step_did_nothing
+    from grpokit.metrics import RunWarning, warn_if_step_did_nothing
 
     m = {"step": 3, "truncated_frac": 0.0, "unscorable_frac": 0.0, "frac_zero_std": 0.5, "step_frac_zero_std": 1.0}
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         assert warn_if_step_did_nothing(m, torch.zeros(4, 3), max_new_tokens=8, warned_at={}) == ["no_signal"]
     (w,) = [w for w in said if issubclass(w.category, RunWarning)]
-    assert str(w.message).startswith("step 3: no learning signal: every group's step rewards were equal "
-                                     "(step_frac_zero_std=1.00; outcome rewards: frac_zero_std=0.50, ")
+    assert str(w.message).startswith(
+        "step 3: no learning signal: every group's step rewards were equal "
+        "(step_frac_zero_std=1.00; outcome rewards: frac_zero_std=0.50, "
+    )

@@ -13,7 +13,6 @@ import torch
 
 from grpokit.models import loading as models
 
-
 # ---------------------------------------------------------------- cache location and aliases
 
 
@@ -33,8 +32,14 @@ def test_aliases_resolve_to_one_complete_cache_folder(smollm2_tokenizer):
     assert path == models.cache_dir() / "models" / "smollm2-135m-instruct"
     assert models.resolve_model_path("smollm2") == str(path)
     assert models.resolve_model_path("SmolLM2-135M-Instruct") == str(path)
-    for name in ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-                 "chat_template.jinja", "grpokit_source.json"]:
+    for name in [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "chat_template.jinja",
+        "grpokit_source.json",
+    ]:
         assert (path / name).is_file(), name
     config = json.loads((path / "config.json").read_text())
     assert "quantization_config" not in config  # plain float weights, not a GGUF-quantized model
@@ -44,9 +49,7 @@ def test_aliases_resolve_to_one_complete_cache_folder(smollm2_tokenizer):
 
 
 def test_other_names_pass_through(tmp_path):
-    assert models.resolve_model_path("HuggingFaceTB/SmolLM2-135M-Instruct") == (
-        "HuggingFaceTB/SmolLM2-135M-Instruct"
-    )
+    assert models.resolve_model_path("HuggingFaceTB/SmolLM2-135M-Instruct") == ("HuggingFaceTB/SmolLM2-135M-Instruct")
     assert models.resolve_model_path("gpt2") == "gpt2"
     assert models.resolve_model_path(str(tmp_path)) == str(tmp_path.resolve())
 
@@ -77,9 +80,7 @@ def test_smollm2_tokenizer(smollm2_tokenizer):
     assert (tok.eos_token, tok.eos_token_id) == ("<|im_end|>", 2)
     assert (tok.bos_token_id, tok.pad_token_id, tok.convert_tokens_to_ids("<|endoftext|>")) == (1, 2, 0)
     assert len(tok) == 49152
-    text = tok.apply_chat_template(
-        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
-    )
+    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
     assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n")
     # The template carries the special tokens; the tokenizer adds none of its own.
     with_special = tok(text)["input_ids"]
@@ -156,10 +157,7 @@ def test_concurrent_first_use_builds_once(monkeypatch, tmp_path):
     monkeypatch.setattr(models, "_build_smollm2", _fake_builder(calls))
     monkeypatch.setenv("GRPOKIT_CACHE", str(tmp_path))
     results: list[str] = []
-    threads = [
-        threading.Thread(target=lambda: results.append(models.resolve_model_path("smollm2")))
-        for _ in range(3)
-    ]
+    threads = [threading.Thread(target=lambda: results.append(models.resolve_model_path("smollm2"))) for _ in range(3)]
     for t in threads:
         t.start()
     for t in threads:

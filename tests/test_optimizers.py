@@ -7,12 +7,12 @@ import math
 
 import pytest
 import torch
-from helpers import tiny_recipe
 
-from grpokit.trainer.checkpoint import load_training_state
 from grpokit.config import RecipeError, recipe_from_dict
-from grpokit.trainer.optim import make_optimizer
+from grpokit.trainer.checkpoint import load_training_state
 from grpokit.trainer.loop import train
+from grpokit.trainer.optim import make_optimizer
+from helpers import tiny_recipe
 
 
 def _one_step(optimizer: str, lr: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -23,8 +23,12 @@ def _one_step(optimizer: str, lr: float) -> tuple[torch.Tensor, torch.Tensor]:
     with torch.no_grad():
         model.weight.normal_(0, 0.02)
     before = model.weight.detach().clone()
-    recipe = recipe_from_dict({"model": {"dtype": "bfloat16"},
-                               "train": {"optimizer": optimizer, "learning_rate": lr, "adam_betas": [0.9, 0.99]}})
+    recipe = recipe_from_dict(
+        {
+            "model": {"dtype": "bfloat16"},
+            "train": {"optimizer": optimizer, "learning_rate": lr, "adam_betas": [0.9, 0.99]},
+        }
+    )
     opt, _ = make_optimizer(model, recipe.train)
     model.weight.grad = torch.ones_like(model.weight)
     opt.step()
@@ -57,19 +61,24 @@ def test_adamw_bf16_sr_states_are_bf16():
     assert state["exp_avg"].dtype == state["exp_avg_sq"].dtype == torch.bfloat16
 
 
-@pytest.mark.parametrize("raw, key", [
-    ({"train": {"optimizer": "adamw_bf16_sr"}}, "train.optimizer"),  # needs model.dtype=bfloat16
-    ({"train": {"optimizer": "sgd"}}, "train.optimizer"),
-    ({"model": {"dtype": "bfloat16", "autocast_bf16": True}}, "model.autocast_bf16"),
-])
+@pytest.mark.parametrize(
+    "raw, key",
+    [
+        ({"train": {"optimizer": "adamw_bf16_sr"}}, "train.optimizer"),  # needs model.dtype=bfloat16
+        ({"train": {"optimizer": "sgd"}}, "train.optimizer"),
+        ({"model": {"dtype": "bfloat16", "autocast_bf16": True}}, "model.autocast_bf16"),
+    ],
+)
 def test_optimizer_recipe_errors_name_the_key(raw, key):
     with pytest.raises(RecipeError, match=key):
         recipe_from_dict(raw)
 
 
 def test_bf16_run_checkpoints_and_resumes_the_sr_optimizer(tiny_model_dir, tmp_path):
-    sections = {"model": {"dtype": "bfloat16"}, "train": {"optimizer": "adamw_bf16_sr", "max_steps": 1,
-                                                          "save_steps": 1}}
+    sections = {
+        "model": {"dtype": "bfloat16"},
+        "train": {"optimizer": "adamw_bf16_sr", "max_steps": 1, "save_steps": 1},
+    }
     train(tiny_recipe(tiny_model_dir, tmp_path, **sections), progress=False)
     _, blob = load_training_state(tmp_path / "checkpoint-1")
     states = blob["optimizer"]["state"]

@@ -31,7 +31,7 @@ def _grouped_batch(G: int = 3, T: int = 7, seed: int = 0) -> tuple[Experience, t
     pid = torch.zeros(len(prompts), P, dtype=torch.long)
     pm = torch.zeros(len(prompts), P, dtype=torch.bool)
     for i, p in enumerate(prompts):
-        pid[i, P - len(p):], pm[i, P - len(p):] = p, True
+        pid[i, P - len(p) :], pm[i, P - len(p) :] = p, True
     N = len(prompts) * G
     cid = torch.randint(3, V, (N, T), generator=gen)
     ends = torch.randint(0, T, (N,), generator=gen)
@@ -67,8 +67,16 @@ def _cpu_copy(model):
 def _loss_and_grads(model, batch, adv, ref_logp, **kw):
     model.zero_grad(set_to_none=True)
     logp, ent = completion_logprobs(model, batch, temperature=0.7, with_entropy=True, **kw)
-    loss, _ = algo.policy_loss(logp, logp.detach(), adv, batch.completion_mask, ref_logp=ref_logp, beta=0.04,
-                               num_sequences=len(batch), num_tokens=int(batch.completion_mask.sum()))
+    loss, _ = algo.policy_loss(
+        logp,
+        logp.detach(),
+        adv,
+        batch.completion_mask,
+        ref_logp=ref_logp,
+        beta=0.04,
+        num_sequences=len(batch),
+        num_tokens=int(batch.completion_mask.sum()),
+    )
     loss.backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     return logp.detach(), ent, loss.detach(), grads
@@ -141,8 +149,11 @@ MANY_EOS = list(range(0, 49152, 5))  # ~20% of sampled ids end a completion (tin
 
 
 #: the cpu backend's generation switches (packed weights on by default in each)
-FAST_GENERATION = [dict(share_prompt=True, static_cache=False), dict(share_prompt=False, static_cache=True),
-                   dict(share_prompt=True, static_cache=True)]
+FAST_GENERATION = [
+    dict(share_prompt=True, static_cache=False),
+    dict(share_prompt=False, static_cache=True),
+    dict(share_prompt=True, static_cache=True),
+]
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -153,12 +164,22 @@ def test_fast_generation_samples_the_same_tokens(tiny_model, smollm2_tokenizer, 
     prompts = smollm2_prompts + ["The cat sat on"]  # three lengths: left padding differs by row
     cpu_model = _cpu_copy(tiny_model)
     for chunk in (None, 4):  # chunk 4 splits a group across generate calls
-        plain = generate_rollouts(tiny_model, smollm2_tokenizer, prompts, 3, params, eos_token_ids=MANY_EOS,
-                                  seed=seed, chunk_size=chunk)
+        plain = generate_rollouts(
+            tiny_model, smollm2_tokenizer, prompts, 3, params, eos_token_ids=MANY_EOS, seed=seed, chunk_size=chunk
+        )
         assert plain.completion_mask.sum(1).min() < plain.completion_ids.shape[1]  # some rows stopped early
         for kw in FAST_GENERATION:
-            fast = generate_rollouts(cpu_model, smollm2_tokenizer, prompts, 3, params, eos_token_ids=MANY_EOS,
-                                     seed=seed, chunk_size=chunk, **kw)
+            fast = generate_rollouts(
+                cpu_model,
+                smollm2_tokenizer,
+                prompts,
+                3,
+                params,
+                eos_token_ids=MANY_EOS,
+                seed=seed,
+                chunk_size=chunk,
+                **kw,
+            )
             assert torch.equal(fast.completion_ids, plain.completion_ids), kw
             assert fast.completions == plain.completions and torch.equal(fast.completion_mask, plain.completion_mask)
 
@@ -196,8 +217,9 @@ def test_fast_paths_are_taken(tiny_model, smollm2_tokenizer, smollm2_prompts, mo
     params = hf.SamplingParams(temperature=1.0, max_new_tokens=4)
     hf.generate_rollouts(tiny_model, smollm2_tokenizer, smollm2_prompts, 3, params, eos_token_ids=[2, 0], seed=0)
     assert seen == [] and packs == []  # plain: generate as it comes
-    r = hf.generate_rollouts(_cpu_copy(tiny_model), smollm2_tokenizer, smollm2_prompts, 3, params,
-                             eos_token_ids=[2, 0], seed=0)
+    r = hf.generate_rollouts(
+        _cpu_copy(tiny_model), smollm2_tokenizer, smollm2_prompts, 3, params, eos_token_ids=[2, 0], seed=0
+    )
     P = r.prompt_ids.shape[1]
     assert seen == [(StaticCache.__name__, P - 1)]  # prefix of every row already in, written once per prompt
     assert packs == [1]
@@ -209,8 +231,15 @@ def test_bf16_sampler_follows_the_models_weights(tiny_model, smollm2_tokenizer, 
     from grpokit.rollout.hf import _sampler_copy
 
     params = SamplingParams(temperature=0.0, max_new_tokens=6)
-    run = lambda **kw: generate_rollouts(tiny_model, smollm2_tokenizer, smollm2_prompts, 2, params,  # noqa: E731
-                                         eos_token_ids=[2, 0], **kw)
+    run = lambda **kw: generate_rollouts(
+        tiny_model,
+        smollm2_tokenizer,
+        smollm2_prompts,
+        2,
+        params,  # noqa: E731
+        eos_token_ids=[2, 0],
+        **kw,
+    )
     a = run(sampler_dtype=torch.bfloat16)
     copy = _sampler_copy(tiny_model, torch.bfloat16)
     assert copy is not tiny_model and all(p.dtype == torch.bfloat16 for p in copy.parameters())
@@ -240,8 +269,9 @@ def test_gradient_checkpointing_recomputes_and_keeps_loss_and_grads(make_tiny_mo
     plain = _loss_and_grads(plain_model, batch, adv, ref_logp)
     n_layers = model.config.num_hidden_layers
     assert enable_gradient_checkpointing(model) == n_layers
-    assert not model.training and not any(m.training for m in model.model.layers[0].modules()
-                                          if m is not model.model.layers[0])
+    assert not model.training and not any(
+        m.training for m in model.model.layers[0].modules() if m is not model.model.layers[0]
+    )
     assert checkpointing_active(model)
     with torch.no_grad():
         assert not checkpointing_active(model)

@@ -6,17 +6,17 @@ import math
 
 import pytest
 import torch
-from helpers import tiny_recipe
 from transformers import AutoModelForCausalLM
 
 import grpokit.trainer.build
 from grpokit import algo
-from grpokit.trainer.checkpoint import load_training_state
-from grpokit.metrics import read_metrics
 from grpokit.estimators.ppo import PPO
+from grpokit.estimators.value import ValueModel
+from grpokit.metrics import read_metrics
+from grpokit.trainer.checkpoint import load_training_state
 from grpokit.trainer.collect import sample_and_score
 from grpokit.trainer.loop import train
-from grpokit.estimators.value import ValueModel
+from helpers import tiny_recipe
 
 PPO_SECTIONS = {"algo": {"estimator": "ppo", "beta": 0.0}, "train": {"critic_learning_rate": 1e-2}}
 
@@ -142,8 +142,10 @@ def test_a_grpo_checkpoint_does_not_resume_a_ppo_run(tiny_model_dir, tmp_path):
         train(tiny_recipe(tiny_model_dir, tmp_path, **sections(train={"max_steps": 2})), progress=False)
 
 
-@pytest.mark.parametrize("key, value, message", [
-    ("gamma", 1.5, "algo.gamma: must be in"), ("lam", -0.1, "algo.lam"), ("value_clip_eps", 0, "algo.value_clip_eps")])
+@pytest.mark.parametrize(
+    "key, value, message",
+    [("gamma", 1.5, "algo.gamma: must be in"), ("lam", -0.1, "algo.lam"), ("value_clip_eps", 0, "algo.value_clip_eps")],
+)
 def test_bad_ppo_keys(tiny_model_dir, tmp_path, key, value, message):
     from grpokit.config import RecipeError
 

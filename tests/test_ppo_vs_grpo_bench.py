@@ -17,22 +17,35 @@ def fake_run(root: Path, name: str, before: list[bool], after: list[bool], step_
     d = root / name
     d.mkdir()
     for when, outcomes in (("before", before), ("step2", after)):
-        (d / f"eval_{when}.json").write_text(json.dumps(
-            {"when": when, "correct": sum(outcomes), "total": len(outcomes), "accuracy": sum(outcomes) / len(outcomes),
-             "outcomes": outcomes}))
-    (d / "metrics.jsonl").write_text("\n".join(json.dumps(
-        {"step": i + 1, "step_s": s, "gen_s": s / 2, "train_s": s / 2, "train_minutes": (i + 1) / 10})
-        for i, s in enumerate(step_s)))
+        (d / f"eval_{when}.json").write_text(
+            json.dumps(
+                {
+                    "when": when,
+                    "correct": sum(outcomes),
+                    "total": len(outcomes),
+                    "accuracy": sum(outcomes) / len(outcomes),
+                    "outcomes": outcomes,
+                }
+            )
+        )
+    (d / "metrics.jsonl").write_text(
+        "\n".join(
+            json.dumps({"step": i + 1, "step_s": s, "gen_s": s / 2, "train_s": s / 2, "train_minutes": (i + 1) / 10})
+            for i, s in enumerate(step_s)
+        )
+    )
     (root / f"{name}.rss.json").write_text(json.dumps({"rc": 0, "peak_rss_gb": rss}))
     return d
 
 
 def test_report_pairs_each_run_with_its_base_and_ppo_with_grpo(tmp_path):
     base = [False] * 8 + [True] * 2
-    grpo = [True] * 6 + [False] * 2 + [True] * 2          # 6 more right than the base
-    ppo = [True] * 3 + [False] * 5 + [True, False]         # 3 more, 1 fewer
-    runs = {("grpo", 0): bench.read_run(fake_run(tmp_path, "grpo-seed0", base, grpo, [99.0, 10.0, 12.0], 2.0)),
-            ("ppo", 0): bench.read_run(fake_run(tmp_path, "ppo-seed0", base, ppo, [99.0, 20.0, 22.0], 3.5))}
+    grpo = [True] * 6 + [False] * 2 + [True] * 2  # 6 more right than the base
+    ppo = [True] * 3 + [False] * 5 + [True, False]  # 3 more, 1 fewer
+    runs = {
+        ("grpo", 0): bench.read_run(fake_run(tmp_path, "grpo-seed0", base, grpo, [99.0, 10.0, 12.0], 2.0)),
+        ("ppo", 0): bench.read_run(fake_run(tmp_path, "ppo-seed0", base, ppo, [99.0, 20.0, 22.0], 3.5)),
+    }
     assert runs[("grpo", 0)]["step_s"] == 11.0  # median without the first step
     assert runs[("ppo", 0)]["peak_rss_gb"] == 3.5
     assert [e["step"] for e in runs[("grpo", 0)]["evals"]] == [0, 2]

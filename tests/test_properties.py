@@ -54,8 +54,12 @@ def _valid_varying(r: torch.Tensor, g: int) -> torch.Tensor:
 
 
 @SETTINGS
-@given(st.data(), st.sampled_from(algo.SCALES), st.sampled_from([torch.float32, torch.float64]),
-       st.sampled_from([0.0, 1e-4]))
+@given(
+    st.data(),
+    st.sampled_from(algo.SCALES),
+    st.sampled_from([torch.float32, torch.float64]),
+    st.sampled_from([0.0, 1e-4]),
+)
 def test_group_advantages_finite_and_shaped(data, scale, dtype, eps):
     any_float = st.floats(allow_nan=True, allow_infinity=True, width=32 if dtype == torch.float32 else 64)
     r, g = data.draw(st.one_of(grouped_rewards(), grouped_rewards(values=any_float)))
@@ -71,22 +75,25 @@ def test_group_advantages_finite_and_shaped(data, scale, dtype, eps):
 @given(grouped_rewards(), st.data())
 def test_group_shift_leaves_group_scaled_advantages_unchanged(rg, data):
     r, g = rg
-    shifts = torch.tensor(data.draw(st.lists(grid, min_size=len(r) // g, max_size=len(r) // g)),
-                          dtype=torch.float64)
+    shifts = torch.tensor(data.draw(st.lists(grid, min_size=len(r) // g, max_size=len(r) // g)), dtype=torch.float64)
     shifted = r + shifts.repeat_interleave(g)  # a different constant per group
     for eps in (0.0, 1e-4):
-        torch.testing.assert_close(algo.group_advantages(shifted, g, scale="group", eps=eps),
-                                   algo.group_advantages(r, g, scale="group", eps=eps))
-    torch.testing.assert_close(algo.group_advantages(shifted, g, scale="none"),
-                               algo.group_advantages(r, g, scale="none"))
+        torch.testing.assert_close(
+            algo.group_advantages(shifted, g, scale="group", eps=eps),
+            algo.group_advantages(r, g, scale="group", eps=eps),
+        )
+    torch.testing.assert_close(
+        algo.group_advantages(shifted, g, scale="none"), algo.group_advantages(r, g, scale="none")
+    )
 
 
 @SETTINGS
 @given(grouped_rewards(), grid)
 def test_batch_shift_leaves_batch_scaled_advantages_unchanged(rg, c):
     r, g = rg
-    torch.testing.assert_close(algo.group_advantages(r + c, g, scale="batch"),
-                               algo.group_advantages(r, g, scale="batch"))
+    torch.testing.assert_close(
+        algo.group_advantages(r + c, g, scale="batch"), algo.group_advantages(r, g, scale="batch")
+    )
 
 
 @SETTINGS
@@ -94,15 +101,19 @@ def test_batch_shift_leaves_batch_scaled_advantages_unchanged(rg, c):
 def test_positive_scale_leaves_advantages_unchanged_without_eps(rg, k):
     r, g = rg
     for scale in ("group", "batch"):
-        torch.testing.assert_close(algo.group_advantages(r * k, g, scale=scale, eps=0.0),
-                                   algo.group_advantages(r, g, scale=scale, eps=0.0))
+        torch.testing.assert_close(
+            algo.group_advantages(r * k, g, scale=scale, eps=0.0), algo.group_advantages(r, g, scale=scale, eps=0.0)
+        )
     # scale="none" only centres: advantages scale with the rewards
-    torch.testing.assert_close(algo.group_advantages(r * k, g, scale="none"),
-                               algo.group_advantages(r, g, scale="none") * k)
+    torch.testing.assert_close(
+        algo.group_advantages(r * k, g, scale="none"), algo.group_advantages(r, g, scale="none") * k
+    )
     # with eps > 0 the only effect is eps's: (k r - k m) / (k s + eps) = (r - m) / (s + eps / k)
     for scale in ("group", "batch"):
-        torch.testing.assert_close(algo.group_advantages(r * k, g, scale=scale, eps=1e-4),
-                                   algo.group_advantages(r, g, scale=scale, eps=1e-4 / k))
+        torch.testing.assert_close(
+            algo.group_advantages(r * k, g, scale=scale, eps=1e-4),
+            algo.group_advantages(r, g, scale=scale, eps=1e-4 / k),
+        )
 
 
 @SETTINGS
@@ -124,10 +135,8 @@ def process_batch(draw):
     n = b * g
     lengths = draw(st.lists(st.integers(0, t), min_size=n, max_size=n))
     mask = torch.tensor([[j < ln for j in range(t)] for ln in lengths])
-    ends = torch.tensor(draw(st.lists(st.lists(st.booleans(), min_size=t, max_size=t), min_size=n,
-                                      max_size=n)))
-    vals = draw(st.lists(st.lists(st.one_of(grid, st.just(NAN)), min_size=t, max_size=t),
-                         min_size=n, max_size=n))
+    ends = torch.tensor(draw(st.lists(st.lists(st.booleans(), min_size=t, max_size=t), min_size=n, max_size=n)))
+    vals = draw(st.lists(st.lists(st.one_of(grid, st.just(NAN)), min_size=t, max_size=t), min_size=n, max_size=n))
     return torch.tensor(vals, dtype=torch.float64), ends, mask, g
 
 
@@ -149,24 +158,23 @@ def test_process_advantages_finite_and_zero_on_masked_tokens(batch):
 @given(process_batch(), grid)
 def test_process_advantages_shift_invariant(batch, c):
     r, ends, mask, g = batch
-    torch.testing.assert_close(algo.process_advantages(r + c, ends, mask, g),
-                               algo.process_advantages(r, ends, mask, g))
+    torch.testing.assert_close(algo.process_advantages(r + c, ends, mask, g), algo.process_advantages(r, ends, mask, g))
 
 
 @SETTINGS
 @given(st.integers(1, 4), st.integers(1, 6), st.data())
 def test_policy_loss_finite_for_finite_inputs(n, t, data):
     floats = st.floats(-30.0, 0.0)
-    logp = torch.tensor(data.draw(st.lists(st.lists(floats, min_size=t, max_size=t), min_size=n,
-                                           max_size=n)), requires_grad=True)
-    old = torch.tensor(data.draw(st.lists(st.lists(floats, min_size=t, max_size=t), min_size=n,
-                                          max_size=n)))
+    logp = torch.tensor(
+        data.draw(st.lists(st.lists(floats, min_size=t, max_size=t), min_size=n, max_size=n)), requires_grad=True
+    )
+    old = torch.tensor(data.draw(st.lists(st.lists(floats, min_size=t, max_size=t), min_size=n, max_size=n)))
     adv = torch.tensor(data.draw(st.lists(st.floats(-10, 10), min_size=n, max_size=n)))
-    mask = torch.tensor(data.draw(st.lists(st.lists(st.booleans(), min_size=t, max_size=t),
-                                           min_size=n, max_size=n)))
+    mask = torch.tensor(data.draw(st.lists(st.lists(st.booleans(), min_size=t, max_size=t), min_size=n, max_size=n)))
     agg = data.draw(st.sampled_from(algo.AGGREGATIONS))
-    loss, stats = algo.policy_loss(logp, old, adv, mask, ref_logp=old, beta=0.04, aggregation=agg,
-                                   max_completion_length=t)
+    loss, stats = algo.policy_loss(
+        logp, old, adv, mask, ref_logp=old, beta=0.04, aggregation=agg, max_completion_length=t
+    )
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(logp.grad).all()
     assert all(torch.isfinite(v).all() for v in stats.values())
@@ -185,8 +193,9 @@ def token_batch(draw, max_n=3, max_t=5):
     n, t = draw(st.integers(1, max_n)), draw(st.integers(1, max_t))
 
     def grid2(elem):
-        return torch.tensor(draw(st.lists(st.lists(elem, min_size=t, max_size=t), min_size=n, max_size=n)),
-                            dtype=torch.float32)
+        return torch.tensor(
+            draw(st.lists(st.lists(elem, min_size=t, max_size=t), min_size=n, max_size=n)), dtype=torch.float32
+        )
 
     logp, old, ref = (grid2(st.floats(-20.0, 0.0, width=32)) for _ in range(3))
     adv = grid2(st.one_of(st.just(0.0), st.floats(-5.0, 5.0, width=32)))
@@ -197,8 +206,9 @@ def token_batch(draw, max_n=3, max_t=5):
 
 def _policy(logp, old, ref, adv, mask, agg):
     logp = logp.clone().requires_grad_()
-    loss, st_ = algo.policy_loss(logp, old, adv, mask, ref_logp=ref, beta=0.04, aggregation=agg,
-                                 max_completion_length=mask.shape[1])
+    loss, st_ = algo.policy_loss(
+        logp, old, adv, mask, ref_logp=ref, beta=0.04, aggregation=agg, max_completion_length=mask.shape[1]
+    )
     loss.backward()
     return loss.detach(), st_, logp.grad
 
@@ -282,13 +292,51 @@ def test_entropy_and_logprobs_match_float64_for_logits_up_to_45(v, data):
 
 # -- the answer parser --------------------------------------------------------------------------
 
-_PIECES = ["\\boxed{", "\\boxed ", "\\fbox{", "{", "}", "\\frac{1}{2}", "\\dfrac", "\\", "####",
-           "#### ", "Answer:", "answer is", "The answer is ", "**", "$", "1", "42", "2.5", "-3",
-           "1,000", "3/4", ".5", " ", "\n", "x", "=", "\\text{(C)}", "\\sqrt{2}", "^", "(", ")",
-           "[", "]", ",", ".", "e", "%", "\\infty", "\\pi"]
+_PIECES = [
+    "\\boxed{",
+    "\\boxed ",
+    "\\fbox{",
+    "{",
+    "}",
+    "\\frac{1}{2}",
+    "\\dfrac",
+    "\\",
+    "####",
+    "#### ",
+    "Answer:",
+    "answer is",
+    "The answer is ",
+    "**",
+    "$",
+    "1",
+    "42",
+    "2.5",
+    "-3",
+    "1,000",
+    "3/4",
+    ".5",
+    " ",
+    "\n",
+    "x",
+    "=",
+    "\\text{(C)}",
+    "\\sqrt{2}",
+    "^",
+    "(",
+    ")",
+    "[",
+    "]",
+    ",",
+    ".",
+    "e",
+    "%",
+    "\\infty",
+    "\\pi",
+]
 answer_like = st.lists(st.sampled_from(_PIECES), max_size=60).map("".join)
-any_text = st.one_of(st.text(max_size=300), answer_like,
-                     st.text(alphabet="\\{}boxed0123456789#$.,/- answerAnsw:is\n", max_size=300))
+any_text = st.one_of(
+    st.text(max_size=300), answer_like, st.text(alphabet="\\{}boxed0123456789#$.,/- answerAnsw:is\n", max_size=300)
+)
 
 
 _GOLDS = ["42", "\\frac{1}{2}", "x^2", "\\text{(C)}", "1,000"]
@@ -298,8 +346,16 @@ _GOLDS = ["42", "\\frac{1}{2}", "x^2", "\\text{(C)}", "1,000"]
 def _warm_math_verify():
     """math-verify and sympy import submodules on first use (~1 s, once per process): pay that
     here, so the time bounds below measure the parsing itself."""
-    texts = ["\\boxed{\\frac{1}{2}}", "answer is-3answer is z", "The answer is x+1 y", "\\sqrt{2}^2",
-             "\\boxed{\\text{(C)}}", "(1, 2]", "\\infty", "x = \\pi e%"]
+    texts = [
+        "\\boxed{\\frac{1}{2}}",
+        "answer is-3answer is z",
+        "The answer is x+1 y",
+        "\\sqrt{2}^2",
+        "\\boxed{\\text{(C)}}",
+        "(1, 2]",
+        "\\infty",
+        "x = \\pi e%",
+    ]
     for gold in _GOLDS:
         math_correct(["q"] * len(texts), texts, answer=[gold] * len(texts))
 

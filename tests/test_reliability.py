@@ -20,26 +20,32 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from helpers import tiny_recipe, tiny_recipe_dict, write_recipe
 from safetensors.torch import load_file
 
 import grpokit.models.loading
 import grpokit.trainer.build
-import grpokit.trainer.stopping
 import grpokit.trainer.loop
+import grpokit.trainer.stopping
 from grpokit import algo
 from grpokit.cli.main import main
 from grpokit.config import recipe_from_dict
 from grpokit.metrics import read_metrics
 from grpokit.trainer.loop import train
+from helpers import tiny_recipe, tiny_recipe_dict, write_recipe
 
 TESTS = Path(__file__).resolve().parent
 
 
 def _env() -> dict[str, str]:
     py_path = os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])
-    return dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
-                TOKENIZERS_PARALLELISM="false", PYTHONPATH=py_path)
+    return dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONPATH=py_path,
+    )
 
 
 def _cli(recipe_path: Path, *overrides: str) -> list[str]:
@@ -73,14 +79,14 @@ def _steps(path: Path) -> list[int]:
 # -- exact resume -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_matches_uninterrupted_run(tiny_model_dir, tmp_path):
     """Kill -9 a CLI run right after checkpoint-2 is visible, resume it with train.resume=auto,
     and get the same rewards (exactly) and losses as a run that was never interrupted."""
     sections = {"train": {"max_steps": 4, "save_steps": 1, "save_total_limit": 3}}
     full_dir, part_dir = tmp_path / "full", tmp_path / "part"
     recipe = write_recipe(tmp_path / "part.yaml", tiny_recipe_dict(tiny_model_dir, part_dir, **sections))
-    proc = subprocess.Popen(_cli(recipe), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    proc = subprocess.Popen(_cli(recipe), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     killer = threading.Thread(target=_kill_when, args=(part_dir / "checkpoint-2", proc), daemon=True)
     killer.start()
     torch.set_num_threads(1)  # as the subprocess (OMP_NUM_THREADS=1): same float results
@@ -127,12 +133,17 @@ def test_resume_drops_torn_and_later_metric_lines(tiny_model_dir, tmp_path):
 # -- SIGTERM ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_sigterm_stops_at_step_boundary_with_checkpoint(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
-    raw = tiny_recipe_dict(tiny_model_dir, out, train={"max_steps": 200, "save_steps": 0},
-                           algo={"beta": 0.0})
-    proc = subprocess.Popen(_cli(write_recipe(tmp_path / "r.yaml", raw)), env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    raw = tiny_recipe_dict(tiny_model_dir, out, train={"max_steps": 200, "save_steps": 0}, algo={"beta": 0.0})
+    proc = subprocess.Popen(
+        _cli(write_recipe(tmp_path / "r.yaml", raw)),
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     _wait_for(out / "metrics.jsonl", proc)  # step 1 done: in the middle of the loop
     proc.send_signal(signal.SIGTERM)
     log, _ = proc.communicate(timeout=120)
@@ -162,11 +173,14 @@ def _stop_during_step(monkeypatch, step: int, *signals: int) -> None:
 
 
 @pytest.mark.parametrize("sig, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_a_signal_finishes_the_step_checkpoints_and_exits_128_plus_its_number(tiny_model_dir, tmp_path, capsys,
-                                                                               monkeypatch, sig, status):
+def test_a_signal_finishes_the_step_checkpoints_and_exits_128_plus_its_number(
+    tiny_model_dir, tmp_path, capsys, monkeypatch, sig, status
+):
     out = tmp_path / "run"
-    recipe = write_recipe(tmp_path / "r.yaml", tiny_recipe_dict(tiny_model_dir, out, algo={"beta": 0.0},
-                                                                train={"max_steps": 5, "save_steps": 0}))
+    recipe = write_recipe(
+        tmp_path / "r.yaml",
+        tiny_recipe_dict(tiny_model_dir, out, algo={"beta": 0.0}, train={"max_steps": 5, "save_steps": 0}),
+    )
     _stop_during_step(monkeypatch, 2, sig)
     handler = signal.getsignal(sig)
     assert main(["train", str(recipe), "--no-progress"]) == status
@@ -178,16 +192,20 @@ def test_a_signal_finishes_the_step_checkpoints_and_exits_128_plus_its_number(ti
     assert (summary["stopped_at"], summary["stop_signal"]) == (2, sig)
 
 
+@pytest.mark.slow
 def test_a_signal_to_another_rank_stops_this_one_with_that_status(tiny_model_dir, tmp_path, capsys, monkeypatch):
     """Under torchrun every rank learns of a stop through ``any_rank`` and takes the signaled rank's number."""
     monkeypatch.setattr(grpokit.trainer.loop, "any_rank", lambda flag, ranks: True)  # rank 1 got a SIGTERM
     monkeypatch.setattr(grpokit.trainer.stopping, "gather_objects", lambda obj, ranks: [obj, int(signal.SIGTERM)])
     out = tmp_path / "run"
-    recipe = write_recipe(tmp_path / "r.yaml", tiny_recipe_dict(tiny_model_dir, out, algo={"beta": 0.0},
-                                                                train={"max_steps": 5}))
+    recipe = write_recipe(
+        tmp_path / "r.yaml", tiny_recipe_dict(tiny_model_dir, out, algo={"beta": 0.0}, train={"max_steps": 5})
+    )
     assert main(["train", str(recipe), "--no-progress", "train.resume=none"]) == 143
-    assert ("[grpokit] stopped at step 1 of 5; continue with train.resume=auto (this command has train.resume=none)"
-            in capsys.readouterr().out)
+    assert (
+        "[grpokit] stopped at step 1 of 5; continue with train.resume=auto (this command has train.resume=none)"
+        in capsys.readouterr().out
+    )
     assert [p.name for p in out.glob("checkpoint-*")] == ["checkpoint-1"]
 
 
@@ -197,8 +215,13 @@ def test_a_second_signal_stops_at_once_with_one_line(tiny_model_dir, tmp_path, c
     _stop_during_step(monkeypatch, 1, signal.SIGTERM, signal.SIGTERM)
     assert main(["train", str(recipe), "--no-progress"]) == 143
     err = capsys.readouterr().err  # after transformers' progress bars of the model load
-    assert err.endswith("\ngrpokit train: interrupted (SIGTERM); the step under way was not saved (train.resume=auto "
-                        "continues from the newest checkpoint, if any)\n") and "Traceback" not in err
+    assert (
+        err.endswith(
+            "\ngrpokit train: interrupted (SIGTERM); the step under way was not saved (train.resume=auto "
+            "continues from the newest checkpoint, if any)\n"
+        )
+        and "Traceback" not in err
+    )
     assert not list(out.glob("checkpoint-*"))
 
 
@@ -207,8 +230,9 @@ def test_a_second_signal_stops_at_once_with_one_line(tiny_model_dir, tmp_path, c
 
 def test_rerunning_a_finished_run_loads_nothing_and_writes_nothing(tiny_model_dir, tmp_path, capsys, monkeypatch):
     out = tmp_path / "run"
-    recipe = write_recipe(tmp_path / "r.yaml", tiny_recipe_dict(tiny_model_dir, out, algo={"beta": 0.0},
-                                                                train={"max_steps": 1}))
+    recipe = write_recipe(
+        tmp_path / "r.yaml", tiny_recipe_dict(tiny_model_dir, out, algo={"beta": 0.0}, train={"max_steps": 1})
+    )
     assert main(["train", str(recipe), "--no-progress"]) == 0
     before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()}
     assert json.loads((out / "summary.json").read_text())["last_metrics"]["step"] == 1
@@ -218,7 +242,8 @@ def test_rerunning_a_finished_run_loads_nothing_and_writes_nothing(tiny_model_di
     assert main(["train", str(recipe), "--no-progress", "data.limit=4"]) == 0
     assert capsys.readouterr().out == (
         f"[grpokit] {out / 'checkpoint-1'} is already at train.max_steps=1, nothing to do (raise train.max_steps to "
-        "continue; train.resume=none or a new train.output_dir to start over)\n")
+        "continue; train.resume=none or a new train.output_dir to start over)\n"
+    )
     assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()} == before
 
 
@@ -239,8 +264,7 @@ def test_raising_reward_stops_the_run_naming_function_row_and_error(tiny_model_d
 
 
 def test_raising_reward_with_on_error_none_scores_none_and_counts(tiny_model_dir, tmp_path):
-    _run(tiny_model_dir, tmp_path, rewards={"functions": ["fake_rewards:raising_reward"],
-                                            "on_error": "none"})
+    _run(tiny_model_dir, tmp_path, rewards={"functions": ["fake_rewards:raising_reward"], "on_error": "none"})
     lines = read_metrics(tmp_path / "metrics.jsonl")
     assert [m["step"] for m in lines] == [1, 2]
     for m in lines:
@@ -254,11 +278,13 @@ def test_raising_reward_with_on_error_none_scores_none_and_counts(tiny_model_dir
 def test_hanging_reward_is_cut_off_by_the_timeout(tiny_model_dir, tmp_path):
     t0 = time.perf_counter()
     with pytest.raises(RuntimeError, match=r"hanging_reward.*row 1.*timed out after 0.5 s"):
-        _run(tiny_model_dir, tmp_path / "a", rewards={"functions": ["fake_rewards:hanging_reward"],
-                                                      "timeout_s": 0.5})
-    _run(tiny_model_dir, tmp_path / "b", rewards={"functions": ["fake_rewards:hanging_reward"],
-                                                  "timeout_s": 0.5, "on_error": "none"},
-         train={"max_steps": 1})
+        _run(tiny_model_dir, tmp_path / "a", rewards={"functions": ["fake_rewards:hanging_reward"], "timeout_s": 0.5})
+    _run(
+        tiny_model_dir,
+        tmp_path / "b",
+        rewards={"functions": ["fake_rewards:hanging_reward"], "timeout_s": 0.5, "on_error": "none"},
+        train={"max_steps": 1},
+    )
     m = read_metrics(tmp_path / "b" / "metrics.jsonl")[0]
     assert m["reward_failures"] == 1 and m["unscorable_frac"] == pytest.approx(1 / 4)
     assert m["reward_s"] < 1.9  # two 0.5 s limits (batch call, then the bad row), not 2 s sleeps
@@ -275,8 +301,13 @@ def test_unscorable_rewards_get_zero_advantage(tiny_model_dir, tmp_path, monkeyp
         return seen[-1]
 
     monkeypatch.setattr(grpokit.trainer.loop, "sample_and_score", spy)
-    _run(tiny_model_dir, tmp_path, rewards={"functions": [f"fake_rewards:{fn}"]},
-         rollout={"group_size": 4}, train={"max_steps": 1})
+    _run(
+        tiny_model_dir,
+        tmp_path,
+        rewards={"functions": [f"fake_rewards:{fn}"]},
+        rollout={"group_size": 4},
+        train={"max_steps": 1},
+    )
     exp = seen[0].experience  # run_step sets its advantages (step 4)
     rewards, adv = exp.rewards, exp.advantages
     bad = ~torch.isfinite(rewards)
@@ -316,8 +347,7 @@ def test_non_finite_loss_skips_updates_then_stops(tiny_model_dir, tmp_path, monk
     seen = _capture_setup(monkeypatch)
     monkeypatch.setattr(algo, "group_advantages", lambda r, g, **k: torch.full_like(r, math.nan))
     with pytest.raises(RuntimeError, match="2 consecutive non-finite updates.*step 2"):
-        _run(tiny_model_dir, tmp_path, train={"max_steps": 5, "save_steps": 1,
-                                              "max_consecutive_skips": 2})
+        _run(tiny_model_dir, tmp_path, train={"max_steps": 5, "save_steps": 1, "max_consecutive_skips": 2})
     lines = read_metrics(tmp_path / "metrics.jsonl")
     assert [m["step"] for m in lines] == [1, 2]
     assert all(m["skipped_updates"] == 1 and m["loss"] is None for m in lines)
@@ -359,18 +389,20 @@ def test_one_non_finite_grad_norm_skips_one_update_and_continues(tiny_model_dir,
 # -- bad input is rejected before the model loads -----------------------------------------------
 
 
-@pytest.mark.parametrize("sections, names", [
-    ({"train": {"max_stepz": 1}}, ["train.max_stepz"]),
-    ({"train": {"max_steps": "two"}}, ["train.max_steps", "integer"]),
-    ({"rollout": {"group_size": 1}}, ["rollout.group_size", ">= 2"]),
-    ({"rollout": {"max_new_tokens": 0}}, ["rollout.max_new_tokens", "> 0"]),
-    ({"train": {"prompts_per_step": 0}}, ["train.prompts_per_step", "> 0"]),
-    ({"data": {"max_prompt_tokens": -3}}, ["data.max_prompt_tokens", "> 0"]),
-    ({"algo": {"clip_eps_low": -0.2}}, ["algo.clip_eps_low", ">= 0"]),
-    ({"algo": {"beta": -1.0}}, ["algo.beta", ">= 0"]),
-])
-def test_bad_recipe_values_exit_2_before_loading(tiny_model_dir, tmp_path, capsys, no_model_load,
-                                                 sections, names):
+@pytest.mark.parametrize(
+    "sections, names",
+    [
+        ({"train": {"max_stepz": 1}}, ["train.max_stepz"]),
+        ({"train": {"max_steps": "two"}}, ["train.max_steps", "integer"]),
+        ({"rollout": {"group_size": 1}}, ["rollout.group_size", ">= 2"]),
+        ({"rollout": {"max_new_tokens": 0}}, ["rollout.max_new_tokens", "> 0"]),
+        ({"train": {"prompts_per_step": 0}}, ["train.prompts_per_step", "> 0"]),
+        ({"data": {"max_prompt_tokens": -3}}, ["data.max_prompt_tokens", "> 0"]),
+        ({"algo": {"clip_eps_low": -0.2}}, ["algo.clip_eps_low", ">= 0"]),
+        ({"algo": {"beta": -1.0}}, ["algo.beta", ">= 0"]),
+    ],
+)
+def test_bad_recipe_values_exit_2_before_loading(tiny_model_dir, tmp_path, capsys, no_model_load, sections, names):
     raw = tiny_recipe_dict(tiny_model_dir, tmp_path / "out")
     for sec, vals in sections.items():
         raw.setdefault(sec, {}).update(vals)
@@ -386,34 +418,66 @@ def _jsonl(path: Path, rows: list[dict]) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("case", ["dataset", "split", "column", "empty_prompt", "eval_dataset",
-                                  "reward", "reward_import", "reward_attr", "process_reward",
-                                  "process_reward_import", "process_reward_attr", "step_rule", "missing_file",
-                                  "resume"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "dataset",
+        "split",
+        "column",
+        "empty_prompt",
+        "eval_dataset",
+        "reward",
+        "reward_import",
+        "reward_attr",
+        "process_reward",
+        "process_reward_import",
+        "process_reward_attr",
+        "step_rule",
+        "missing_file",
+        "resume",
+    ],
+)
 def test_bad_input_fails_before_the_model_loads(tiny_model_dir, tmp_path, capsys, no_model_load, case):
     good = [{"question": "1+1?", "answer": "2"}, {"question": "2+2?", "answer": "4"}]
     sections, names = {
         "dataset": ({"data": {"dataset": "gsm9k"}}, ["data.dataset", "gsm9k", "gsm8k", "mawps"]),
         "split": ({"data": {"split": "validation"}}, ["data.split", "validation", "singleop"]),
-        "column": ({"data": {"dataset": _jsonl(tmp_path / "d.jsonl", [{"q": "1+1?", "answer": "2"}]),
-                             "split": "train"}}, ["row 0", "prompt", "'q'"]),
-        "empty_prompt": ({"data": {"dataset": _jsonl(tmp_path / "e.jsonl", good + [{"question": " ",
-                                                                                     "answer": "1"}]),
-                                   "split": "train"}}, ["row 2", "empty prompt"]),
+        "column": (
+            {"data": {"dataset": _jsonl(tmp_path / "d.jsonl", [{"q": "1+1?", "answer": "2"}]), "split": "train"}},
+            ["row 0", "prompt", "'q'"],
+        ),
+        "empty_prompt": (
+            {
+                "data": {
+                    "dataset": _jsonl(tmp_path / "e.jsonl", good + [{"question": " ", "answer": "1"}]),
+                    "split": "train",
+                }
+            },
+            ["row 2", "empty prompt"],
+        ),
         "eval_dataset": ({"eval": {"dataset": "mawps", "split": "nope"}}, ["eval.split", "nope", "test"]),
         "reward": ({"rewards": {"functions": ["math_corect"]}}, ["rewards.functions", "math_corect", "math_correct"]),
-        "reward_import": ({"rewards": {"functions": ["no_such_module_xyz:f"]}},
-                          ["rewards.functions", "no_such_module_xyz", "cannot import"]),
-        "reward_attr": ({"rewards": {"functions": ["fake_rewards:nope"]}}, ["fake_rewards:nope",
-                                                                            "length_reward"]),
-        "process_reward": ({"algo": {"supervision": "process", "process_reward": "nope"}},
-                           ["algo.process_reward", "arithmetic"]),
-        "process_reward_import": ({"algo": {"supervision": "process", "process_reward": "no_such_module_xyz:f"}},
-                                  ["algo.process_reward: process reward 'no_such_module_xyz:f': cannot import"]),
-        "process_reward_attr": ({"algo": {"supervision": "process", "process_reward": "fake_rewards:nope"}},
-                                ["algo.process_reward: process reward 'fake_rewards:nope'", "length_reward"]),
-        "step_rule": ({"algo": {"supervision": "process", "step_rule": "sentences"}},
-                      ["algo.step_rule", "sentences", "lines"]),
+        "reward_import": (
+            {"rewards": {"functions": ["no_such_module_xyz:f"]}},
+            ["rewards.functions", "no_such_module_xyz", "cannot import"],
+        ),
+        "reward_attr": ({"rewards": {"functions": ["fake_rewards:nope"]}}, ["fake_rewards:nope", "length_reward"]),
+        "process_reward": (
+            {"algo": {"supervision": "process", "process_reward": "nope"}},
+            ["algo.process_reward", "arithmetic"],
+        ),
+        "process_reward_import": (
+            {"algo": {"supervision": "process", "process_reward": "no_such_module_xyz:f"}},
+            ["algo.process_reward: process reward 'no_such_module_xyz:f': cannot import"],
+        ),
+        "process_reward_attr": (
+            {"algo": {"supervision": "process", "process_reward": "fake_rewards:nope"}},
+            ["algo.process_reward: process reward 'fake_rewards:nope'", "length_reward"],
+        ),
+        "step_rule": (
+            {"algo": {"supervision": "process", "step_rule": "sentences"}},
+            ["algo.step_rule", "sentences", "lines"],
+        ),
         "missing_file": ({"data": {"dataset": str(tmp_path / "missing.jsonl")}}, ["data.dataset", "missing.jsonl"]),
         "resume": ({"train": {"resume": str(tmp_path / "checkpoint-9")}}, ["train.resume", "checkpoint-9"]),
     }[case]

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import tiny_recipe_dict
 
 import grpokit.rollout.sampling as sampling
 from grpokit.backends import install_backend
 from grpokit.config import RecipeError, recipe_from_dict
 from grpokit.models.logprobs import completion_logprobs
 from grpokit.rollout import SamplingParams, generate_rollouts
+from helpers import tiny_recipe_dict
 
 
 def _sampler_logprobs(model, tokenizer, prompts, params, monkeypatch):
@@ -28,8 +28,7 @@ def _sampler_logprobs(model, tokenizer, prompts, params, monkeypatch):
         return tokens
 
     monkeypatch.setattr(sampling, "sample_inverse_cdf", spy)
-    r = generate_rollouts(model, tokenizer, prompts, 4, params, eos_token_ids=[2, 0], seed=3,
-                          packed_weights=False)
+    r = generate_rollouts(model, tokenizer, prompts, 4, params, eos_token_ids=[2, 0], seed=3, packed_weights=False)
     return r, torch.stack(steps, 1)  # (N, T)
 
 
@@ -40,8 +39,9 @@ def _trainer_logprobs(model, r, temperature):
 
 
 @pytest.mark.parametrize("temperature,backend", [(1.0, "plain"), (0.7, "plain"), (1.3, "plain"), (0.7, "cpu")])
-def test_trainer_logprobs_equal_the_samplers_for_temperature(tiny_model, smollm2_tokenizer, smollm2_prompts,
-                                                             monkeypatch, temperature, backend):
+def test_trainer_logprobs_equal_the_samplers_for_temperature(
+    tiny_model, smollm2_tokenizer, smollm2_prompts, monkeypatch, temperature, backend
+):
     install_backend(tiny_model, backend, announce=False)  # cpu: decode attention, fused head, shared prompt
     params = SamplingParams(temperature=temperature, max_new_tokens=6)
     r, sampler_logp = _sampler_logprobs(tiny_model, smollm2_tokenizer, smollm2_prompts, params, monkeypatch)
@@ -51,8 +51,9 @@ def test_trainer_logprobs_equal_the_samplers_for_temperature(tiny_model, smollm2
 
 
 @pytest.mark.parametrize("warper", [{"top_k": 2}, {"top_p": 0.5}, {"min_p": 0.9}])
-def test_truncating_warpers_would_score_another_distribution(tiny_model, smollm2_tokenizer, smollm2_prompts,
-                                                             monkeypatch, warper):
+def test_truncating_warpers_would_score_another_distribution(
+    tiny_model, smollm2_tokenizer, smollm2_prompts, monkeypatch, warper
+):
     # why they are refused: the sampler's log-probs (truncated support) are not the trainer's
     params = SamplingParams(temperature=1.0, max_new_tokens=6, **warper)
     r, sampler_logp = _sampler_logprobs(tiny_model, smollm2_tokenizer, smollm2_prompts, params, monkeypatch)
@@ -69,6 +70,7 @@ def test_recipe_refuses_truncated_sampling(key, value):
 
 
 def test_recipe_accepts_the_off_values_and_a_temperature():
-    r = recipe_from_dict(tiny_recipe_dict("m", "out", rollout={"top_k": 0, "top_p": 1.0, "min_p": 0.0,
-                                                               "temperature": 0.7}))
+    r = recipe_from_dict(
+        tiny_recipe_dict("m", "out", rollout={"top_k": 0, "top_p": 1.0, "min_p": 0.0, "temperature": 0.7})
+    )
     assert (r.rollout.top_k, r.rollout.top_p, r.rollout.min_p, r.rollout.temperature) == (0, 1.0, 0.0, 0.7)

@@ -8,22 +8,27 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import tiny_recipe
 
 from grpokit import algo
 from grpokit.estimators.base import GRPO, load_algorithm
-from grpokit.trainer.build import resolve_device
 from grpokit.experience import Experience
 from grpokit.rewards.pipeline import RewardPipeline
 from grpokit.rollout.engine import ENGINE_METHODS, ENGINES, RolloutEngine, SamplingParams, load_engine
+from grpokit.trainer.build import resolve_device
+from helpers import tiny_recipe
 
 G = 4
 
 
 def _exp(n=8, t=3, completions=None):
-    return Experience.grouped(torch.ones(n, 2, dtype=torch.long), torch.ones(n, 2, dtype=torch.bool),
-                              torch.ones(n, t, dtype=torch.long), torch.ones(n, t, dtype=torch.bool), G,
-                              completions=completions or [f"c{i}" for i in range(n)])
+    return Experience.grouped(
+        torch.ones(n, 2, dtype=torch.long),
+        torch.ones(n, 2, dtype=torch.bool),
+        torch.ones(n, t, dtype=torch.long),
+        torch.ones(n, t, dtype=torch.bool),
+        G,
+        completions=completions or [f"c{i}" for i in range(n)],
+    )
 
 
 # -- algorithm --------------------------------------------------------------------------------------
@@ -50,8 +55,7 @@ def test_grpo_process_advantages_use_the_step_rewards(tmp_path):
     e.step_ends[:, -1] = True
     e.step_rewards = torch.where(e.step_ends, torch.rand(8, 3, generator=gen, dtype=torch.float64), math.nan)
     got = GRPO(a, 3).advantages(e)
-    want = algo.process_advantages(e.step_rewards, e.step_ends, e.completion_mask, G, eps=a.advantage_eps,
-                                   mode="mean")
+    want = algo.process_advantages(e.step_rewards, e.step_ends, e.completion_mask, G, eps=a.advantage_eps, mode="mean")
     assert got.shape == (8, 3)
     torch.testing.assert_close(got, want.float())
 
@@ -61,15 +65,29 @@ def test_grpo_loss_is_policy_loss_with_the_recipe(tmp_path):
     grpo = GRPO(a, 3)
     assert grpo.needs_reference
     gen = torch.Generator().manual_seed(1)
-    mb = _exp().replace(advantages=torch.randn(8, generator=gen), old_logprobs=-torch.rand(8, 3, generator=gen),
-                        ref_logprobs=-torch.rand(8, 3, generator=gen))
+    mb = _exp().replace(
+        advantages=torch.randn(8, generator=gen),
+        old_logprobs=-torch.rand(8, 3, generator=gen),
+        ref_logprobs=-torch.rand(8, 3, generator=gen),
+    )
     logp = -torch.rand(8, 3, generator=gen)
     mask = mb.completion_mask.clone()
     mask[0, 2] = False
     got, _ = grpo.loss(logp, mb, mask, num_sequences=8, num_tokens=int(mask.sum()))
-    want, _ = algo.policy_loss(logp, mb.old_logprobs, mb.advantages, mask, ref_logp=mb.ref_logprobs, beta=0.1,
-                               clip_eps_low=0.2, clip_eps_high=0.28, aggregation="token_mean",
-                               max_completion_length=3, num_sequences=8, num_tokens=int(mask.sum()))
+    want, _ = algo.policy_loss(
+        logp,
+        mb.old_logprobs,
+        mb.advantages,
+        mask,
+        ref_logp=mb.ref_logprobs,
+        beta=0.1,
+        clip_eps_low=0.2,
+        clip_eps_high=0.28,
+        aggregation="token_mean",
+        max_completion_length=3,
+        num_sequences=8,
+        num_tokens=int(mask.sum()),
+    )
     torch.testing.assert_close(got, want)
     # without old log-probs (μ = 1) the ratio is 1 by value
     _, st = grpo.loss(logp, mb.replace(old_logprobs=None), mask, num_sequences=8, num_tokens=int(mask.sum()))
@@ -115,8 +133,10 @@ def test_load_engine_refuses_what_is_not_a_rollout_engine(monkeypatch):
     monkeypatch.setitem(ENGINES, "nothing", f"{__name__}:_Nothing")
     with pytest.raises(TypeError) as e:
         load_engine("nosync", model=None)
-    assert str(e.value) == (f"rollout.engine='nosync': {__name__}:_NoSync is not a RolloutEngine: it has no method "
-                            "sync_weights() (grpokit.rollout.engine.RolloutEngine)")
+    assert str(e.value) == (
+        f"rollout.engine='nosync': {__name__}:_NoSync is not a RolloutEngine: it has no method "
+        "sync_weights() (grpokit.rollout.engine.RolloutEngine)"
+    )
     with pytest.raises(TypeError, match=r"rollout.engine='nothing': .* no method generate\(\), sync_weights\(\) "):
         load_engine("nothing")
     # the methods checked are the protocol's
@@ -127,7 +147,14 @@ def test_sampling_params_from_the_recipe_name_the_rollout_key(tmp_path):
     r = tiny_recipe("m", tmp_path, rollout={"temperature": 0.7, "max_new_tokens": 5}).rollout
     p = SamplingParams.from_config(r)
     assert (p.temperature, p.top_p, p.top_k, p.min_p, p.max_new_tokens, p.sampler, p.repetition_penalty) == (
-        0.7, 1.0, 0, 0.0, 5, "inverse_cdf", 1.0)
+        0.7,
+        1.0,
+        0,
+        0.0,
+        5,
+        "inverse_cdf",
+        1.0,
+    )
     r.top_p = 1.5  # set after validation (the recipe refuses it)
     with pytest.raises(ValueError) as e:
         SamplingParams.from_config(r)
@@ -198,14 +225,27 @@ def test_the_runs_parts_are_typed():
     from grpokit.models.logprobs import LogprobScorer
     from grpokit.trainer.state import TrainState
 
-    names = dict(vars(build), PreTrainedTokenizerBase=PreTrainedTokenizerBase, Algorithm=Algorithm,
-                 HeldOutEval=HeldOutEval, RewardPipeline=RewardPipeline, RolloutEngine=RolloutEngine,
-                 SamplingParams=SamplingParams, TrainState=TrainState, LogprobScorer=LogprobScorer)
+    names = dict(
+        vars(build),
+        PreTrainedTokenizerBase=PreTrainedTokenizerBase,
+        Algorithm=Algorithm,
+        HeldOutEval=HeldOutEval,
+        RewardPipeline=RewardPipeline,
+        RolloutEngine=RolloutEngine,
+        SamplingParams=SamplingParams,
+        TrainState=TrainState,
+        LogprobScorer=LogprobScorer,
+    )
     hints = typing.get_type_hints(build.Run, globalns=names)
     assert set(hints) == {f.name for f in dataclasses.fields(build.Run)}
     assert typing.Any not in hints.values()
     assert (hints["engine"], hints["sampling"], hints["rewards"], hints["algorithm"], hints["state"]) == (
-        RolloutEngine, SamplingParams, RewardPipeline, Algorithm, TrainState)
+        RolloutEngine,
+        SamplingParams,
+        RewardPipeline,
+        Algorithm,
+        TrainState,
+    )
     assert hints["evaluator"] == HeldOutEval | None and hints["eval_engine"] == RolloutEngine | None
     assert hints["tokenizer"] is PreTrainedTokenizerBase and hints["optimizer"] is torch.optim.Optimizer
     assert hints["recipe"] is Recipe and hints["logprobs"] is LogprobScorer

@@ -16,10 +16,12 @@ from grpokit.models.loading import encode_prompts, load_model
 from grpokit.trainer.sft import IGNORE_INDEX, collate, completion_rows, drop_heldout_questions, encode_rows, run_sft
 
 TEMPLATE = "{question}\nAnswer with just the number."
-ROWS = [{"prompt": "Tom has 3 apples and gets 4 more. How many apples?", "answer": "7", "equation": "3 + 4 = 7"},
-        {"prompt": "Ann had 9 pens and lost 2. How many pens now?", "answer": "7", "equation": "9 - 2 = 7"},
-        {"prompt": "5 boxes hold 6 eggs each. How many eggs?", "answer": "30", "equation": "5 * 6 = 30"},
-        {"prompt": "12 cakes shared by 4 kids. How many each?", "answer": "3", "equation": "12 / 4 = 3"}]
+ROWS = [
+    {"prompt": "Tom has 3 apples and gets 4 more. How many apples?", "answer": "7", "equation": "3 + 4 = 7"},
+    {"prompt": "Ann had 9 pens and lost 2. How many pens now?", "answer": "7", "equation": "9 - 2 = 7"},
+    {"prompt": "5 boxes hold 6 eggs each. How many eggs?", "answer": "30", "equation": "5 * 6 = 30"},
+    {"prompt": "12 cakes shared by 4 kids. How many each?", "answer": "3", "equation": "12 / 4 = 3"},
+]
 
 
 def test_asdiv_equation_spaces_plain_arithmetic_and_refuses_the_rest():
@@ -41,12 +43,13 @@ def test_encode_rows_labels_only_the_completion_and_its_end(smollm2_tokenizer):
         completion = tok(row["completion"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
         assert e["input_ids"] == prompt + completion
         assert e["labels"] == [IGNORE_INDEX] * len(prompt) + completion
-    assert tok.decode(enc[0]["input_ids"][-len(tok("3 + 4 = 7")["input_ids"]) - 1:]) == "3 + 4 = 7<|im_end|>"
+    assert tok.decode(enc[0]["input_ids"][-len(tok("3 + 4 = 7")["input_ids"]) - 1 :]) == "3 + 4 = 7<|im_end|>"
 
 
 def test_collate_pads_right():
-    batch = collate([{"input_ids": [5, 6, 7], "labels": [-100, 6, 7]}, {"input_ids": [8], "labels": [8]}],
-                    pad_token_id=2)
+    batch = collate(
+        [{"input_ids": [5, 6, 7], "labels": [-100, 6, 7]}, {"input_ids": [8], "labels": [8]}], pad_token_id=2
+    )
     assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 2, 2]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
     assert batch["labels"].tolist() == [[-100, 6, 7], [8, -100, -100]]
@@ -107,10 +110,23 @@ def test_cli_sft_leaves_out_heldout_questions_and_names_bad_input(tiny_model_dir
     heldout = tmp_path / "held.jsonl"
     heldout.write_text(json.dumps({"question": ROWS[1]["prompt"].upper(), "answer": "7"}) + "\n")
     recipe = tmp_path / "r.yaml"
-    recipe.write_text(f"eval:\n  dataset: {heldout}\n  limit: 10\ndata:\n  prompt_template: \"{{question}} =\"\n")
+    recipe.write_text(f'eval:\n  dataset: {heldout}\n  limit: 10\ndata:\n  prompt_template: "{{question}} ="\n')
     out = tmp_path / "m"
-    args = ["sft", tiny_model_dir, str(out), "--dataset", str(data), "--completion-template", "{equation}",
-            "--heldout-of", str(recipe), "--max-steps", "2", "--batch-size", "2"]
+    args = [
+        "sft",
+        tiny_model_dir,
+        str(out),
+        "--dataset",
+        str(data),
+        "--completion-template",
+        "{equation}",
+        "--heldout-of",
+        str(recipe),
+        "--max-steps",
+        "2",
+        "--batch-size",
+        "2",
+    ]
     assert main(args) == 0
     printed = capsys.readouterr().out
     assert "3 rows" in printed and "1 held-out questions" in printed

@@ -8,11 +8,9 @@ from __future__ import annotations
 import inspect
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
-from helpers import tiny_recipe
 from transformers import AutoModelForCausalLM
 
 import grpokit.trainer.build
@@ -20,6 +18,7 @@ import grpokit.trainer.loop
 from grpokit import algo
 from grpokit.metrics import METRIC_KEYS, read_metrics
 from grpokit.trainer.loop import train
+from helpers import tiny_recipe
 
 REWARD = "fake_rewards:length_reward"
 
@@ -91,16 +90,17 @@ def test_num_iterations_two_uses_old_logprobs(tiny_model_dir, tmp_path, monkeypa
     real = algo.policy_loss
 
     def spy(logp, old_logp, *a, **kw):
-        calls.append({"old_is_detached_logp": old_logp.data_ptr() == logp.data_ptr(),
-                      "requires_grad": old_logp.requires_grad})
+        calls.append(
+            {"old_is_detached_logp": old_logp.data_ptr() == logp.data_ptr(), "requires_grad": old_logp.requires_grad}
+        )
         loss, st = real(logp, old_logp, *a, **kw)
-        calls[-1].update(ratio=st["ratio_mean"].item(), low=st["clip_frac_low"].item(),
-                         high=st["clip_frac_high"].item())
+        calls[-1].update(
+            ratio=st["ratio_mean"].item(), low=st["clip_frac_low"].item(), high=st["clip_frac_high"].item()
+        )
         return loss, st
 
     monkeypatch.setattr(algo, "policy_loss", spy)
-    recipe = tiny_recipe(tiny_model_dir, tmp_path, train={"num_iterations": 2, "max_steps": 1,
-                                                          "micro_batch_size": 2})
+    recipe = tiny_recipe(tiny_model_dir, tmp_path, train={"num_iterations": 2, "max_steps": 1, "micro_batch_size": 2})
     summary, _ = run(recipe, monkeypatch)
     # N = 4 rows, micro-batches of 2 -> 2 calls per pass, 2 passes.
     assert len(calls) == 4
@@ -117,9 +117,13 @@ def test_num_iterations_two_uses_old_logprobs(tiny_model_dir, tmp_path, monkeypa
 
 def test_process_supervision_one_step(tiny_model_dir, tmp_path, monkeypatch):
     recipe = tiny_recipe(
-        tiny_model_dir, tmp_path,
-        algo={"supervision": "process", "process_reward": "fake_rewards:process_length_reward",
-              "step_rule": "regex:\\s"},
+        tiny_model_dir,
+        tmp_path,
+        algo={
+            "supervision": "process",
+            "process_reward": "fake_rewards:process_length_reward",
+            "step_rule": "regex:\\s",
+        },
         train={"max_steps": 1},
     )
     summary, s = run(recipe, monkeypatch)
@@ -163,7 +167,12 @@ def test_sampling_params_reach_generate(tiny_model_dir, tmp_path, monkeypatch):
     params = call["params"]
     assert call["group_size"] == 3
     assert (params.temperature, params.top_p, params.top_k, params.min_p, params.max_new_tokens) == (
-        0.7, 1.0, 0, 0.0, 5)
+        0.7,
+        1.0,
+        0,
+        0.0,
+        5,
+    )
     assert list(call["eos_token_ids"])[:2] == [2, 0]
     assert call["seed"] is not None
     assert params.sampler == "inverse_cdf"  # the default: generate runs greedily over our sampler
@@ -181,8 +190,9 @@ def test_keeping_mlp_activations_trains_the_same_weights(tiny_model_dir, tmp_pat
     backward ops on the same values, so one step gives the default's weights bit for bit."""
     trained = {}
     for recompute in (True, False):
-        recipe = tiny_recipe(tiny_model_dir, tmp_path / str(recompute), model={"recompute_mlp": recompute},
-                             train={"max_steps": 1})
+        recipe = tiny_recipe(
+            tiny_model_dir, tmp_path / str(recompute), model={"recompute_mlp": recompute}, train={"max_steps": 1}
+        )
         _, s = run(recipe, monkeypatch)
         flags = {m._grpokit_recompute_mlp for m in s.model.modules() if "_grpokit_recompute_mlp" in vars(m)}
         assert flags == {recompute}

@@ -22,14 +22,21 @@ fields along with the ids, so a micro-batch carries exactly the width it needs. 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
 
 import torch
 
 #: per-token fields (N, T) besides the ids: sliced and padded along with ``completion_ids``
-TOKEN_FIELDS = ("step_rewards", "step_ends", "old_logprobs", "ref_logprobs", "old_values", "returns",
-                "sampler_logprobs")
+TOKEN_FIELDS = (
+    "step_rewards",
+    "step_ends",
+    "old_logprobs",
+    "ref_logprobs",
+    "old_values",
+    "returns",
+    "sampler_logprobs",
+)
 
 
 @dataclass
@@ -58,8 +65,16 @@ class Experience:
 
     def __post_init__(self) -> None:
         n, t = self.completion_ids.shape
-        for name in ("prompt_ids", "prompt_mask", "completion_mask", "group_index", "truncated", "rewards",
-                     "advantages", *TOKEN_FIELDS):
+        for name in (
+            "prompt_ids",
+            "prompt_mask",
+            "completion_mask",
+            "group_index",
+            "truncated",
+            "rewards",
+            "advantages",
+            *TOKEN_FIELDS,
+        ):
             v = getattr(self, name)
             if v is not None and v.shape[0] != n:
                 raise ValueError(f"Experience.{name}: {v.shape[0]} rows, completion_ids has {n}")
@@ -75,11 +90,13 @@ class Experience:
             # the layout every consumer relies on: each group's rows contiguous, group_size of them
             g = self.group_index.view(-1, self.group_size)
             if not bool((g == g[:, :1]).all()):
-                raise ValueError(f"Experience.group_index: rows of a group must be {self.group_size} contiguous rows "
-                                 f"(group_size), got {self.group_index.tolist()}")
+                raise ValueError(
+                    f"Experience.group_index: rows of a group must be {self.group_size} contiguous rows "
+                    f"(group_size), got {self.group_index.tolist()}"
+                )
 
     @classmethod
-    def grouped(cls, prompt_ids, prompt_mask, completion_ids, completion_mask, group_size: int, **kw) -> "Experience":
+    def grouped(cls, prompt_ids, prompt_mask, completion_ids, completion_mask, group_size: int, **kw) -> Experience:
         """An experience whose rows are consecutive groups of ``group_size`` (``group_index`` made here)."""
         n = completion_ids.shape[0]
         index = torch.arange(n // max(group_size, 1), device=completion_ids.device).repeat_interleave(group_size)
@@ -98,16 +115,21 @@ class Experience:
         """The device of the ids (every tensor of an experience lives there; :meth:`to` moves them)."""
         return self.completion_ids.device
 
-    def replace(self, **changes) -> "Experience":
+    def replace(self, **changes) -> Experience:
         """A copy with ``changes`` (dataclasses.replace)."""
         return dataclasses.replace(self, **changes)
 
-    def to(self, device: torch.device | str) -> "Experience":
+    def to(self, device: torch.device | str) -> Experience:
         """Every tensor moved to ``device`` (a copy; tensors already there are shared)."""
-        return self.replace(**{f.name: v.to(device) for f in dataclasses.fields(self)
-                               if isinstance(v := getattr(self, f.name), torch.Tensor)})
+        return self.replace(
+            **{
+                f.name: v.to(device)
+                for f in dataclasses.fields(self)
+                if isinstance(v := getattr(self, f.name), torch.Tensor)
+            }
+        )
 
-    def rows(self, idx: slice | torch.Tensor) -> "Experience":
+    def rows(self, idx: slice | torch.Tensor) -> Experience:
         """Rows ``idx`` (a slice, an index tensor or a bool mask), with the prompt columns that are
         padding in every selected row cut from the left and the completion columns cut from the right.
 
@@ -132,12 +154,18 @@ class Experience:
 
         adv = self.advantages
         return Experience(
-            prompt_ids=self.prompt_ids[idx][:, p0:], prompt_mask=pm[:, p0:],
-            completion_ids=self.completion_ids[idx][:, :t1], completion_mask=cm[:, :t1],
-            group_index=self.group_index[idx], group_size=self._whole_groups(self.group_index[idx]),
-            truncated=row(self.truncated), completions=[self.completions[i] for i in sel] if self.completions else [],
-            rewards=row(self.rewards), advantages=None if adv is None else (adv[idx] if adv.dim() == 1 else tok(adv)),
-            gen_s=self.gen_s, **{name: tok(getattr(self, name)) for name in TOKEN_FIELDS},
+            prompt_ids=self.prompt_ids[idx][:, p0:],
+            prompt_mask=pm[:, p0:],
+            completion_ids=self.completion_ids[idx][:, :t1],
+            completion_mask=cm[:, :t1],
+            group_index=self.group_index[idx],
+            group_size=self._whole_groups(self.group_index[idx]),
+            truncated=row(self.truncated),
+            completions=[self.completions[i] for i in sel] if self.completions else [],
+            rewards=row(self.rewards),
+            advantages=None if adv is None else (adv[idx] if adv.dim() == 1 else tok(adv)),
+            gen_s=self.gen_s,
+            **{name: tok(getattr(self, name)) for name in TOKEN_FIELDS},
         )
 
     def _whole_groups(self, index: torch.Tensor) -> int:
@@ -150,7 +178,7 @@ class Experience:
         whole = bool((v == v[:, :1]).all()) and len(set(v[:, 0].tolist())) == v.shape[0]
         return g if whole else 1
 
-    def micro_batches(self, size: int) -> Iterator[tuple[slice, "Experience"]]:
+    def micro_batches(self, size: int) -> Iterator[tuple[slice, Experience]]:
         """``(rows, experience)`` for consecutive micro-batches of at most ``size`` rows."""
         if size < 1:
             raise ValueError(f"micro-batch size must be >= 1, got {size}")
@@ -158,7 +186,7 @@ class Experience:
             sl = slice(start, min(start + size, len(self)))
             yield sl, self.rows(sl)
 
-    def select_groups(self, groups: Sequence[int]) -> "Experience":
+    def select_groups(self, groups: Sequence[int]) -> Experience:
         """The rows whose ``group_index`` is each of ``groups``, in that order, renumbered
         ``0 … len(groups)-1``; the columns keep their width.
 
@@ -180,7 +208,7 @@ class Experience:
         out["group_index"] = torch.arange(len(groups), device=self.device).repeat_interleave(g)
         return Experience(**out)
 
-    def shard(self, rank: int, world_size: int) -> "Experience":
+    def shard(self, rank: int, world_size: int) -> Experience:
         """Rank ``rank``'s share of whole groups: groups ``rank·B/W … (rank+1)·B/W - 1``.
 
         Raises:
@@ -190,13 +218,15 @@ class Experience:
         if not 0 <= rank < world_size:
             raise ValueError(f"Experience.shard: rank {rank} outside 0..{world_size - 1}")
         if self.num_groups % world_size:
-            raise ValueError(f"Experience.shard: {self.num_groups} groups cannot be split evenly over "
-                             f"{world_size} ranks (train.prompts_per_step must be divisible by the world size)")
+            raise ValueError(
+                f"Experience.shard: {self.num_groups} groups cannot be split evenly over "
+                f"{world_size} ranks (train.prompts_per_step must be divisible by the world size)"
+            )
         per = self.num_groups // world_size
         return self.select_groups(range(rank * per, (rank + 1) * per))
 
     @staticmethod
-    def concat(parts: Sequence["Experience"], pad_id: int) -> "Experience":
+    def concat(parts: Sequence[Experience], pad_id: int) -> Experience:
         """One experience holding the groups of ``parts`` in order (same ``group_size``): prompts
         left-padded and completions right-padded with ``pad_id`` (masks False, per-token fields 0
         on the padding), group indices renumbered, ``gen_s`` summed.
@@ -228,12 +258,20 @@ class Experience:
 
         n_groups = sum(e.num_groups for e in parts)
         return Experience(
-            prompt_ids=cat("prompt_ids", p, pad_id, True), prompt_mask=cat("prompt_mask", p, False, True),
-            completion_ids=cat("completion_ids", t, pad_id), completion_mask=cat("completion_mask", t, False),
-            group_index=torch.arange(n_groups, device=parts[0].device).repeat_interleave(g), group_size=g,
-            truncated=cat("truncated"), completions=[c for e in parts for c in e.completions],
-            rewards=cat("rewards"), advantages=cat("advantages"), gen_s=sum(e.gen_s for e in parts),
-            step_rewards=cat("step_rewards", t, 0.0), step_ends=cat("step_ends", t, False),
-            old_logprobs=cat("old_logprobs", t), ref_logprobs=cat("ref_logprobs", t),
+            prompt_ids=cat("prompt_ids", p, pad_id, True),
+            prompt_mask=cat("prompt_mask", p, False, True),
+            completion_ids=cat("completion_ids", t, pad_id),
+            completion_mask=cat("completion_mask", t, False),
+            group_index=torch.arange(n_groups, device=parts[0].device).repeat_interleave(g),
+            group_size=g,
+            truncated=cat("truncated"),
+            completions=[c for e in parts for c in e.completions],
+            rewards=cat("rewards"),
+            advantages=cat("advantages"),
+            gen_s=sum(e.gen_s for e in parts),
+            step_rewards=cat("step_rewards", t, 0.0),
+            step_ends=cat("step_ends", t, False),
+            old_logprobs=cat("old_logprobs", t),
+            ref_logprobs=cat("ref_logprobs", t),
             sampler_logprobs=cat("sampler_logprobs", t),
         )

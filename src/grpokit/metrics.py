@@ -13,8 +13,8 @@
   computed, and at μ = 1 the ratio is 1 at every token, so those panels could not move.
 
 :func:`curve_panels` decides what is drawn (no plotting library; tests read it);
-:func:`plot_curves` draws it (:func:`draw_panels`) with matplotlib (the optional extra ``grpokit[plots]``; without it a run
-warns once and leaves curves.png out).
+:func:`plot_curves` draws it (:func:`draw_panels`) with matplotlib (the optional extra
+``grpokit[plots]``; without it a run warns once and leaves curves.png out).
 """
 
 from __future__ import annotations
@@ -35,11 +35,27 @@ if TYPE_CHECKING:
 
 #: the keys every metrics.jsonl line carries (the public contract; tests check them).
 METRIC_KEYS = (
-    "step", "reward_mean", "reward_std", "frac_zero_std", "loss", "kl", "clip_frac_low",
-    "clip_frac_high", "entropy", "completion_len_mean", "truncated_frac", "grad_norm", "lr",
-    "step_s", "gen_s", "train_s", "tokens_per_s",
+    "step",
+    "reward_mean",
+    "reward_std",
+    "frac_zero_std",
+    "loss",
+    "kl",
+    "clip_frac_low",
+    "clip_frac_high",
+    "entropy",
+    "completion_len_mean",
+    "truncated_frac",
+    "grad_norm",
+    "lr",
+    "step_s",
+    "gen_s",
+    "train_s",
+    "tokens_per_s",
     # reliability: unscorable rewards, reward rows that raised/timed out, updates skipped as non-finite
-    "unscorable_frac", "reward_failures", "skipped_updates",
+    "unscorable_frac",
+    "reward_failures",
+    "skipped_updates",
 )
 
 
@@ -163,17 +179,27 @@ def sample_lines(rows: list[dict[str, Any]], exp: Any, tokenizer: Any) -> list[d
         adv = adv[:, 0]  # token advantages: the first token's sums every step's normalized reward
     group = exp.group_index.tolist()
     firsts = {b: i for i, b in reversed(list(enumerate(group)))}  # a group's first row (its prompt's tokens)
-    seen = {b: tokenizer.decode(exp.prompt_ids[i][exp.prompt_mask[i]].tolist(), skip_special_tokens=False)
-            for b, i in firsts.items()}
+    seen = {
+        b: tokenizer.decode(exp.prompt_ids[i][exp.prompt_mask[i]].tolist(), skip_special_tokens=False)
+        for b, i in firsts.items()
+    }
     truncated = exp.truncated.tolist() if exp.truncated is not None else [None] * len(group)
 
     def num(v: float) -> float | None:
         return float(v) if math.isfinite(v) else None
 
-    return [{"prompt": rows[b]["prompt"], "answer": rows[b].get("answer"), "model_prompt": seen[b],
-             "completion": text, "reward": num(r), "advantage": None if adv is None else num(float(adv[i])),
-             "truncated": truncated[i]}
-            for i, (b, text, r) in enumerate(zip(group, exp.completions, exp.rewards.tolist()))]
+    return [
+        {
+            "prompt": rows[b]["prompt"],
+            "answer": rows[b].get("answer"),
+            "model_prompt": seen[b],
+            "completion": text,
+            "reward": num(r),
+            "advantage": None if adv is None else num(float(adv[i])),
+            "truncated": truncated[i],
+        }
+        for i, (b, text, r) in enumerate(zip(group, exp.completions, exp.rewards.tolist()))
+    ]
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
@@ -237,8 +263,10 @@ def _raw_and_smoothed(rows: list[dict], key: str, label: str, smoothed_label: st
     """Two lines of ``key``: per step (``raw``) and :func:`smooth`-ed (``smooth``; labelled
     ``smoothed_label``, default ``"<label> (smoothed)"``)."""
     raw = _raw(rows, key, label)
-    return [raw, {"label": smoothed_label or f"{label} (smoothed)", "x": raw["x"], "y": smooth(raw["y"]),
-                  "kind": "smooth"}]
+    return [
+        raw,
+        {"label": smoothed_label or f"{label} (smoothed)", "x": raw["x"], "y": smooth(raw["y"]), "kind": "smooth"},
+    ]
 
 
 def _eval_points(rows: list[dict], before: dict | None) -> dict[str, dict[str, list]]:
@@ -256,13 +284,14 @@ def _eval_points(rows: list[dict], before: dict | None) -> dict[str, dict[str, l
     for r in rows:
         for k in r:
             if k.startswith("eval/") and not k.endswith(("_lo", "_hi")):
-                name = k[len("eval/"):]
+                name = k[len("eval/") :]
                 add(name, r["step"], r.get("train_minutes", float("nan")), r[k], r[f"{k}_lo"], r[f"{k}_hi"])
     return pts
 
 
-def curve_panels(rows: list[dict[str, Any]], *, beta: float, num_iterations: int,
-                 before: dict | None = None) -> list[dict[str, Any]]:
+def curve_panels(
+    rows: list[dict[str, Any]], *, beta: float, num_iterations: int, before: dict | None = None
+) -> list[dict[str, Any]]:
     """The panels of ``curves.png`` (module docstring), as data.
 
     Args:
@@ -280,30 +309,44 @@ def curve_panels(rows: list[dict[str, Any]], *, beta: float, num_iterations: int
     panels = []
     lines = []
     for key in sorted({k for r in rows for k in r if k.startswith("rewards/")}):
-        lines += _raw_and_smoothed(rows, key, key[len("rewards/"):])
+        lines += _raw_and_smoothed(rows, key, key[len("rewards/") :])
     if any(r.get("step_reward_mean") is not None for r in rows):  # process supervision: the step scores
-        lines += _raw_and_smoothed(rows, "step_reward_mean", "step reward (process)",
-                                   "step reward (process, smoothed)")
+        lines += _raw_and_smoothed(rows, "step_reward_mean", "step reward (process)", "step reward (process, smoothed)")
     if lines:
         panels.append({"title": "reward functions", "ylabel": "mean reward", "lines": lines})
     evals = _eval_points(rows, before)
     if evals:
-        panels.append({"title": "held-out accuracy (95 % interval)", "ylabel": "accuracy", "lines": [
-            {"label": name, "kind": "interval", **p} for name, p in evals.items()]})
-    fractions = [_raw(rows, "truncated_frac", "truncated (hit max_new_tokens)"),
-                 _raw(rows, "frac_zero_std", "groups with zero reward variance")]
+        panels.append(
+            {
+                "title": "held-out accuracy (95 % interval)",
+                "ylabel": "accuracy",
+                "lines": [{"label": name, "kind": "interval", **p} for name, p in evals.items()],
+            }
+        )
+    fractions = [
+        _raw(rows, "truncated_frac", "truncated (hit max_new_tokens)"),
+        _raw(rows, "frac_zero_std", "groups with zero reward variance"),
+    ]
     if any(r.get("step_frac_zero_std") is not None for r in rows):  # process supervision's own signal
         fractions.append(_raw(rows, "step_frac_zero_std", "groups with zero step-reward variance"))
     panels.append({"title": "fractions", "ylabel": "fraction", "lines": fractions})
-    for key, title, ylabel in (("entropy", "entropy", "nats / token"),
-                               ("completion_len_mean", "completion length", "tokens")):
+    for key, title, ylabel in (
+        ("entropy", "entropy", "nats / token"),
+        ("completion_len_mean", "completion length", "tokens"),
+    ):
         panels.append({"title": title, "ylabel": ylabel, "lines": _raw_and_smoothed(rows, key, key)})
     if beta > 0:
-        panels.append({"title": "KL to the reference (k3)", "ylabel": "nats / token",
-                       "lines": [_raw(rows, "kl", "kl")]})
+        panels.append(
+            {"title": "KL to the reference (k3)", "ylabel": "nats / token", "lines": [_raw(rows, "kl", "kl")]}
+        )
     if num_iterations > 1:
-        panels.append({"title": "clip fraction", "ylabel": "fraction of tokens",
-                       "lines": [_raw(rows, k, k) for k in ("clip_frac_low", "clip_frac_high")]})
+        panels.append(
+            {
+                "title": "clip fraction",
+                "ylabel": "fraction of tokens",
+                "lines": [_raw(rows, k, k) for k in ("clip_frac_low", "clip_frac_high")],
+            }
+        )
     return panels
 
 
@@ -311,8 +354,14 @@ def _nan(y: list) -> list[float]:
     return [float("nan") if v is None else v for v in y]
 
 
-def plot_curves(metrics_path: str | Path, out_png: str | Path, *, beta: float = 0.0, num_iterations: int = 1,
-                before: dict | None = None) -> bool:
+def plot_curves(
+    metrics_path: str | Path,
+    out_png: str | Path,
+    *,
+    beta: float = 0.0,
+    num_iterations: int = 1,
+    before: dict | None = None,
+) -> bool:
     """Draw :func:`curve_panels` of ``metrics_path`` into ``out_png`` (two rows of panels).
 
     matplotlib is the optional extra ``grpokit[plots]``: without it nothing is drawn and a
@@ -333,8 +382,7 @@ def plot_curves(metrics_path: str | Path, out_png: str | Path, *, beta: float = 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig = draw_panels(curve_panels(read_metrics(metrics_path), beta=beta, num_iterations=num_iterations,
-                                   before=before))
+    fig = draw_panels(curve_panels(read_metrics(metrics_path), beta=beta, num_iterations=num_iterations, before=before))
     fig.savefig(out_png, dpi=90)
     plt.close(fig)
     return True
@@ -366,8 +414,13 @@ def draw_panels(panels: list[dict[str, Any]]) -> Any:
             elif ln["kind"] == "smooth":
                 (drawn,) = ax.plot(ln["x"], _nan(ln["y"]), color=color, linewidth=2.0)
             else:
-                (drawn,) = ax.plot(ln["x"], _nan(ln["y"]), color=color, linewidth=0.8, alpha=0.45 if
-                                   panel["lines"][-1]["kind"] == "smooth" else 1.0)
+                (drawn,) = ax.plot(
+                    ln["x"],
+                    _nan(ln["y"]),
+                    color=color,
+                    linewidth=0.8,
+                    alpha=0.45 if panel["lines"][-1]["kind"] == "smooth" else 1.0,
+                )
             handles.append(drawn)
             labels.append(ln["label"])
         ax.set_title(panel["title"])
@@ -375,7 +428,7 @@ def draw_panels(panels: list[dict[str, Any]]) -> Any:
         ax.set_ylabel(panel["ylabel"])
         if len(panel["lines"]) > 1:
             ax.legend(handles, labels, fontsize=7)  # explicit labels: none dropped for a leading "_"
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     fig.tight_layout()
     return fig
@@ -385,8 +438,9 @@ def draw_panels(panels: list[dict[str, Any]]) -> Any:
 WARN_EVERY_STEPS = 10
 
 
-def warn_if_step_did_nothing(metrics: dict[str, Any], advantages: torch.Tensor, *, max_new_tokens: int,
-                             warned_at: dict[str, int]) -> list[str]:
+def warn_if_step_did_nothing(
+    metrics: dict[str, Any], advantages: torch.Tensor, *, max_new_tokens: int, warned_at: dict[str, int]
+) -> list[str]:
     """Warn (``RunWarning``) when a step carried no or little learning signal; returns the kinds.
 
     - ``truncated``: at least :data:`TRUNCATED_WARN_FRAC` of the completions hit
@@ -409,27 +463,34 @@ def warn_if_step_did_nothing(metrics: dict[str, Any], advantages: torch.Tensor, 
         found["truncated"] = (
             f"{metrics['truncated_frac']:.0%} of the completions reached rollout.max_new_tokens="
             f"{max_new_tokens} without an EOS; raise rollout.max_new_tokens (or ask for "
-            "shorter answers) so that rewards see whole answers")
+            "shorter answers) so that rewards see whole answers"
+        )
     if not bool(advantages.ne(0).any()):
         if metrics["unscorable_frac"] == 1.0:
             why = "every reward was unscorable"
         elif metrics.get("step_frac_zero_std") is not None:  # process supervision: the step rewards decide
-            why = (f"every group's step rewards were equal (step_frac_zero_std={metrics['step_frac_zero_std']:.2f}; "
-                   f"outcome rewards: frac_zero_std={metrics['frac_zero_std']:.2f}, "
-                   f"unscorable_frac={metrics['unscorable_frac']:.2f})")
+            why = (
+                f"every group's step rewards were equal (step_frac_zero_std={metrics['step_frac_zero_std']:.2f}; "
+                f"outcome rewards: frac_zero_std={metrics['frac_zero_std']:.2f}, "
+                f"unscorable_frac={metrics['unscorable_frac']:.2f})"
+            )
         else:
-            why = (f"every group's rewards were equal (frac_zero_std={metrics['frac_zero_std']:.2f}, "
-                   f"unscorable_frac={metrics['unscorable_frac']:.2f})")
-        found["no_signal"] = (f"no learning signal: {why}, so every advantage is 0 and the policy-"
-                              "gradient term of this update is zero" + (
-                                  " (the optimizer step was skipped: zero gradient)" if metrics.get("zero_grad_updates")
-                                  else ""))
+            why = (
+                f"every group's rewards were equal (frac_zero_std={metrics['frac_zero_std']:.2f}, "
+                f"unscorable_frac={metrics['unscorable_frac']:.2f})"
+            )
+        found["no_signal"] = (
+            f"no learning signal: {why}, so every advantage is 0 and the policy-"
+            "gradient term of this update is zero"
+            + (" (the optimizer step was skipped: zero gradient)" if metrics.get("zero_grad_updates") else "")
+        )
     if metrics.get("reward_failures"):
-        found["reward_failures"] = (f"{metrics['reward_failures']} reward rows raised or timed out and "
-                                    "were scored unscorable (rewards.on_error=none)")
+        found["reward_failures"] = (
+            f"{metrics['reward_failures']} reward rows raised or timed out and "
+            "were scored unscorable (rewards.on_error=none)"
+        )
     if metrics.get("skipped_updates"):
-        found["skipped_update"] = (f"{metrics['skipped_updates']} update(s) skipped: non-finite loss or "
-                                   "gradient norm")
+        found["skipped_update"] = f"{metrics['skipped_updates']} update(s) skipped: non-finite loss or gradient norm"
     for kind, text in found.items():
         if kind not in warned_at or step - warned_at[kind] >= WARN_EVERY_STEPS:
             warned_at[kind] = step

@@ -50,7 +50,9 @@ def test_process_advantages_with_rounding_residue(seed, b, g):
     n, t = b * g, 6
     mask = _ragged_mask(gen, n, t)
     ends = (torch.rand(n, t, generator=gen) < 0.5) & mask
-    pick = torch.randint(0, 2, (n, t), generator=gen) + 2 * torch.randint(0, 3, (b, 1, 1), generator=gen).expand(b, g, t).reshape(n, t)
+    pick = torch.randint(0, 2, (n, t), generator=gen) + 2 * torch.randint(0, 3, (b, 1, 1), generator=gen).expand(
+        b, g, t
+    ).reshape(n, t)
     rewards = torch.tensor(_RESIDUE_VALUES, dtype=f64)[pick]
     for eps in (0.0, 1e-4):
         got = algo.process_advantages(rewards, ends, mask, g, eps=eps)
@@ -71,7 +73,9 @@ def test_group_advantages_with_rounding_residue(seed, b, g, scale, eps, dtype):
     """The constancy rule (spread <= 16 ulps of the input dtype at max|r|) is the reference's too."""
     gen = torch.Generator().manual_seed(seed)
     # few distinct values per group, so constant-up-to-rounding groups are common
-    pick = torch.randint(0, 2, (b * g,), generator=gen) + 2 * torch.randint(0, 3, (b,), generator=gen).repeat_interleave(g)
+    pick = torch.randint(0, 2, (b * g,), generator=gen) + 2 * torch.randint(
+        0, 3, (b,), generator=gen
+    ).repeat_interleave(g)
     r = torch.tensor(_RESIDUE_VALUES, dtype=f64)[pick].to(dtype)
     r[torch.rand(b * g, generator=gen) < 0.15] = math.nan
     got = algo.group_advantages(r, g, scale=scale, eps=eps)
@@ -79,7 +83,8 @@ def test_group_advantages_with_rounding_residue(seed, b, g, scale, eps, dtype):
     torch.testing.assert_close(got, torch.tensor(want, dtype=f64).to(dtype), rtol=1e-10, atol=1e-12)
     groups = r.view(b, g).tolist()
     assert algo.constant_groups(r, g).tolist() == [
-        ref._constant([x for x in grp if not math.isnan(x)], torch.finfo(dtype).eps) for grp in groups]
+        ref._constant([x for x in grp if not math.isnan(x)], torch.finfo(dtype).eps) for grp in groups
+    ]
 
 
 @pytest.mark.parametrize("scale", ["group", "batch"])
@@ -97,8 +102,12 @@ def test_advantages_of_rewards_near_the_float64_limit(scale):
     ends = torch.zeros(12, t, dtype=torch.bool)
     ends[:, [1, 4]] = True
     step_r = torch.rand(12, t, generator=gen, dtype=f64) * 2 - 1
-    torch.testing.assert_close(algo.process_advantages(step_r * big, ends, mask, 4, eps=0.0),
-                               algo.process_advantages(step_r, ends, mask, 4, eps=0.0), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(
+        algo.process_advantages(step_r * big, ends, mask, 4, eps=0.0),
+        algo.process_advantages(step_r, ends, mask, 4, eps=0.0),
+        rtol=1e-12,
+        atol=1e-12,
+    )
 
 
 def test_integer_step_rewards_give_float32_process_advantages():
@@ -183,12 +192,30 @@ def test_policy_loss(seed, aggregation, kind, beta, token_level):
     refl = logp + torch.randn(n, t, generator=gen, dtype=f64) * 0.3
     adv = torch.randn((n, t) if token_level else (n,), generator=gen, dtype=f64)
     got, _ = algo.policy_loss(
-        logp, old, adv, mask, ref_logp=refl, beta=beta, clip_eps_low=0.2, clip_eps_high=0.28,
-        kl_estimator=kind, aggregation=aggregation, max_completion_length=t,
+        logp,
+        old,
+        adv,
+        mask,
+        ref_logp=refl,
+        beta=beta,
+        clip_eps_low=0.2,
+        clip_eps_high=0.28,
+        kl_estimator=kind,
+        aggregation=aggregation,
+        max_completion_length=t,
     )
     want = ref.policy_loss(
-        logp.tolist(), old.tolist(), adv.tolist(), mask.tolist(), refl.tolist(), beta, 0.2, 0.28,
-        kind, aggregation, t,
+        logp.tolist(),
+        old.tolist(),
+        adv.tolist(),
+        mask.tolist(),
+        refl.tolist(),
+        beta,
+        0.2,
+        0.28,
+        kind,
+        aggregation,
+        t,
     )
     assert got.item() == pytest.approx(want, rel=1e-10, abs=1e-12)
 

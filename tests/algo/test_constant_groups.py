@@ -33,7 +33,9 @@ def test_float_residue_is_a_constant_group(rewards, eps, scale):
     assert algo.constant_groups(rewards, 16).tolist() == [True]
 
 
-@pytest.mark.parametrize("low, high", [(0.3, 0.3 + 1e-9), (1.0, 1.0 + 1e-12), (0.0, 1e-300), (-1e300, -1e300 * (1 + 1e-12))])
+@pytest.mark.parametrize(
+    "low, high", [(0.3, 0.3 + 1e-9), (1.0, 1.0 + 1e-12), (0.0, 1e-300), (-1e300, -1e300 * (1 + 1e-12))]
+)
 @pytest.mark.parametrize("eps", [0.0, 1e-4])
 def test_genuine_differences_still_vary(low, high, eps):
     """Far more than rounding apart (1e-12 relative is ~4500 ulps of float64): a real spread."""
@@ -101,8 +103,9 @@ def test_batch_scale_residue():
         mixed = torch.cat([res, torch.tensor([0.0, 1.0, 1.0, 0.0], dtype=f64)])
         got = algo.group_advantages(mixed, 4, scale="batch", eps=eps)
         assert torch.equal(got[:4], torch.zeros(4, dtype=f64))
-        want = algo.group_advantages(torch.tensor([0.3] * 4 + [0.0, 1.0, 1.0, 0.0], dtype=f64), 4,
-                                     scale="batch", eps=eps)
+        want = algo.group_advantages(
+            torch.tensor([0.3] * 4 + [0.0, 1.0, 1.0, 0.0], dtype=f64), 4, scale="batch", eps=eps
+        )
         torch.testing.assert_close(got, want)
         assert (got[4:] != 0).all()
 
@@ -134,15 +137,18 @@ def _steps(rows):
     return r, ends
 
 
-@pytest.mark.parametrize("rows, constant", [
-    ([[1.0, 0.0], [1.0]], False),  # the first completion's steps differ: signal though the last steps agree
-    ([[1.0, 1.0], [1.0]], True),  # every step right
-    ([[0.0], [0.0, 0.0, 0.0]], True),  # every step wrong, whatever the lengths
-    ([[1.0], []], True),  # one scored step in the group: nothing to compare it with
-    ([[1.0, float("nan")], [float("nan")]], True),  # NaN steps are unscored: one scored step left
-    ([[0.3, RESIDUE], [0.3]], True),  # rounding residue is not a difference
-    ([[0.5, 0.5], [0.5, 0.25]], False),  # the second completion's last step is worse
-])
+@pytest.mark.parametrize(
+    "rows, constant",
+    [
+        ([[1.0, 0.0], [1.0]], False),  # the first completion's steps differ: signal though the last steps agree
+        ([[1.0, 1.0], [1.0]], True),  # every step right
+        ([[0.0], [0.0, 0.0, 0.0]], True),  # every step wrong, whatever the lengths
+        ([[1.0], []], True),  # one scored step in the group: nothing to compare it with
+        ([[1.0, float("nan")], [float("nan")]], True),  # NaN steps are unscored: one scored step left
+        ([[0.3, RESIDUE], [0.3]], True),  # rounding residue is not a difference
+        ([[0.5, 0.5], [0.5, 0.25]], False),  # the second completion's last step is worse
+    ],
+)
 def test_process_constant_groups_hand_built(rows, constant):
     r, ends = _steps(rows)
     mask = torch.ones_like(ends)

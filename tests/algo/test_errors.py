@@ -18,23 +18,23 @@ def test_unknown_scale():
 
 def test_process_shapes_named():
     with pytest.raises(ValueError, match=r"process_advantages: .*step_rewards \(2, 3\).*step_end_mask \(2, 4\)"):
-        algo.process_advantages(torch.zeros(2, 3), torch.zeros(2, 4, dtype=torch.bool),
-                                torch.zeros(2, 3, dtype=torch.bool), 2)
+        algo.process_advantages(
+            torch.zeros(2, 3), torch.zeros(2, 4, dtype=torch.bool), torch.zeros(2, 3, dtype=torch.bool), 2
+        )
 
 
 def test_policy_loss_shapes_named():
     with pytest.raises(ValueError, match=r"policy_loss: .*logp \(2, 3\).*old_logp \(2, 4\)"):
-        algo.policy_loss(torch.zeros(2, 3), torch.zeros(2, 4), torch.zeros(2),
-                         torch.ones(2, 3, dtype=torch.bool))
+        algo.policy_loss(torch.zeros(2, 3), torch.zeros(2, 4), torch.zeros(2), torch.ones(2, 3, dtype=torch.bool))
     with pytest.raises(ValueError, match=r"advantages \(3,\)"):
-        algo.policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(3),
-                         torch.ones(2, 3, dtype=torch.bool))
+        algo.policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(3), torch.ones(2, 3, dtype=torch.bool))
 
 
 def test_beta_needs_reference():
     with pytest.raises(ValueError, match="needs ref_logp"):
-        algo.policy_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1),
-                         torch.ones(1, 1, dtype=torch.bool), beta=0.1)
+        algo.policy_loss(
+            torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1), torch.ones(1, 1, dtype=torch.bool), beta=0.1
+        )
 
 
 def test_negative_coefficients_and_unknown_names():

@@ -153,8 +153,9 @@ def test_positive_advantage_with_an_overflowing_ratio_is_clipped_with_zero_gradi
     # A = 2 > 0, log-ratio 200: min(r·A, 1.2·A) = 2.4, no gradient; the other token: ratio 1, A = 1
     logp = torch.zeros(1, 2)
     old = torch.tensor([[-200.0, 0.0]])
-    loss, st, grad = _loss_and_grad(logp, old, torch.tensor([[2.0, 1.0]]), torch.ones(1, 2, dtype=torch.bool),
-                                    aggregation="token_mean")
+    loss, st, grad = _loss_and_grad(
+        logp, old, torch.tensor([[2.0, 1.0]]), torch.ones(1, 2, dtype=torch.bool), aggregation="token_mean"
+    )
     assert loss.item() == pytest.approx(-(2.4 + 1.0) / 2)
     assert grad[0, 0] == 0 and grad[0, 1].item() == pytest.approx(-0.5)
     assert st["clip_frac_high"].item() == 0.5 and math.isfinite(st["ratio_mean"].item())
@@ -290,8 +291,11 @@ def test_ppo_advantages_ignore_values_and_log_probs_at_masked_tokens(monkeypatch
     import grpokit.estimators.ppo as ppo_mod
 
     gen = torch.Generator().manual_seed(5)
-    clean = {"old": -torch.rand(2, 4, generator=gen), "ref": -torch.rand(2, 4, generator=gen),
-             "v": torch.randn(2, 4, generator=gen)}
+    clean = {
+        "old": -torch.rand(2, 4, generator=gen),
+        "ref": -torch.rand(2, 4, generator=gen),
+        "v": torch.randn(2, 4, generator=gen),
+    }
 
     def advantages(poison):
         t = {k: x.clone() for k, x in clean.items()}
@@ -302,9 +306,16 @@ def test_ppo_advantages_ignore_values_and_log_probs_at_masked_tokens(monkeypatch
         p.logprobs = SimpleNamespace(policy=lambda exp: t["old"], reference=lambda exp: t["ref"])
         p.micro_batch_size, p.autocast_bf16 = 2, False
         p.critic = SimpleNamespace(values=lambda mb, autocast_bf16: t["v"][mb])
-        exp = SimpleNamespace(completion_mask=MASK, device="cpu", rewards=torch.tensor([1.0, 0.0], dtype=f64),
-                              step_rewards=None, step_ends=None, ref_logprobs=None, old_logprobs=None,
-                              micro_batches=lambda n: [(slice(0, 2), slice(0, 2))])
+        exp = SimpleNamespace(
+            completion_mask=MASK,
+            device="cpu",
+            rewards=torch.tensor([1.0, 0.0], dtype=f64),
+            step_rewards=None,
+            step_ends=None,
+            ref_logprobs=None,
+            old_logprobs=None,
+            micro_batches=lambda n: [(slice(0, 2), slice(0, 2))],
+        )
         return p.advantages(exp), exp
 
     want, want_exp = advantages(0.0)

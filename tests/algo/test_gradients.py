@@ -44,8 +44,16 @@ def test_masked_tokens_get_zero_gradient_and_no_nan():
     ref = torch.full((3, 4), -2.0, dtype=f64)
     for agg in ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm"):
         logp.grad = None
-        loss, st = policy_loss(logp, logp.detach() + 0.1, torch.tensor([1.0, 5.0, -1.0], dtype=f64),
-                               mask, ref_logp=ref, beta=0.1, aggregation=agg, max_completion_length=4)
+        loss, st = policy_loss(
+            logp,
+            logp.detach() + 0.1,
+            torch.tensor([1.0, 5.0, -1.0], dtype=f64),
+            mask,
+            ref_logp=ref,
+            beta=0.1,
+            aggregation=agg,
+            max_completion_length=4,
+        )
         loss.backward()
         assert torch.isfinite(loss) and torch.isfinite(logp.grad).all()
         assert (logp.grad[~mask] == 0).all()
@@ -79,8 +87,9 @@ def test_micro_batches_sum_to_full_batch(aggregation, splits):
         total = 0.0
         for sl in chunks:
             logp = token_logprobs(x[sl] @ w, ids[sl]).double()
-            loss, _ = policy_loss(logp, old[sl], adv[sl], mask[sl], ref_logp=ref[sl],
-                                  num_sequences=n, num_tokens=int(mask.sum()), **kw)
+            loss, _ = policy_loss(
+                logp, old[sl], adv[sl], mask[sl], ref_logp=ref[sl], num_sequences=n, num_tokens=int(mask.sum()), **kw
+            )
             loss.backward()
             total += loss.item()
         return total, w.grad

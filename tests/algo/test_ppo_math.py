@@ -79,8 +79,13 @@ def test_value_loss_hand_values(v, want, grad_zero):
     """V_old = 0, R = 1, ε_v = 0.2: V = 0.5 -> clipped branch 0.5·(0.2 − 1)² = 0.32 with zero
     gradient; V = 0.1 -> 0.5·(0.1 − 1)² = 0.405."""
     values = torch.tensor([[v]], dtype=f64, requires_grad=True)
-    loss, frac = value_loss(values, torch.zeros(1, 1, dtype=f64), torch.ones(1, 1, dtype=f64),
-                            torch.ones(1, 1, dtype=torch.bool), clip_eps=0.2)
+    loss, frac = value_loss(
+        values,
+        torch.zeros(1, 1, dtype=f64),
+        torch.ones(1, 1, dtype=f64),
+        torch.ones(1, 1, dtype=torch.bool),
+        clip_eps=0.2,
+    )
     assert loss.item() == pytest.approx(want)
     loss.backward()
     assert (values.grad.item() == 0.0) == grad_zero

@@ -22,14 +22,17 @@ def _group():
 S = 0.5 / (math.sqrt(1 / 3) + 1e-4)  # |normalized reward| of every step: +S for 1, -S for 0
 
 
-@pytest.mark.parametrize("mode, row0, row1", [
-    # sum: token t gets the sum of the normalized rewards of the steps ending at or after t
-    ("sum", [S + S - S, S - S, -S, -S], [-S, -S, 0, 0]),
-    # mean: that sum over the number of those steps (3, 2, 1, 1)
-    ("mean", [(S + S - S) / 3, (S - S) / 2, -S, -S], [-S, -S, 0, 0]),
-    # diff: step rewards become S, S - S = 0, -S - S = -2S; reverse sums telescope to r̃_K - r̃_{j-1}
-    ("diff", [-S, -S - S, -S - S, -S - S], [-S, -S, 0, 0]),
-])
+@pytest.mark.parametrize(
+    "mode, row0, row1",
+    [
+        # sum: token t gets the sum of the normalized rewards of the steps ending at or after t
+        ("sum", [S + S - S, S - S, -S, -S], [-S, -S, 0, 0]),
+        # mean: that sum over the number of those steps (3, 2, 1, 1)
+        ("mean", [(S + S - S) / 3, (S - S) / 2, -S, -S], [-S, -S, 0, 0]),
+        # diff: step rewards become S, S - S = 0, -S - S = -2S; reverse sums telescope to r̃_K - r̃_{j-1}
+        ("diff", [-S, -S - S, -S - S, -S - S], [-S, -S, 0, 0]),
+    ],
+)
 def test_modes_by_hand(mode, row0, row1):
     r, ends, mask = _group()
     adv = process_advantages(r, ends, mask, 2, mode=mode)
@@ -51,8 +54,10 @@ def test_mean_and_diff_follow_from_sum_on_random_groups():
     for i in range(n):
         pos = [k for k in range(t) if ends[i, k] and mask[i, k]]
         # normalized reward of each step = sum-mode advantage at its end minus the next step's
-        norm = {k: float(total[i, k]) - (float(total[i, pos[j + 1]]) if j + 1 < len(pos) else 0.0)
-                for j, k in enumerate(pos)}
+        norm = {
+            k: float(total[i, k]) - (float(total[i, pos[j + 1]]) if j + 1 < len(pos) else 0.0)
+            for j, k in enumerate(pos)
+        }
         for tok in range(t):
             later = [k for k in pos if k >= tok]
             if not mask[i, tok] or not later:

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from grpokit import algo
-from grpokit.estimators.base import GRPO
 from grpokit.config import AlgoConfig, RecipeError, recipe_from_dict
+from grpokit.estimators.base import GRPO
 from grpokit.experience import Experience
 
 LOG2 = math.log(2.0)
@@ -54,8 +54,15 @@ def test_errors():
 
 def test_grpo_loss_passes_the_sampler_logprobs():
     logp, sampler, adv, mask = _case()
-    mb = Experience.grouped(torch.ones(1, 2, dtype=torch.long), torch.ones(1, 2, dtype=torch.bool),
-                            torch.ones(1, 3, dtype=torch.long), mask, 1, advantages=adv, sampler_logprobs=sampler)
+    mb = Experience.grouped(
+        torch.ones(1, 2, dtype=torch.long),
+        torch.ones(1, 2, dtype=torch.bool),
+        torch.ones(1, 3, dtype=torch.long),
+        mask,
+        1,
+        advantages=adv,
+        sampler_logprobs=sampler,
+    )
     loss, st = GRPO(AlgoConfig(tis_cap=1.5, beta=0.0), 3).loss(logp, mb, mask, num_sequences=1, num_tokens=3)
     assert loss.item() == pytest.approx(-1.0) and st["tis_capped_frac"].item() == pytest.approx(1 / 3)
 

@@ -76,8 +76,12 @@ def test_clipped_surrogate(case):
     logp = torch.tensor([[math.log(case["ratio"])]], dtype=f64, requires_grad=True)
     old = torch.zeros(1, 1, dtype=f64)
     loss, _ = policy_loss(
-        logp, old, torch.tensor([case["advantage"]], dtype=f64), torch.ones(1, 1, dtype=torch.bool),
-        clip_eps_low=case["eps_low"], clip_eps_high=case["eps_high"],
+        logp,
+        old,
+        torch.tensor([case["advantage"]], dtype=f64),
+        torch.ones(1, 1, dtype=torch.bool),
+        clip_eps_low=case["eps_low"],
+        clip_eps_high=case["eps_high"],
     )
     loss.backward()
     assert loss.item() == pytest.approx(case["per_token_loss"], abs=1e-12)

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tests.test_policy_fast import V, _grouped_batch
 
 from grpokit.backends import backend_of, choose_backend, install_backend
 from grpokit.models.logprobs import completion_logprobs
-from tests.test_policy_fast import V, _grouped_batch
 
 
 @pytest.fixture
@@ -94,7 +94,9 @@ def test_policy_dispatches_through_the_installed_backend(model, monkeypatch):
     calls = []
     for cls in (PlainBackend, CpuBackend):
         orig = cls.logprobs
-        monkeypatch.setattr(cls, "logprobs", lambda self, *a, _o=orig, **kw: calls.append(self.name) or _o(self, *a, **kw))
+        monkeypatch.setattr(
+            cls, "logprobs", lambda self, *a, _o=orig, **kw: calls.append(self.name) or _o(self, *a, **kw)
+        )
     batch, _ = _grouped_batch(G=2)
     with torch.no_grad():
         plain, _ = completion_logprobs(model, batch, temperature=1.0)
@@ -142,7 +144,9 @@ def test_the_attention_function_hands_non_cpu_tensors_to_stock_sdpa(monkeypatch)
     from grpokit.backends.cpu.attention import acts_on, grpokit_sdpa_attention
 
     calls = []
-    monkeypatch.setattr(sdpa, "sdpa_attention_forward", lambda *a, **kw: calls.append(a[1].device.type) or ("stock", None))
+    monkeypatch.setattr(
+        sdpa, "sdpa_attention_forward", lambda *a, **kw: calls.append(a[1].device.type) or ("stock", None)
+    )
     module = torch.nn.Module()
     module.num_key_value_groups = 3
     for device in ("meta", "cpu"):
@@ -156,9 +160,8 @@ def test_the_attention_function_hands_non_cpu_tensors_to_stock_sdpa(monkeypatch)
 
 
 def test_recipe_default_is_auto_and_names_are_checked():
-    from helpers import tiny_recipe_dict
-
     from grpokit.config import RecipeError, recipe_from_dict
+    from helpers import tiny_recipe_dict
 
     assert recipe_from_dict(tiny_recipe_dict("m", "out")).model.backend == "auto"
     assert recipe_from_dict(tiny_recipe_dict("m", "out", model={"backend": "plain"})).model.backend == "plain"

@@ -112,13 +112,16 @@ def test_conversational_rows_are_kept_as_messages(tmp_path):
 
 def test_conversation_rendering_rules():
     tok = _tokenizer(TEMPLATE)
-    rows = [{"prompt": "What is 2+2?", "prompt_messages": CONVO},
-            {"prompt": "Hi?", "prompt_messages": [{"role": "user", "content": "Hi?"}]},
-            {"prompt": "Q"}]
+    rows = [
+        {"prompt": "What is 2+2?", "prompt_messages": CONVO},
+        {"prompt": "Hi?", "prompt_messages": [{"role": "user", "content": "Hi?"}]},
+        {"prompt": "Q"},
+    ]
     got = P.render_prompts(tok, rows, system_prompt="Default.", template="{question} Box it.", source="t")
     # own system replaces the default; the template only wraps the last user turn
-    assert got[0] == ("<|system|>Own system.\n<|user|>First?\n<|assistant|>Yes.\n"
-                      "<|user|>What is 2+2? Box it.\n<|assistant|>")
+    assert got[0] == (
+        "<|system|>Own system.\n<|user|>First?\n<|assistant|>Yes.\n<|user|>What is 2+2? Box it.\n<|assistant|>"
+    )
     assert got[1] == "<|system|>Default.\n<|user|>Hi? Box it.\n<|assistant|>"
     assert got[2] == P.build_chat_prompt(tok, "Q", system_prompt="Default.", template="{question} Box it.")
     assert got[1] == got[2].replace("Q Box", "Hi? Box")  # a one-turn conversation renders as its question
@@ -128,18 +131,24 @@ def test_conversation_rendering_rules():
     assert CONVO[3]["content"] == "What is 2+2?"  # the input is not modified
 
 
-@pytest.mark.parametrize("prompt, says", [
-    ([], "an empty list of messages"),
-    (["hello"], "message 0 is a str, expected a dict"),
-    ({"role": "user", "content": "x"}, "expected a question \\(text\\) or a list of .* messages, got a dict"),
-    ([{"role": "user"}], "message 0 has no content"),
-    ([{"content": "x"}], "message 0 has no role"),
-    ([{"role": "human", "content": "x"}], "message 0 has role 'human'"),
-    ([{"role": "user", "content": ["x"]}], "message 0 \\(user\\) has content of type list"),
-    ([{"role": "user", "content": "x"}, {"role": "system", "content": "s"}], "message 1 is a system message"),
-    ([{"role": "system", "content": "s"}], "no user message"),
-    ([{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}], "the last message has role 'assistant'"),
-])
+@pytest.mark.parametrize(
+    "prompt, says",
+    [
+        ([], "an empty list of messages"),
+        (["hello"], "message 0 is a str, expected a dict"),
+        ({"role": "user", "content": "x"}, "expected a question \\(text\\) or a list of .* messages, got a dict"),
+        ([{"role": "user"}], "message 0 has no content"),
+        ([{"content": "x"}], "message 0 has no role"),
+        ([{"role": "human", "content": "x"}], "message 0 has role 'human'"),
+        ([{"role": "user", "content": ["x"]}], "message 0 \\(user\\) has content of type list"),
+        ([{"role": "user", "content": "x"}, {"role": "system", "content": "s"}], "message 1 is a system message"),
+        ([{"role": "system", "content": "s"}], "no user message"),
+        (
+            [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}],
+            "the last message has role 'assistant'",
+        ),
+    ],
+)
 def test_malformed_messages_name_file_row_and_field(tmp_path, prompt, says):
     path = _jsonl(tmp_path, [{"question": "fine", "answer": "1"}, {"question": prompt, "answer": "1"}])
     with pytest.raises(ValueError, match=f"^{re.escape(path)}: row 1, field 'question': {says}") as e:
@@ -160,15 +169,16 @@ def test_training_eval_and_sft_render_a_conversation_alike(tmp_path):
     tok = _tokenizer(TEMPLATE)
     tok.eos_token = "[UNK]"
     path = _jsonl(tmp_path, [{"prompt": CONVO, "answer": "4"}])
-    recipe = recipe_from_dict({"data": {"dataset": path, "system_prompt": "Default.",
-                                        "prompt_template": "{question} Box it."}})
+    recipe = recipe_from_dict(
+        {"data": {"dataset": path, "system_prompt": "Default.", "prompt_template": "{question} Box it."}}
+    )
     rows, prompts, _ = load_prompts(recipe, tok, dataset=path, split="train", limit=None)  # training
     _, eval_prompts, _ = load_prompts(recipe, tok, dataset=path, split="train", limit=None, section="eval")
-    want = ("<|system|>Own system.\n<|user|>First?\n<|assistant|>Yes.\n"
-            "<|user|>What is 2+2? Box it.\n<|assistant|>")
+    want = "<|system|>Own system.\n<|user|>First?\n<|assistant|>Yes.\n<|user|>What is 2+2? Box it.\n<|assistant|>"
     assert prompts == eval_prompts == [want]
-    enc = encode_rows(tok, [{**rows[0], "completion": "4"}], prompt_template="{question} Box it.",
-                      system_prompt="Default.")
+    enc = encode_rows(
+        tok, [{**rows[0], "completion": "4"}], prompt_template="{question} Box it.", system_prompt="Default."
+    )
     p = encode_prompts(tok, [want])[0]
     assert enc[0]["input_ids"][: len(p)] == list(p)
 
@@ -178,12 +188,13 @@ def test_training_eval_and_sft_render_a_conversation_alike(tmp_path):
 
 def test_system_prompt_is_folded_into_the_first_user_turn(tmp_path, capsys):
     tok = _tokenizer(NO_SYSTEM_TEMPLATE, name="org/gemma-like")
-    path = _jsonl(tmp_path, [{"prompt": "What is 2+2?", "answer": "4"},
-                             {"prompt": CONVO, "answer": "4"}])
+    path = _jsonl(tmp_path, [{"prompt": "What is 2+2?", "answer": "4"}, {"prompt": CONVO, "answer": "4"}])
     recipe = recipe_from_dict({"data": {"dataset": path, "system_prompt": "Be brief."}})
     _, prompts, _ = load_prompts(recipe, tok, dataset=path, split="train", limit=None)
-    assert prompts == ["<user>Be brief.\n\nWhat is 2+2?\n<assistant>",
-                       "<user>Own system.\n\nFirst?\n<assistant>Yes.\n<user>What is 2+2?\n<assistant>"]
+    assert prompts == [
+        "<user>Be brief.\n\nWhat is 2+2?\n<assistant>",
+        "<user>Own system.\n\nFirst?\n<assistant>Yes.\n<user>What is 2+2?\n<assistant>",
+    ]
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
     assert "org/gemma-like" in err[0] and "data.system_prompt and the rows' system messages" in err[0]
@@ -194,13 +205,18 @@ def test_system_prompt_is_folded_into_the_first_user_turn(tmp_path, capsys):
 
 
 def test_a_template_refusing_a_row_is_one_line_naming_it(tmp_path):
-    strict = "{% for m in messages %}{% if m['role'] == 'assistant' %}{{ raise_exception('no assistant') }}" \
-             "{% endif %}{{ m['content'] }}{% endfor %}"
+    strict = (
+        "{% for m in messages %}{% if m['role'] == 'assistant' %}{{ raise_exception('no assistant') }}"
+        "{% endif %}{{ m['content'] }}{% endfor %}"
+    )
     tok = _tokenizer(strict, name="org/strict")
     path = _jsonl(tmp_path, [{"prompt": "fine", "answer": "1"}, {"prompt": CONVO[1:], "answer": "1"}])
     recipe = recipe_from_dict({"data": {"dataset": path}})
-    with pytest.raises(ValueError, match=r"^data: .*convo.jsonl: row 1 \('What is 2\+2\?'\): the chat "
-                                         r"template of org/strict refuses its messages: no assistant$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^data: .*convo.jsonl: row 1 \('What is 2\+2\?'\): the chat "
+        r"template of org/strict refuses its messages: no assistant$",
+    ):
         load_prompts(recipe, tok, dataset=path, split="train", limit=None)
 
 

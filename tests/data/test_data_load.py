@@ -284,8 +284,11 @@ def test_damaged_packaged_file_names_file_line_and_reinstall(tmp_path, monkeypat
     first = (json.dumps(good) + "\n").encode()
     path.write_bytes(first + b'{"Body": "caf\xe9"}\n')
     assert len(load_rows("svamp", "test", limit=1)) == 1  # the damage lies past the limit
-    with pytest.raises(ValueError, match=rf"test.jsonl: line 2: not valid UTF-8 \(byte 0xe9 at offset "
-                                         rf"{len(first) + 13} of the file\); reinstall with"):
+    with pytest.raises(
+        ValueError,
+        match=rf"test.jsonl: line 2: not valid UTF-8 \(byte 0xe9 at offset "
+        rf"{len(first) + 13} of the file\); reinstall with",
+    ):
         load_rows("svamp", "test")
     path.write_bytes(first + b"{oops\n")
     with pytest.raises(ValueError, match=r"test.jsonl: line 2 is not valid JSON .*reinstall with"):

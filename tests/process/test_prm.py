@@ -32,9 +32,17 @@ def lm(make_tiny_model):
 
 @pytest.fixture(scope="module")
 def classifier():
-    cfg = LlamaConfig(vocab_size=49152, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                      num_key_value_heads=2, intermediate_size=64, num_labels=2,
-                      initializer_range=0.5, pad_token_id=2)
+    cfg = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        num_labels=2,
+        initializer_range=0.5,
+        pad_token_id=2,
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         return LlamaForTokenClassification(cfg).eval()

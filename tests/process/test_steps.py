@@ -153,7 +153,9 @@ def test_partial_utf8_tokens_go_with_the_character(tok):
     ends, spans, _ = step_token_ends(ids, len(ids), None, tok)
     assert step_texts(text, spans) == ["é∑ 😀 a\n", "b 😀\n", "😀"]
     assert [tok.decode(ids[: e + 1], skip_special_tokens=True) for e in ends] == [
-        "é∑ 😀 a\n", "é∑ 😀 a\nb 😀\n", text,
+        "é∑ 😀 a\n",
+        "é∑ 😀 a\nb 😀\n",
+        text,
     ]
 
 

@@ -9,7 +9,6 @@ import pytest
 
 from grpokit.process.verifier import arithmetic_step_rewards, find_claims
 
-
 # (step text, verdict of each claim found, in order); [] = no claim found
 CLAIMS = [
     ("48/2 = 24", [True]),
@@ -109,9 +108,18 @@ def test_find_claims_sides():
 
 
 def test_adversarial_inputs_are_fast():
-    texts = ["9^" * 200 + "9 = 1", "(" * 500 + "1" + ")" * 500 + " = 1", "1 + " * 2000 + "1 = 2001",
-             "= " * 3000, "2**2**2**2**2**2 = 3", "1/" * 300 + "1 = 1", "2 = " + "1 + " * 3000 + "1",
-             "1 = " + "(" * 3000 + "1" + ")" * 3000, "1 = " + "-" * 5000 + "1 = 1", "<<" + "1+" * 3000 + "1=1>>"]
+    texts = [
+        "9^" * 200 + "9 = 1",
+        "(" * 500 + "1" + ")" * 500 + " = 1",
+        "1 + " * 2000 + "1 = 2001",
+        "= " * 3000,
+        "2**2**2**2**2**2 = 3",
+        "1/" * 300 + "1 = 1",
+        "2 = " + "1 + " * 3000 + "1",
+        "1 = " + "(" * 3000 + "1" + ")" * 3000,
+        "1 = " + "-" * 5000 + "1 = 1",
+        "<<" + "1+" * 3000 + "1=1>>",
+    ]
     start = time.process_time()  # CPU time: a loaded machine must not make this fail
     for t in texts:
         find_claims(t)

@@ -16,16 +16,16 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from fake_rewards import BAD_ROW, FAIL_MARK, process_length_reward, raising_process_reward
-from helpers import tiny_recipe
 
+from fake_rewards import BAD_ROW, FAIL_MARK, process_length_reward, raising_process_reward
 from grpokit import algo
-from grpokit.metrics import read_metrics
 from grpokit.estimators.base import GRPO
 from grpokit.experience import Experience
+from grpokit.metrics import read_metrics
 from grpokit.process import ProcessScorer
 from grpokit.process.steps import scatter_step_rewards, step_end_masks, step_texts
 from grpokit.rewards.guard import GuardedReward, RewardError
+from helpers import tiny_recipe
 
 EOS = 2
 G = 2
@@ -60,8 +60,14 @@ def _setup(tok, on_error):
 def _advantages(s, rollout):
     """The step scorer, then GRPO's process advantages: ``(advantages (N, T), metrics)``."""
     n, t = rollout.completion_ids.shape
-    exp = Experience.grouped(torch.ones(n, 1, dtype=torch.long), torch.ones(n, 1, dtype=torch.bool),
-                             rollout.completion_ids, rollout.completion_mask, G, completions=rollout.completions)
+    exp = Experience.grouped(
+        torch.ones(n, 1, dtype=torch.long),
+        torch.ones(n, 1, dtype=torch.bool),
+        rollout.completion_ids,
+        rollout.completion_mask,
+        G,
+        completions=rollout.completions,
+    )
     exp.step_rewards, exp.step_ends, metrics = s.score(exp, ["q"] * n, {})
     a = SimpleNamespace(advantage_eps=1e-4, process_advantage="sum", beta=0.0)
     return GRPO(a, t).advantages(exp), metrics
@@ -75,8 +81,9 @@ def test_failed_row_is_unscorable_with_on_error_none(smollm2_tokenizer, rollout)
     finally:
         s.reward.close()
     # reference: the process reward's scores for the good rows, None for every step of the bad one
-    ends, spans = step_end_masks(rollout.completion_ids, rollout.completion_mask, rollout.completions,
-                                 "lines", smollm2_tokenizer)
+    ends, spans = step_end_masks(
+        rollout.completion_ids, rollout.completion_mask, rollout.completions, "lines", smollm2_tokenizer
+    )
     steps = [step_texts(t, sp) for t, sp in zip(rollout.completions, spans)]
     scores = process_length_reward(None, rollout.completions, steps)
     scores[BAD] = [None] * len(steps[BAD])
@@ -92,8 +99,7 @@ def test_failed_row_is_unscorable_with_on_error_none(smollm2_tokenizer, rollout)
     assert metrics["steps_scored_frac"] == (int(num_steps.sum()) - n_bad) / int(num_steps.sum())
     good = [v for i, row in enumerate(scores) if i != BAD for v in row]
     assert metrics["step_reward_mean"] == pytest.approx(sum(good) / len(good), rel=1e-12)
-    assert metrics["step_reward_std"] == pytest.approx(torch.tensor(good, dtype=torch.float64).std().item(),
-                                                       rel=1e-12)
+    assert metrics["step_reward_std"] == pytest.approx(torch.tensor(good, dtype=torch.float64).std().item(), rel=1e-12)
     assert metrics["step_count_mean"] == float(num_steps.float().mean())
 
 
@@ -125,9 +131,17 @@ def test_training_step_survives_a_failing_process_reward_row(tiny_model_dir, tmp
     """The whole loop, rewards.on_error=none: the failed row is logged as unscorable, the step trains."""
     from grpokit.trainer.loop import train
 
-    recipe = tiny_recipe(tiny_model_dir, tmp_path, rewards={"on_error": "none"}, train={"max_steps": 1},
-                         algo={"supervision": "process", "step_rule": "regex:\\s",
-                               "process_reward": "fake_rewards:bad_row_process_reward"})
+    recipe = tiny_recipe(
+        tiny_model_dir,
+        tmp_path,
+        rewards={"on_error": "none"},
+        train={"max_steps": 1},
+        algo={
+            "supervision": "process",
+            "step_rule": "regex:\\s",
+            "process_reward": "fake_rewards:bad_row_process_reward",
+        },
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the RunWarning about the failed row
         train(recipe, progress=False)

@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import time
 
-import fake_rewards as fr
 import pytest
-from helpers import tiny_recipe, tiny_recipe_dict, write_recipe
 
+import fake_rewards as fr
 from grpokit.cli.main import main
 from grpokit.process.wiring import resolve_process_reward
 from grpokit.rewards import compute_rewards, get_reward_function
 from grpokit.rewards.calling import RewardSignatureError, call_form, check_signature
 from grpokit.rewards.guard import GuardedReward, RewardError
 from grpokit.rewards.pipeline import RewardPipeline
+from helpers import tiny_recipe, tiny_recipe_dict, write_recipe
 
 ISOLATIONS = ["process", "thread"]
 EXPECTED = "expected def f(prompts, completions, **columns)"
@@ -27,6 +27,7 @@ def _guarded(fn, isolation, **kw):
 
 
 # -- item 8: async rewards ---------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("isolation", ISOLATIONS)
 @pytest.mark.parametrize("fn", [fr.async_length_reward, fr.AsyncLengthReward()], ids=["async_def", "async_call"])
@@ -86,15 +87,23 @@ def test_an_async_rewards_rows_are_searched_at_once(isolation):
 
 
 def test_compute_rewards_awaits_an_unguarded_async_function():
-    total, parts = compute_rewards({"a": fr.async_length_reward, "t": fr.trl_answer_reward}, {},
-                                   ["q", "q"], ["is 12", "is 3"], {"answer": ["12", "4"]})
+    total, parts = compute_rewards(
+        {"a": fr.async_length_reward, "t": fr.trl_answer_reward},
+        {},
+        ["q", "q"],
+        ["is 12", "is 3"],
+        {"answer": ["12", "4"]},
+    )
     assert parts == {"a": [0.05, 0.04], "t": [1.0, 0.0]}
     assert total == [1.05, 0.04]
 
 
 def test_an_async_process_reward_gets_its_steps(tmp_path):
-    recipe = tiny_recipe("unused-model", tmp_path, algo={"supervision": "process",
-                                                         "process_reward": "fake_rewards:async_process_length_reward"})
+    recipe = tiny_recipe(
+        "unused-model",
+        tmp_path,
+        algo={"supervision": "process", "process_reward": "fake_rewards:async_process_length_reward"},
+    )
     guard = resolve_process_reward(recipe)
     try:
         assert guard(["q"], ["ab\ncde"], steps=[["ab", "cde"]], answer=["1"]) == [[0.2, 0.3]]
@@ -103,6 +112,7 @@ def test_an_async_process_reward_gets_its_steps(tmp_path):
 
 
 # -- item 14: TRL's keyword form and signature checks -----------------------------------------
+
 
 def test_call_forms_are_read_from_the_signature():
     assert call_form(fr.trl_length_reward) == "keyword"
@@ -124,10 +134,13 @@ def test_trl_keyword_form_rewards_get_prompts_completions_and_columns_as_keyword
             g.close()
 
 
-@pytest.mark.parametrize("spec, why", [
-    ("fake_rewards:one_argument_reward", "too many positional arguments"),
-    ("fake_rewards:HANG_S", None),  # not callable: the import's own error
-])
+@pytest.mark.parametrize(
+    "spec, why",
+    [
+        ("fake_rewards:one_argument_reward", "too many positional arguments"),
+        ("fake_rewards:HANG_S", None),  # not callable: the import's own error
+    ],
+)
 def test_a_signature_of_neither_form_fails_when_resolved(spec, why):
     if why is None:
         with pytest.raises(ValueError, match="not callable"):
@@ -136,8 +149,10 @@ def test_a_signature_of_neither_form_fails_when_resolved(spec, why):
     with pytest.raises(RewardSignatureError) as e:
         get_reward_function(spec)
     msg = str(e.value)
-    assert msg.startswith("reward 'fake_rewards:one_argument_reward': its signature f(texts) cannot take the call "
-                          "f(prompts, completions): too many positional arguments; " + EXPECTED), msg
+    assert msg.startswith(
+        "reward 'fake_rewards:one_argument_reward': its signature f(texts) cannot take the call "
+        "f(prompts, completions): too many positional arguments; " + EXPECTED
+    ), msg
     assert "TRL's def f(completions, **kwargs)" in msg and "on_error" not in msg and "\n" not in msg
 
 
@@ -145,9 +160,12 @@ def test_check_signature_with_the_runs_columns():
     check_signature(fr.trl_answer_reward, "r", columns=["answer", "idx"])
     check_signature(fr.no_columns_reward, "r")  # columns not known yet: passes
     check_signature(fr.no_columns_reward, "r", columns=[])
-    with pytest.raises(RewardSignatureError, match=r"f\(prompts, completions\) cannot take the call "
-                                                   r"f\(prompts=, completions=, answer=\): got an unexpected "
-                                                   r"keyword argument 'answer'"):
+    with pytest.raises(
+        RewardSignatureError,
+        match=r"f\(prompts, completions\) cannot take the call "
+        r"f\(prompts=, completions=, answer=\): got an unexpected "
+        r"keyword argument 'answer'",
+    ):
         check_signature(fr.no_columns_reward, "r", columns=["answer"])
     with pytest.raises(RewardSignatureError, match=r"missing a required argument: 'answer'"):
         check_signature(fr.trl_answer_reward, "r", columns=["idx"])
@@ -156,14 +174,26 @@ def test_check_signature_with_the_runs_columns():
 
 
 def test_pipeline_checks_signatures_against_the_columns(tmp_path):
-    recipe = tiny_recipe("unused-model", tmp_path, rewards={
-        "functions": ["fake_rewards:trl_answer_reward", "fake_rewards:no_columns_reward"], "isolation": "thread"})
+    recipe = tiny_recipe(
+        "unused-model",
+        tmp_path,
+        rewards={
+            "functions": ["fake_rewards:trl_answer_reward", "fake_rewards:no_columns_reward"],
+            "isolation": "thread",
+        },
+    )
     pipe = RewardPipeline.from_config(recipe.rewards)
-    with pytest.raises(RewardSignatureError, match=r"'fake_rewards:trl_answer_reward'.*missing a required "
-                                                   r"argument: 'answer'"):
+    with pytest.raises(
+        RewardSignatureError,
+        match=r"'fake_rewards:trl_answer_reward'.*missing a required "
+        r"argument: 'answer'",
+    ):
         pipe.check_columns([])
-    with pytest.raises(RewardSignatureError, match=r"^rewards.functions: reward function "
-                                                   r"'fake_rewards:no_columns_reward': .*'answer'"):
+    with pytest.raises(
+        RewardSignatureError,
+        match=r"^rewards.functions: reward function "
+        r"'fake_rewards:no_columns_reward': .*'answer'",
+    ):
         pipe.check_columns(["answer"])
 
 
@@ -179,12 +209,16 @@ def test_a_call_that_does_not_bind_raises_whatever_on_error(isolation):
         guard.close()
 
 
-@pytest.mark.parametrize("reward, shown", [
-    ("fake_rewards:one_argument_reward", "f(texts) cannot take the call f(prompts, completions)"),
-    ("fake_rewards:no_columns_reward", "got an unexpected keyword argument 'answer'"),
-])
-def test_train_refuses_a_wrong_signature_before_any_model_loads(tiny_model_dir, tmp_path, capsys, no_model_load,
-                                                                 reward, shown):
+@pytest.mark.parametrize(
+    "reward, shown",
+    [
+        ("fake_rewards:one_argument_reward", "f(texts) cannot take the call f(prompts, completions)"),
+        ("fake_rewards:no_columns_reward", "got an unexpected keyword argument 'answer'"),
+    ],
+)
+def test_train_refuses_a_wrong_signature_before_any_model_loads(
+    tiny_model_dir, tmp_path, capsys, no_model_load, reward, shown
+):
     raw = tiny_recipe_dict(tiny_model_dir, tmp_path / "out", rewards={"functions": [reward]})
     assert main(["train", str(write_recipe(tmp_path / "r.yaml", raw)), "--no-progress"]) != 0
     err = capsys.readouterr().err
@@ -204,10 +238,15 @@ def test_one_step_with_an_async_reward_and_a_trl_reward_from_a_file(tiny_model_d
     (tmp_path / "trl_style.py").write_text(
         "def half(completions, **kwargs):\n"
         "    assert len(kwargs['prompts']) == len(kwargs['answer']) == len(completions)\n"
-        "    return [0.5] * len(completions)\n")
+        "    return [0.5] * len(completions)\n"
+    )
     monkeypatch.chdir(tmp_path)
-    recipe = tiny_recipe(tiny_model_dir, tmp_path / "out", train={"max_steps": 1}, rewards={
-        "functions": ["fake_rewards:async_length_reward", "./trl_style.py:half"]})
+    recipe = tiny_recipe(
+        tiny_model_dir,
+        tmp_path / "out",
+        train={"max_steps": 1},
+        rewards={"functions": ["fake_rewards:async_length_reward", "./trl_style.py:half"]},
+    )
     summary = train(recipe, progress=False, run=grpokit.trainer.build.build_run(recipe))
     assert summary["last_metrics"]["step"] == 1 and summary["last_metrics"]["reward_failures"] == 0
     samples = [json.loads(line) for line in (tmp_path / "out" / "samples.jsonl").read_text().splitlines()]

@@ -24,9 +24,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from grpokit.data.reasoning_gym import _tagged_answer, reasoning_gym_score
 from grpokit.data.reasoning_gym import extract_rg_answer as rg_extract_answer
-from grpokit.data.reasoning_gym import _tagged_answer
-from grpokit.data.reasoning_gym import reasoning_gym_score
 from grpokit.process.steps import split_steps, step_texts, step_token_ends
 from grpokit.process.verifier import Claim, arithmetic_step_rewards, find_claims
 from grpokit.rewards.format import answer_line_format, format_reward, make_format_reward, number_at_end
@@ -38,22 +37,116 @@ CPU_S = 1.0  # CPU seconds per call
 MV_CPU_S = 2.0  # ... for calls that may reach math-verify (it parses a 1000-char answer in ~0.4 s)
 
 _PIECES = [
-    *"0123456789", "12", "3.5", "1,000", "$5", "20%", ".5", " ", " ", "\n", "\n\n", "\t", "\r",
-    "+", "-", "*", "**", "/", "=", "==", "(", ")", "^", "x", " x ", "×", "÷", "−", "·", "≈",
-    "\\boxed{", "\\boxed ", "\\fbox{", "{", "}", "$", "\\frac{", "\\dfrac", "\\times", "\\cdot",
-    "\\div", "\\left(", "\\right)", "\\", "^{", "<<", ">>", "####", "#### ", "Step ", "Step 1:",
-    "**Step 2:**", "Answer:", "answer is ", "Final answer: ", "<answer>", "</answer>", "ки",
-    "of", "apples", "half", "٣", "७", "²", "½", "𝟗", "①", "é", "\u2028", "\x00", "\ufffd",
-    "9^{9^{9}}", "2**9**9**9", "9^9^9", "99999999999999999999999999999999", "0", "/0", "%",
-    "!", "\\binom{", "\\sqrt{", "\\sqrt[", "\\infty", "\\pi", "e^{", "1e9", "[", "]", ",",
+    *"0123456789",
+    "12",
+    "3.5",
+    "1,000",
+    "$5",
+    "20%",
+    ".5",
+    " ",
+    " ",
+    "\n",
+    "\n\n",
+    "\t",
+    "\r",
+    "+",
+    "-",
+    "*",
+    "**",
+    "/",
+    "=",
+    "==",
+    "(",
+    ")",
+    "^",
+    "x",
+    " x ",
+    "×",
+    "÷",
+    "−",
+    "·",
+    "≈",
+    "\\boxed{",
+    "\\boxed ",
+    "\\fbox{",
+    "{",
+    "}",
+    "$",
+    "\\frac{",
+    "\\dfrac",
+    "\\times",
+    "\\cdot",
+    "\\div",
+    "\\left(",
+    "\\right)",
+    "\\",
+    "^{",
+    "<<",
+    ">>",
+    "####",
+    "#### ",
+    "Step ",
+    "Step 1:",
+    "**Step 2:**",
+    "Answer:",
+    "answer is ",
+    "Final answer: ",
+    "<answer>",
+    "</answer>",
+    "ки",
+    "of",
+    "apples",
+    "half",
+    "٣",
+    "७",
+    "²",
+    "½",
+    "𝟗",
+    "①",
+    "é",
+    "\u2028",
+    "\x00",
+    "\ufffd",
+    "9^{9^{9}}",
+    "2**9**9**9",
+    "9^9^9",
+    "99999999999999999999999999999999",
+    "0",
+    "/0",
+    "%",
+    "!",
+    "\\binom{",
+    "\\sqrt{",
+    "\\sqrt[",
+    "\\infty",
+    "\\pi",
+    "e^{",
+    "1e9",
+    "[",
+    "]",
+    ",",
 ]
 math_text = st.lists(st.sampled_from(_PIECES), max_size=80).map("".join)
-long_line = st.tuples(st.lists(st.sampled_from(_PIECES), min_size=1, max_size=6).map("".join),
-                      st.integers(50, 600)).map(lambda p: p[0] * p[1])
+long_line = st.tuples(
+    st.lists(st.sampled_from(_PIECES), min_size=1, max_size=6).map("".join), st.integers(50, 600)
+).map(lambda p: p[0] * p[1])
 any_text = st.one_of(st.text(max_size=300), math_text, math_text, long_line)
 
-RULES = ["lines", "paragraphs", r"regex:Step \d+:", r"regex:(?m)^", "regex:", r"regex:\n\n",
-         r"regex:(?=#)", "tag:ки", "tag:\n", "tag: ", "tag:####", "tag:="]
+RULES = [
+    "lines",
+    "paragraphs",
+    r"regex:Step \d+:",
+    r"regex:(?m)^",
+    "regex:",
+    r"regex:\n\n",
+    r"regex:(?=#)",
+    "tag:ки",
+    "tag:\n",
+    "tag: ",
+    "tag:####",
+    "tag:=",
+]
 rules = st.one_of(st.sampled_from(RULES), st.text(min_size=1, max_size=4).map(lambda t: "tag:" + t))
 
 
@@ -79,8 +172,10 @@ def _warm_math_verify():
 def test_find_claims_total(text):
     claims = _timed(find_claims, text)
     assert isinstance(claims, list)
-    assert all(isinstance(c, Claim) and isinstance(c.left, str) and isinstance(c.right, str)
-               and isinstance(c.ok, bool) for c in claims)
+    assert all(
+        isinstance(c, Claim) and isinstance(c.left, str) and isinstance(c.right, str) and isinstance(c.ok, bool)
+        for c in claims
+    )
 
 
 def test_find_claims_leading_star_regressions():
@@ -94,9 +189,18 @@ def test_find_claims_leading_star_regressions():
     assert [c.ok for c in find_claims("* 3 + 4 = 8")] == [False]
 
 
-@pytest.mark.parametrize("text", ["2**9**9**9 = 1", "9^{9^{9}} = 1", "9^9^9^9^9 = 5",
-                                  "(10^1000)^(10^1000) = 1", "10^999 * 10^999 * 10^999 = 1",
-                                  "<<2**9**9**9=1>>", "\\frac{9^{9^{9}}}{2} = 1"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "2**9**9**9 = 1",
+        "9^{9^{9}} = 1",
+        "9^9^9^9^9 = 5",
+        "(10^1000)^(10^1000) = 1",
+        "10^999 * 10^999 * 10^999 = 1",
+        "<<2**9**9**9=1>>",
+        "\\frac{9^{9^{9}}}{2} = 1",
+    ],
+)
 def test_huge_powers_are_skipped_and_fast(text):
     assert [c.ok for c in _timed(find_claims, text)] == []
 
@@ -119,8 +223,18 @@ def _in_worker_thread(fn, *args, **kwargs):
 
 
 # a power tower, a huge factorial, deep braces (exponential in math-verify's LaTeX parser)
-HUGE = ["9^{9^{9}}", "2**9**9**9", "2^{2^{30}}", "2^{10^{5}}", "2^{2^{12}}", "(10^{10})!", "10^{10}!",
-        "x^{10^{10}}", "{" * 30 + "1" + "}" * 30, "(" * 40 + "1" + ")" * 40]
+HUGE = [
+    "9^{9^{9}}",
+    "2**9**9**9",
+    "2^{2^{30}}",
+    "2^{10^{5}}",
+    "2^{2^{12}}",
+    "(10^{10})!",
+    "10^{10}!",
+    "x^{10^{10}}",
+    "{" * 30 + "1" + "}" * 30,
+    "(" * 40 + "1" + ")" * 40,
+]
 
 
 @pytest.mark.parametrize("huge", HUGE)
@@ -128,8 +242,7 @@ def test_huge_answers_are_bounded_in_worker_threads(huge):
     """The verifier's outcome check (``math_correct``) in a thread: no signal timeout there, so
     huge answers must be refused before sympy starts on them (``MAX_ANSWER_BITS``, ``MAX_NESTING``)."""
     steps = [f"We get {huge} = 1\n", f"So the answer is \\boxed{{{huge}}}"]
-    (scores,), cpu = _in_worker_thread(arithmetic_step_rewards, ["q"], ["".join(steps)], [steps],
-                                       answer=["42"])
+    (scores,), cpu = _in_worker_thread(arithmetic_step_rewards, ["q"], ["".join(steps)], [steps], answer=["42"])
     assert scores == [1.0, 0.0] and cpu < MV_CPU_S  # no claim checked; the answer is wrong
     (score,), cpu = _in_worker_thread(math_correct, ["q"], ["\\boxed{42}"], answer=[huge])
     # such a reference is unscorable; math-verify reads no LaTeX in "2**9**9**9" (a string: 0.0)
@@ -138,8 +251,13 @@ def test_huge_answers_are_bounded_in_worker_threads(huge):
 
 
 # answers math-verify parses or compares in time exponential (or steeply polynomial) in their size
-SLOW = ["/".join(str(i) for i in range(1, 40)), "x^" * 40 + "2", "x_" * 60 + "1",
-        "\\frac{" * 12 + "1" + "}{2}" * 12, "\\{" * 12 + "\\}" * 12]
+SLOW = [
+    "/".join(str(i) for i in range(1, 40)),
+    "x^" * 40 + "2",
+    "x_" * 60 + "1",
+    "\\frac{" * 12 + "1" + "}{2}" * 12,
+    "\\{" * 12 + "\\}" * 12,
+]
 
 
 @pytest.mark.parametrize("slow", SLOW, ids=range(len(SLOW)))
@@ -151,9 +269,16 @@ def test_slow_to_parse_answers_are_refused_in_worker_threads(slow):
     assert score is None and cpu < MV_CPU_S
 
 
-@pytest.mark.parametrize("pred, gold", [("2^{2^8}", "2^{256}"), ("(2^{100})^{40}", "2^{4000}"),
-                                        ("3^{2^8}", "3^{256}"), ("1000!", "1000!"),
-                                        ("2^{8000}", "2^{7999} \\cdot 2")])
+@pytest.mark.parametrize(
+    "pred, gold",
+    [
+        ("2^{2^8}", "2^{256}"),
+        ("(2^{100})^{40}", "2^{4000}"),
+        ("3^{2^8}", "3^{256}"),
+        ("1000!", "1000!"),
+        ("2^{8000}", "2^{7999} \\cdot 2"),
+    ],
+)
 def test_big_but_bounded_answers_still_compare(pred, gold):
     """Under ``MAX_ANSWER_BITS`` (8192) and, for towers, ``MAX_TOWER_BITS`` (512): compared."""
     assert _in_worker_thread(is_equivalent, pred, gold)[0]
@@ -195,8 +320,12 @@ def tok(smollm2_tokenizer):
 
 
 @SLOW_FUZZ
-@given(st.one_of(st.text(max_size=120), math_text.map(lambda t: t[:200])), st.sampled_from(RULES),
-       st.lists(st.integers(0, 49151), max_size=40), st.integers(0, 3))
+@given(
+    st.one_of(st.text(max_size=120), math_text.map(lambda t: t[:200])),
+    st.sampled_from(RULES),
+    st.lists(st.integers(0, 49151), max_size=40),
+    st.integers(0, 3),
+)
 def test_step_token_ends_total(tok, text, rule, random_ids, extra):
     """Real tokens, or arbitrary ids a model may sample (specials, pieces of UTF-8 characters)."""
     for ids in (tok.encode(text, add_special_tokens=False) + [2] * extra, random_ids):
@@ -226,8 +355,7 @@ def test_answer_parsers_total(text):
 
 
 @FUZZ
-@given(any_text, st.one_of(st.sampled_from(["42", "\\frac{1}{2}", "x^2", "1,000", "\\text{(C)}"]),
-                           any_text))
+@given(any_text, st.one_of(st.sampled_from(["42", "\\frac{1}{2}", "x^2", "1,000", "\\text{(C)}"]), any_text))
 @example("\\boxed{0.5}", "1" * 400)  # OverflowError: the tolerance was a float times a Fraction
 @example("{" * 30 + "}" * 30, "42")  # took minutes: math-verify's parser on deep braces
 def test_math_correct_and_is_equivalent_total(text, gold):
@@ -259,9 +387,13 @@ def test_long_numbers_are_not_plain_numbers():
 
 
 # ---- format rewards -----------------------------------------------------------------------------
-_FORMATS = [format_reward, answer_line_format, number_at_end,
-            make_format_reward(r"<answer>.+</answer>", scope="whole"),
-            make_format_reward(r"\d", scope="last_line")]
+_FORMATS = [
+    format_reward,
+    answer_line_format,
+    number_at_end,
+    make_format_reward(r"<answer>.+</answer>", scope="whole"),
+    make_format_reward(r"\d", scope="last_line"),
+]
 
 
 @FUZZ
@@ -273,8 +405,7 @@ def test_format_rewards_total(texts):
 
 
 _NUMBER_AT_END_FORWARD = re.compile(r"(?<![\w.])-?\d[\d,]*(?:\.\d+)?[\s.$})*]*\Z")  # the old rule
-short_text = st.one_of(st.text(max_size=300), math_text,
-                       st.text(alphabet="0123456789,.-$})* \n\tx_é١", max_size=60))
+short_text = st.one_of(st.text(max_size=300), math_text, st.text(alphabet="0123456789,.-$})* \n\tx_é١", max_size=60))
 
 
 @FUZZ
@@ -293,8 +424,11 @@ def test_format_rewards_linear_on_long_runs():
 
 # ---- reasoning-gym scoring ----------------------------------------------------------------------
 @FUZZ
-@given(st.one_of(short_text, st.lists(st.sampled_from(["<answer>", "</answer>", " ", "\n", "1", "x"]),
-                                     max_size=30).map("".join)))
+@given(
+    st.one_of(
+        short_text, st.lists(st.sampled_from(["<answer>", "</answer>", " ", "\n", "1", "x"]), max_size=30).map("".join)
+    )
+)
 def test_tagged_answer_equals_reasoning_gym_extract(text):
     from reasoning_gym.utils import extract_answer as rg_extract
 
@@ -321,8 +455,7 @@ def test_reasoning_gym_score_total(rg_rows, text):
     assert ans is None or isinstance(ans, str)
     entries = [r["rg_entry"] for r in rg_rows] + [None]
     tasks = [r["rg_task"] for r in rg_rows] + [None]
-    out = _timed(reasoning_gym_score, ["q"] * 3, [text] * 3, rg_entry=entries, rg_task=tasks,
-                 limit=MV_CPU_S)
+    out = _timed(reasoning_gym_score, ["q"] * 3, [text] * 3, rg_entry=entries, rg_task=tasks, limit=MV_CPU_S)
     assert len(out) == 3 and out[2] is None
     assert all(isinstance(v, float) and 0.0 <= v <= 1.0 for v in out[:2])
 
@@ -331,15 +464,13 @@ def test_reasoning_gym_score_total(rg_rows, text):
 @pytest.fixture(scope="module")
 def prm(tok):
     from conftest import _make_tiny_model
-
     from grpokit.process.prm import TokenProbPRM
 
     return TokenProbPRM(_make_tiny_model(), tok, "ки", "+", "-", max_length=96)
 
 
 @SLOW_FUZZ
-@given(st.one_of(st.text(max_size=150), math_text.map(lambda t: t[:200])), st.sampled_from(RULES),
-       st.text(max_size=20))
+@given(st.one_of(st.text(max_size=150), math_text.map(lambda t: t[:200])), st.sampled_from(RULES), st.text(max_size=20))
 def test_prm_tag_placement_total(prm, tok, text, rule, prompt):
     steps = step_texts(text, split_steps(text, rule))
     ids, pos = _timed(prm.build, prompt, steps)

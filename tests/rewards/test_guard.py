@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 import time
 
-import fake_rewards as fr
 import pytest
 
+import fake_rewards as fr
 from grpokit.rewards.guard import GuardedReward, RewardError
 from grpokit.rewards.math import math_correct
 
@@ -120,14 +120,20 @@ def test_a_result_that_cannot_be_sent_back_is_an_error_naming_it():
         guard.close()
 
 
-@pytest.mark.parametrize("kw, msg", [({"on_error": "skip"}, "rewards.on_error"),
-                                     ({"isolation": "none"}, "rewards.isolation"),
-                                     ({"timeout_s": 0}, "rewards.timeout_s")])
+@pytest.mark.parametrize(
+    "kw, msg",
+    [
+        ({"on_error": "skip"}, "rewards.on_error"),
+        ({"isolation": "none"}, "rewards.isolation"),
+        ({"timeout_s": 0}, "rewards.timeout_s"),
+    ],
+)
 def test_bad_arguments_name_the_key(kw, msg):
     with pytest.raises(ValueError, match=msg):
         GuardedReward("f", fr.length_reward, **kw)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("busy", [False, True])
 def test_worker_ends_when_the_trainer_is_killed(tmp_path, busy):
     """Idle (waiting for a call) or busy (in a call that holds the GIL for minutes): a trainer
@@ -137,8 +143,11 @@ def test_worker_ends_when_the_trainer_is_killed(tmp_path, busy):
     import sys
 
     script = tmp_path / "trainer.py"
-    call = ("print(g._worker.proc.pid, flush=True); g(['q'], ['a'])" if busy else
-            "print(int(g(['q'], ['a'])[0]), flush=True)")
+    call = (
+        "print(g._worker.proc.pid, flush=True); g(['q'], ['a'])"
+        if busy
+        else "print(int(g(['q'], ['a'])[0]), flush=True)"
+    )
     fn = "gil_holding_reward" if busy else "pid_reward"
     script.write_text(
         "import sys, time\n"
@@ -146,7 +155,8 @@ def test_worker_ends_when_the_trainer_is_killed(tmp_path, busy):
         "import fake_rewards\n"
         f"g = GuardedReward('r', fake_rewards.{fn}, timeout_s=600)\n"
         f"{call}\n"
-        "time.sleep(600)\n")
+        "time.sleep(600)\n"
+    )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(p) for p in sys.path if p])}
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
     worker = int(proc.stdout.readline())

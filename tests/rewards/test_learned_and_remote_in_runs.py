@@ -8,7 +8,6 @@ import math
 
 import pytest
 import torch
-from helpers import tiny_recipe
 from test_remote import Server, length_scores
 from test_rm import make_rm
 
@@ -19,6 +18,7 @@ from grpokit.rewards.pipeline import RewardPipeline
 from grpokit.rewards.remote import RemoteReward
 from grpokit.rewards.rm import RewardModel
 from grpokit.trainer.loop import train
+from helpers import tiny_recipe
 
 RULE = "fake_rewards:length_reward"
 
@@ -39,9 +39,18 @@ def server():
 
 
 def test_pipeline_resolves_rm_and_server_entries(tiny_model_dir, tmp_path, rm_dir, server):
-    recipe = tiny_recipe(tiny_model_dir, tmp_path, rewards={
-        "functions": [f"rm:{rm_dir}", server.url, RULE], "rm_batch_size": 3, "rm_normalize": True,
-        "remote_retries": 1, "remote_backoff_s": 0.0, "timeout_s": 7})
+    recipe = tiny_recipe(
+        tiny_model_dir,
+        tmp_path,
+        rewards={
+            "functions": [f"rm:{rm_dir}", server.url, RULE],
+            "rm_batch_size": 3,
+            "rm_normalize": True,
+            "remote_retries": 1,
+            "remote_backoff_s": 0.0,
+            "timeout_s": 7,
+        },
+    )
     pipe = RewardPipeline.from_config(recipe.rewards, device="cpu")
     rm, remote, rule = (pipe.funcs[n] for n in recipe.rewards.functions)
     assert isinstance(rm.fn, RewardModel) and rm.isolation == "thread" and rm.find_row
@@ -52,11 +61,14 @@ def test_pipeline_resolves_rm_and_server_entries(tiny_model_dir, tmp_path, rm_di
     pipe.close()
 
 
-@pytest.mark.parametrize("key, value, message", [
-    ("rm_batch_size", 0, "rewards.rm_batch_size: must be >= 1"),
-    ("remote_retries", -1, "rewards.remote_retries: must be >= 0"),
-    ("rm_dtype", "int8", "rewards.rm_dtype"),
-])
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("rm_batch_size", 0, "rewards.rm_batch_size: must be >= 1"),
+        ("remote_retries", -1, "rewards.remote_retries: must be >= 0"),
+        ("rm_dtype", "int8", "rewards.rm_dtype"),
+    ],
+)
 def test_bad_rm_and_remote_keys_name_the_key(tiny_model_dir, tmp_path, key, value, message):
     with pytest.raises(RecipeError, match=message):
         tiny_recipe(tiny_model_dir, tmp_path, rewards={"functions": [RULE], key: value})
@@ -73,8 +85,11 @@ def test_two_steps_with_an_rm_a_server_and_a_rule(tiny_model_dir, tmp_path, rm_d
     recomputed here from the samples: the RM independently (one unpadded row through the model),
     the server's rule (completion length, null for an empty one) and the rule reward."""
     weights = [2.0, 0.5, 1.0]
-    recipe = tiny_recipe(tiny_model_dir, tmp_path, rewards={
-        "functions": [f"rm:{rm_dir}", server.url, RULE], "weights": weights, "on_error": "none"})
+    recipe = tiny_recipe(
+        tiny_model_dir,
+        tmp_path,
+        rewards={"functions": [f"rm:{rm_dir}", server.url, RULE], "weights": weights, "on_error": "none"},
+    )
     summary = train(recipe, progress=False, run=grpokit.trainer.build.build_run(recipe))
     assert summary["last_metrics"]["step"] == 2
     model = make_rm(seed=3)

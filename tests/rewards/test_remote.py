@@ -88,13 +88,16 @@ def test_a_bare_list_reply_is_accepted(serve):
     assert RemoteReward(server.url)(PROMPTS, COMPLETIONS) == [0.5, 1.0, None]
 
 
-@pytest.mark.parametrize("body, message", [
-    ('{"rewards": [1, 2]}', "2 rewards for 3 completions"),
-    ('{"rewards": [1, "x", 2]}', "reward 1 is 'x'"),
-    ('{"rewards": [1, true, 2]}', "reward 1 is True"),
-    ('{"scores": [1, 2, 3]}', "expected"),
-    ("not json", "not JSON"),
-])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ('{"rewards": [1, 2]}', "2 rewards for 3 completions"),
+        ('{"rewards": [1, "x", 2]}', "reward 1 is 'x'"),
+        ('{"rewards": [1, true, 2]}', "reward 1 is True"),
+        ('{"scores": [1, 2, 3]}', "expected"),
+        ("not json", "not JSON"),
+    ],
+)
 def test_malformed_replies_name_the_url_and_the_fault(serve, body, message):
     server = serve((200, body, 0))
     with pytest.raises(RemoteRewardError, match=message) as e:

@@ -15,9 +15,17 @@ COMPLETIONS = ["5", "He has 4 - 1 = 3 apples left. The answer is 3.", "It is fiv
 def make_rm(vocab_size=49152, num_labels=1, seed=0, pad_token_id=2):
     from transformers import LlamaConfig, LlamaForSequenceClassification
 
-    cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=512,
-                      num_labels=num_labels, pad_token_id=pad_token_id)
+    cfg = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=512,
+        num_labels=num_labels,
+        pad_token_id=pad_token_id,
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return LlamaForSequenceClassification(cfg).eval()

@@ -11,13 +11,13 @@ import sys
 import zlib
 
 import pytest
-from helpers import tiny_recipe
 
-from grpokit.utils.importing import SPEC_FORMS, import_object
 from grpokit.process.wiring import resolve_process_reward
 from grpokit.rewards import get_reward_function
 from grpokit.rewards.calling import RewardSignatureError
 from grpokit.rewards.guard import GuardedReward
+from grpokit.utils.importing import SPEC_FORMS, import_object
+from helpers import tiny_recipe
 
 REWARD = (
     "def exact(prompts, completions, answer, **_):\n"
@@ -84,11 +84,14 @@ def test_a_file_in_the_working_directory_never_shadows_an_installed_module(scrat
     assert import_object("./colorsys.py:rgb_to_hls")() == "shadow"  # the path form names the file
 
 
-@pytest.mark.parametrize("spec, parts", [
-    ("nosuchreward_xyz:exact", ["cannot import module 'nosuchreward_xyz'", "the working directory", SPEC_FORMS]),
-    ("./nosuchreward_xyz.py:exact", ["no file", "nosuchreward_xyz.py", SPEC_FORMS]),
-    ("nosuchreward_xyz", ["'module:function' or 'path/to/file.py:function'"]),
-])
+@pytest.mark.parametrize(
+    "spec, parts",
+    [
+        ("nosuchreward_xyz:exact", ["cannot import module 'nosuchreward_xyz'", "the working directory", SPEC_FORMS]),
+        ("./nosuchreward_xyz.py:exact", ["no file", "nosuchreward_xyz.py", SPEC_FORMS]),
+        ("nosuchreward_xyz", ["'module:function' or 'path/to/file.py:function'"]),
+    ],
+)
 def test_a_spec_that_names_nothing_says_which_forms_are_accepted(scratch, spec, parts):
     with pytest.raises(ValueError) as e:
         get_reward_function(spec)
@@ -98,25 +101,29 @@ def test_a_spec_that_names_nothing_says_which_forms_are_accepted(scratch, spec, 
         assert p in msg, (p, msg)
 
 
-@pytest.mark.parametrize("body, shown", [
-    ("import nosuchdep_xyz\n", "importing module 'badmod_{i}' failed: No module named 'nosuchdep_xyz'"),
-    ("x = undefined_name\n", "importing module 'badmod_{i}' failed: NameError"),
-    ("def f(:\n", "importing module 'badmod_{i}' failed: SyntaxError"),
-])
+@pytest.mark.parametrize(
+    "body, shown",
+    [
+        ("import nosuchdep_xyz\n", "importing module 'badmod_{i}' failed: No module named 'nosuchdep_xyz'"),
+        ("x = undefined_name\n", "importing module 'badmod_{i}' failed: NameError"),
+        ("def f(:\n", "importing module 'badmod_{i}' failed: SyntaxError"),
+    ],
+)
 def test_a_module_that_fails_to_import_is_one_line_naming_it(scratch, body, shown):
     i = zlib.crc32(body.encode())
     (scratch / f"badmod_{i}.py").write_text(body)
     with pytest.raises(ValueError) as e:
         get_reward_function(f"badmod_{i}:f")
     assert shown.format(i=i) in str(e.value) and str(e.value).startswith(f"reward 'badmod_{i}:f'")
-    with pytest.raises(ValueError, match=r"importing .*badmod_%d\.py failed" % i):
+    with pytest.raises(ValueError, match=rf"importing .*badmod_{i}\.py failed"):
         get_reward_function(f"./badmod_{i}.py:f")
 
 
 def test_process_rewards_take_the_same_forms(scratch):
     (scratch / "mysteps.py").write_text(
         "def per_step(prompts, completions, steps, **_):\n    return [[float(len(s)) for s in row] for row in steps]\n"
-        "def no_steps(prompts, completions):\n    return []\n")
+        "def no_steps(prompts, completions):\n    return []\n"
+    )
     for spec in ["mysteps:per_step", "./mysteps.py:per_step"]:
         recipe = tiny_recipe("unused-model", scratch / "out", algo={"supervision": "process", "process_reward": spec})
         guard = resolve_process_reward(recipe)
@@ -124,10 +131,14 @@ def test_process_rewards_take_the_same_forms(scratch):
             assert guard(["q"], ["ab\nc"], steps=[["ab", "c"]]) == [[2.0, 1.0]]
         finally:
             guard.close()
-    recipe = tiny_recipe("unused-model", scratch / "out", algo={"supervision": "process",
-                                                                "process_reward": "mysteps:no_steps"})
-    with pytest.raises(RewardSignatureError, match=r"^algo.process_reward: process reward 'mysteps:no_steps': "
-                                                   r".*unexpected keyword argument 'steps'"):
+    recipe = tiny_recipe(
+        "unused-model", scratch / "out", algo={"supervision": "process", "process_reward": "mysteps:no_steps"}
+    )
+    with pytest.raises(
+        RewardSignatureError,
+        match=r"^algo.process_reward: process reward 'mysteps:no_steps': "
+        r".*unexpected keyword argument 'steps'",
+    ):
         resolve_process_reward(recipe)
     recipe.algo.process_reward = "./nosuchsteps.py:f"
     with pytest.raises(ValueError, match=r"^algo.process_reward: .*no file .*" + re.escape(SPEC_FORMS)):

@@ -21,8 +21,9 @@ def _word_tokenizer(add_bos: bool):
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     if add_bos:  # as Llama/Mistral tokenizers do with add_special_tokens=True
         tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
-                                   pad_token="[PAD]", unk_token="[PAD]")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="[PAD]", unk_token="[PAD]"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +48,15 @@ def test_encode_prompts_gives_exactly_one_bos(bos_tok, smollm2_tokenizer, smollm
 
 def test_generation_and_scoring_ids_start_with_one_bos(bos_tok, tiny_model_v64):
     prompts = ["a b c", "<s> d"]
-    r = generate_rollouts(tiny_model_v64, bos_tok, prompts, 2, SamplingParams(temperature=1.0, max_new_tokens=3),
-                          eos_token_ids=[2], seed=0)
+    r = generate_rollouts(
+        tiny_model_v64,
+        bos_tok,
+        prompts,
+        2,
+        SamplingParams(temperature=1.0, max_new_tokens=3),
+        eos_token_ids=[2],
+        seed=0,
+    )
     rows = [ids[m].tolist() for ids, m in zip(r.prompt_ids, r.prompt_mask)]  # what scoring feeds too
     assert rows == [[1, 3, 4, 5]] * 2 + [[1, 6]] * 2
     assert r.prompt_ids[2:, 0].tolist() == [0, 0]  # left padding, then the BOS

@@ -56,9 +56,7 @@ def _check_rollout(r: Experience, tokenizer, prompts, G: int, max_new_tokens: in
 def test_sampled_rollout_is_grouped_and_masked(tiny_model, smollm2_tokenizer, smollm2_prompts):
     params = SamplingParams(temperature=1.0, max_new_tokens=12)
     # seed 11: a row runs 12 tokens without EOS with probability ~0.06, so few seeds truncate a row
-    r = generate_rollouts(
-        tiny_model, smollm2_tokenizer, smollm2_prompts, 4, params, eos_token_ids=MANY_EOS, seed=11
-    )
+    r = generate_rollouts(tiny_model, smollm2_tokenizer, smollm2_prompts, 4, params, eos_token_ids=MANY_EOS, seed=11)
     _check_rollout(r, smollm2_tokenizer, smollm2_prompts, 4, 12, MANY_EOS)
     assert r.truncated.any() and (~r.truncated).any()  # both cases exercised (seeded)
     assert r.prompt_ids.shape[1] == max(
@@ -69,8 +67,13 @@ def test_sampled_rollout_is_grouped_and_masked(tiny_model, smollm2_tokenizer, sm
 def test_prompts_start_with_one_im_start(tiny_model, smollm2_tokenizer, smollm2_prompts):
     """The chat template already holds the special tokens; none are added (no doubled BOS)."""
     r = generate_rollouts(
-        tiny_model, smollm2_tokenizer, smollm2_prompts, 1, SamplingParams(max_new_tokens=1),
-        eos_token_ids=[2], seed=0,
+        tiny_model,
+        smollm2_tokenizer,
+        smollm2_prompts,
+        1,
+        SamplingParams(max_new_tokens=1),
+        eos_token_ids=[2],
+        seed=0,
     )
     for ids, mask in zip(r.prompt_ids, r.prompt_mask):
         real = ids[mask].tolist()
@@ -80,7 +83,11 @@ def test_prompts_start_with_one_im_start(tiny_model, smollm2_tokenizer, smollm2_
 
 def test_greedy_rows_identical_within_group(tiny_model, smollm2_tokenizer):
     r = generate_rollouts(
-        tiny_model, smollm2_tokenizer, RAW_PROMPTS, 3, SamplingParams(temperature=0, max_new_tokens=8),
+        tiny_model,
+        smollm2_tokenizer,
+        RAW_PROMPTS,
+        3,
+        SamplingParams(temperature=0, max_new_tokens=8),
         eos_token_ids=[2, 0],
     )
     _check_rollout(r, smollm2_tokenizer, RAW_PROMPTS, 3, 8, [2, 0])
@@ -121,11 +128,10 @@ def test_recipe_reaches_generate_over_model_generation_config(
         return original(*args, **kwargs)
 
     monkeypatch.setattr(tiny_model, "generate", spy)
-    params = SamplingParams(temperature=0.9, top_p=0.95, top_k=0, min_p=0.0, max_new_tokens=6,
-                            sampler="multinomial")  # generate's own sampling fields
-    r = generate_rollouts(
-        tiny_model, smollm2_tokenizer, smollm2_prompts, 2, params, eos_token_ids=[2, 0], seed=0
-    )
+    params = SamplingParams(
+        temperature=0.9, top_p=0.95, top_k=0, min_p=0.0, max_new_tokens=6, sampler="multinomial"
+    )  # generate's own sampling fields
+    r = generate_rollouts(tiny_model, smollm2_tokenizer, smollm2_prompts, 2, params, eos_token_ids=[2, 0], seed=0)
     (passed,) = seen
     assert passed.do_sample is True
     assert (passed.temperature, passed.top_p, passed.top_k, passed.min_p) == (0.9, 0.95, 0, 0.0)
@@ -135,7 +141,11 @@ def test_recipe_reaches_generate_over_model_generation_config(
     # None fields from model.generation_config): the recipe still wins everywhere it speaks.
     merged, _ = tiny_model._prepare_generation_config(passed)
     assert (merged.do_sample, merged.temperature, merged.top_p, merged.top_k, merged.min_p) == (
-        True, 0.9, 0.95, 0, 0.0,
+        True,
+        0.9,
+        0.95,
+        0,
+        0.0,
     )
     assert (merged.max_new_tokens, merged.repetition_penalty, merged.typical_p) == (6, 1.0, 1.0)
     assert r.completion_ids.shape[1] == 6  # not cut at the model's max_length=5 / max_new_tokens=3
@@ -183,9 +193,7 @@ def test_chunks_equal_one_batch_and_pad_to_common_length(tiny_model, smollm2_tok
     assert chunked.truncated.tolist() == [False, False, True, True]
     assert (chunked.completion_ids[:2, 1:] == smollm2_tokenizer.pad_token_id).all()  # chunk padding
     # chunk_size not dividing N
-    odd = generate_rollouts(
-        tiny_model, smollm2_tokenizer, RAW_PROMPTS, 2, params, eos_token_ids=[eos], chunk_size=3
-    )
+    odd = generate_rollouts(tiny_model, smollm2_tokenizer, RAW_PROMPTS, 2, params, eos_token_ids=[eos], chunk_size=3)
     assert torch.equal(odd.completion_mask, whole.completion_mask)
 
 
@@ -202,8 +210,12 @@ def test_chunks_equal_one_batch_and_pad_to_common_length(tiny_model, smollm2_tok
 )
 def test_generate_rollouts_validation(tiny_model_v64, kwargs, match):
     args = dict(
-        model=tiny_model_v64, tokenizer=None, prompts=["a"], group_size=2,
-        params=SamplingParams(max_new_tokens=4), eos_token_ids=[2],
+        model=tiny_model_v64,
+        tokenizer=None,
+        prompts=["a"],
+        group_size=2,
+        params=SamplingParams(max_new_tokens=4),
+        eos_token_ids=[2],
     )
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
@@ -212,8 +224,14 @@ def test_generate_rollouts_validation(tiny_model_v64, kwargs, match):
 
 @pytest.mark.parametrize(
     "field, value",
-    [("max_new_tokens", 0), ("temperature", -1.0), ("top_p", 0.0), ("top_k", -1), ("min_p", 1.5),
-     ("repetition_penalty", 0.0)],
+    [
+        ("max_new_tokens", 0),
+        ("temperature", -1.0),
+        ("top_p", 0.0),
+        ("top_k", -1),
+        ("min_p", 1.5),
+        ("repetition_penalty", 0.0),
+    ],
 )
 def test_sampling_params_validation_names_the_field(field, value):
     with pytest.raises(ValueError, match=f"SamplingParams.{field}"):
@@ -224,12 +242,15 @@ def test_sampling_params_validation_names_the_field(field, value):
         generate_rollouts(None, None, ["a"], 1, params, eos_token_ids=[2])
 
 
-def test_warns_when_model_config_sets_fields_the_recipe_cannot_switch_off(
-    tiny_model, smollm2_tokenizer
-):
+def test_warns_when_model_config_sets_fields_the_recipe_cannot_switch_off(tiny_model, smollm2_tokenizer):
     tiny_model.generation_config.suppress_tokens = [5]
     with pytest.warns(UserWarning, match="suppress_tokens"):
         generate_rollouts(
-            tiny_model, smollm2_tokenizer, RAW_PROMPTS, 1, SamplingParams(max_new_tokens=1),
-            eos_token_ids=[2], seed=0,
+            tiny_model,
+            smollm2_tokenizer,
+            RAW_PROMPTS,
+            1,
+            SamplingParams(max_new_tokens=1),
+            eos_token_ids=[2],
+            seed=0,
         )

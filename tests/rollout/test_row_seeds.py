@@ -71,8 +71,17 @@ def test_split_batch_samples_the_rows_of_one_call(tiny_model, smollm2_tokenizer,
 def test_chunk_size_does_not_change_the_rows(tiny_model, smollm2_tokenizer, backend):
     model = _model(tiny_model, backend)
     params = SamplingParams(temperature=1.0, max_new_tokens=8)
-    run = lambda chunk: generate_rollouts(model, smollm2_tokenizer, PROMPTS, G, params,  # noqa: E731
-                                          eos_token_ids=MANY_EOS, seed=9, first_prompt=4, chunk_size=chunk)
+    run = lambda chunk: generate_rollouts(
+        model,
+        smollm2_tokenizer,
+        PROMPTS,
+        G,
+        params,  # noqa: E731
+        eos_token_ids=MANY_EOS,
+        seed=9,
+        first_prompt=4,
+        chunk_size=chunk,
+    )
     whole = run(None)
     for chunk in (G, 2, 5):
         r = run(chunk)
@@ -87,6 +96,7 @@ K0, K = 1000, 1024  # live ids K0 … K0+K-1, equally likely: token = K0 + floor
 
 def _uniform_over_k_ids(model):
     """Make the model's logits 0 on ids K0 … K0+K-1 and -inf elsewhere (a forward hook on the LM head)."""
+
     def hook(module, args, out):
         live = torch.full((out.shape[-1],), float("-inf"), dtype=out.dtype, device=out.device)
         live[K0 : K0 + K] = 0.0
@@ -102,8 +112,17 @@ def test_row_draws_its_uniforms_from_its_request_seed(tiny_model, smollm2_tokeni
     steps, seed, first = 5, 21, 3
     params = SamplingParams(temperature=1.0, max_new_tokens=steps)
     for chunk in (None, 2):
-        r = generate_rollouts(model, smollm2_tokenizer, PROMPTS[:2], G, params, eos_token_ids=[2], seed=seed,
-                              first_prompt=first, chunk_size=chunk)
+        r = generate_rollouts(
+            model,
+            smollm2_tokenizer,
+            PROMPTS[:2],
+            G,
+            params,
+            eos_token_ids=[2],
+            seed=seed,
+            first_prompt=first,
+            chunk_size=chunk,
+        )
         assert r.completion_ids.shape == (2 * G, steps)
         for b in range(2):
             for g in range(G):
@@ -128,8 +147,9 @@ def test_request_uniforms_rows():
 
 @pytest.mark.parametrize("backend", ["plain", "cpu"])
 @pytest.mark.parametrize("chunk_size", [None, 4])
-def test_sampler_is_called_once_per_decode_step_with_every_row(tiny_model, smollm2_tokenizer, monkeypatch,
-                                                               backend, chunk_size):
+def test_sampler_is_called_once_per_decode_step_with_every_row(
+    tiny_model, smollm2_tokenizer, monkeypatch, backend, chunk_size
+):
     """The k-th call of a chunk's sampler is its k-th decode step (the counter picks column k of the
     table): one call per step with all rows of the chunk (finished rows included), input growing by
     one token per call, as many calls as the chunk's completion length."""
@@ -143,8 +163,9 @@ def test_sampler_is_called_once_per_decode_step_with_every_row(tiny_model, smoll
     monkeypatch.setattr(InverseCDFSampler, "__call__", spy)
     model = _model(tiny_model, backend)
     params = SamplingParams(temperature=1.0, max_new_tokens=8)
-    r = generate_rollouts(model, smollm2_tokenizer, PROMPTS, G, params, eos_token_ids=MANY_EOS, seed=2,
-                          chunk_size=chunk_size)
+    r = generate_rollouts(
+        model, smollm2_tokenizer, PROMPTS, G, params, eos_token_ids=MANY_EOS, seed=2, chunk_size=chunk_size
+    )
     N, P = r.prompt_ids.shape
     rows = N if chunk_size is None else chunk_size
     lengths = r.completion_mask.sum(1)
@@ -177,8 +198,9 @@ def test_sampler_refuses_a_table_that_does_not_fit():
 def test_bad_first_prompt_is_refused(tiny_model, smollm2_tokenizer, bad):
     params = SamplingParams(temperature=1.0, max_new_tokens=2)
     with pytest.raises(ValueError, match=r"first_prompt must be an int >= 0, got "):
-        generate_rollouts(tiny_model, smollm2_tokenizer, PROMPTS, 2, params, eos_token_ids=[2], seed=0,
-                          first_prompt=bad)
+        generate_rollouts(
+            tiny_model, smollm2_tokenizer, PROMPTS, 2, params, eos_token_ids=[2], seed=0, first_prompt=bad
+        )
     engine = HFRolloutEngine(tiny_model, smollm2_tokenizer, eos_token_ids=[2])
     with pytest.raises(ValueError, match=r"first_prompt must be an int >= 0, got "):
         engine.generate(PROMPTS, 2, params, 0, first_prompt=bad)

@@ -127,8 +127,7 @@ def test_generate_samples_the_models_next_token_distribution(tiny_model, smollm2
     top = probs.topk(5).indices.tolist()
     for sampler in ("inverse_cdf", "multinomial"):
         params = SamplingParams(temperature=0.05, max_new_tokens=1, sampler=sampler)
-        r = generate_rollouts(tiny_model, smollm2_tokenizer, [prompt], 3000, params,
-                              eos_token_ids=[49151], seed=0)
+        r = generate_rollouts(tiny_model, smollm2_tokenizer, [prompt], 3000, params, eos_token_ids=[49151], seed=0)
         first = r.completion_ids[:, 0]
         remap = torch.full((probs.numel(),), 5)
         remap[top] = torch.arange(5)

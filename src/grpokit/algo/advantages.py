@@ -79,12 +79,12 @@ def constant_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     ``(n + 1) · eps · Σ|terms|`` (each of n products and n − 1 sums rounds by ``eps/2``, on each
     side); 16 ulps cover sums of up to ~15 terms of the result's size, and are far below any
     difference a reward means to make (a relative 3.6e-15 for float64 rewards, 1.9e-6 for
-    float32: 1 and 1 + 1e-12 in float64 still differ; bfloat16's is a coarse 12.5%). ``eps`` is the *input* dtype's (float32
-    rewards carry float32 residue even though the statistics run in float64); integer and bool
-    rewards are exact and must be identical. Not caught: residue of cancellation, e.g.
-    ``0.1 + 0.2 − 0.3 = 5.6e-17`` next to ``0.0``, which is not small relative to ``max|r|`` —
-    round such rewards where they are made. Computed on the rewards divided by a power of two
-    (exact), so rewards near float64's range are tested without overflow.
+    float32: 1 and 1 + 1e-12 in float64 still differ; bfloat16's is a coarse 12.5%). ``eps`` is
+    the *input* dtype's (float32 rewards carry float32 residue even though the statistics run in
+    float64); integer and bool rewards are exact and must be identical. Not caught: residue of
+    cancellation, e.g. ``0.1 + 0.2 − 0.3 = 5.6e-17`` next to ``0.0``, which is not small relative
+    to ``max|r|`` — round such rewards where they are made. Computed on the rewards divided by a
+    power of two (exact), so rewards near float64's range are tested without overflow.
 
     Args:
         rewards: ``(N,)`` float (or integer/bool), ``N = B·G``, each group's G rewards contiguous;
@@ -190,22 +190,22 @@ def _previous_scored(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """At each position, the value at the nearest ``valid`` position strictly before it in the same
     row (0 where there is none)."""
     t = values.shape[1]
-    idx = torch.where(valid, torch.arange(t, device=values.device).expand_as(valid), torch.full_like(valid, -1,
-                                                                                                    dtype=torch.long))
+    idx = torch.where(
+        valid, torch.arange(t, device=values.device).expand_as(valid), torch.full_like(valid, -1, dtype=torch.long)
+    )
     last = idx.cummax(dim=1).values  # last valid position at or before t
     prev = torch.cat([torch.full_like(last[:, :1], -1), last[:, :-1]], dim=1)  # ... strictly before t
     got = values.gather(1, prev.clamp(min=0))
     return torch.where(prev >= 0, got, torch.zeros_like(got))
 
 
-def _pooled_step_rewards(fn: str, step_rewards: torch.Tensor, step_end_mask: torch.Tensor,
-                         completion_mask: torch.Tensor, group_size: int):
+def _pooled_step_rewards(
+    fn: str, step_rewards: torch.Tensor, step_end_mask: torch.Tensor, completion_mask: torch.Tensor, group_size: int
+):
     """Checks the inputs of ``fn`` and pools each group's scored step rewards: ``(B, valid (N, T),
     pooled (B, G·T) float64 divided by scale_of, scale_of (B, 1), (mean, std, varies) of each group)``."""
     check_dim(fn, "step_rewards", step_rewards, 2)
-    check_same_shape(
-        fn, step_rewards=step_rewards, step_end_mask=step_end_mask, completion_mask=completion_mask
-    )
+    check_same_shape(fn, step_rewards=step_rewards, step_end_mask=step_end_mask, completion_mask=completion_mask)
     n, t = step_rewards.shape
     b = check_group_size(fn, n, group_size)
     r = step_rewards.double()
@@ -250,7 +250,8 @@ def process_constant_groups(
         [False, True]
     """
     _, _, _, _, (_, _, varies) = _pooled_step_rewards(
-        "process_constant_groups", step_rewards, step_end_mask, completion_mask, group_size)
+        "process_constant_groups", step_rewards, step_end_mask, completion_mask, group_size
+    )
     return ~varies
 
 
@@ -312,7 +313,8 @@ def process_advantages(
         raise ValueError(f"{fn}: mode must be one of {PROCESS_MODES}, got {mode!r}")
     n, t = step_rewards.shape
     b, valid, pooled_r, scale_of, (mean, std, varies) = _pooled_step_rewards(
-        fn, step_rewards, step_end_mask, completion_mask, group_size)
+        fn, step_rewards, step_end_mask, completion_mask, group_size
+    )
     norm = (pooled_r - mean[:, None]) / (std[:, None] + eps / scale_of)
     norm = torch.where(valid.reshape(b, -1) & varies[:, None], norm, torch.zeros_like(norm))
     norm = norm.reshape(n, t)
@@ -358,9 +360,7 @@ def gae_advantages(
         >>> a.tolist()
         [[1.0, 1.0]]
     """
-    check_same_shape(
-        "gae_advantages", token_rewards=token_rewards, values=values, completion_mask=completion_mask
-    )
+    check_same_shape("gae_advantages", token_rewards=token_rewards, values=values, completion_mask=completion_mask)
     mask = completion_mask.bool()
     v, r = values, token_rewards.to(values.dtype)
     adv = torch.zeros_like(v)

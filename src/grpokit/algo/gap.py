@@ -15,8 +15,9 @@ import torch
 from ._checks import check_same_shape
 
 
-def logprob_gap(sampler_logprobs: torch.Tensor, trainer_logprobs: torch.Tensor,
-                mask: torch.Tensor) -> tuple[float, int, float]:
+def logprob_gap(
+    sampler_logprobs: torch.Tensor, trainer_logprobs: torch.Tensor, mask: torch.Tensor
+) -> tuple[float, int, float]:
     """``(sum, count, max)`` of ``|sampler_logprobs − trainer_logprobs|`` over the True entries of
     ``mask``; all three ``(N, T)``. ``max`` is 0.0 when no entry counts. Summed over micro-batches by
     :class:`LogprobGap`.

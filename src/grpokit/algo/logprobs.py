@@ -10,9 +10,7 @@ from ._checks import check_dim
 _CHUNK_ROWS = 8
 
 
-def token_logprobs(
-    logits: torch.Tensor, token_ids: torch.Tensor, *, temperature: float = 1.0
-) -> torch.Tensor:
+def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, *, temperature: float = 1.0) -> torch.Tensor:
     """Log-probability of each chosen token under ``softmax(logits / temperature)``.
 
     ``logp[n, t] = logits[n, t, id] / τ − logsumexp_v(logits[n, t, v] / τ)``. The temperature is the

@@ -158,16 +158,14 @@ def policy_loss(
     if advantages.dim() == 1:
         if advantages.shape[0] != logp.shape[0]:
             raise ValueError(
-                f"{fn}: advantages {tuple(advantages.shape)} must be (N,) or (N, T) with logp "
-                f"{tuple(logp.shape)}"
+                f"{fn}: advantages {tuple(advantages.shape)} must be (N,) or (N, T) with logp {tuple(logp.shape)}"
             )
         advantages = advantages[:, None]
     else:
         check_same_shape(fn, advantages=advantages, logp=logp)
     if beta < 0 or clip_eps_low < 0 or clip_eps_high < 0:
         raise ValueError(
-            f"{fn}: beta, clip_eps_low, clip_eps_high must be >= 0, got {beta}, {clip_eps_low}, "
-            f"{clip_eps_high}"
+            f"{fn}: beta, clip_eps_low, clip_eps_high must be >= 0, got {beta}, {clip_eps_low}, {clip_eps_high}"
         )
     if tis_cap < 0:
         raise ValueError(f"{fn}: tis_cap must be >= 0 (0 = off), got {tis_cap}")
@@ -199,8 +197,7 @@ def policy_loss(
     if ref_logp is not None:
         check_same_shape(fn, logp=logp, ref_logp=ref_logp)
         # masked tokens: both log-probs 0 before the estimator, so KL_t = 0 exactly, gradient 0
-        kl = kl_penalty(torch.where(mask, logp, zeros), torch.where(mask, ref_logp.to(logp.dtype), zeros),
-                        kl_estimator)
+        kl = kl_penalty(torch.where(mask, logp, zeros), torch.where(mask, ref_logp.to(logp.dtype), zeros), kl_estimator)
         if beta > 0:
             per_token = per_token + beta * kl
     else:

@@ -10,7 +10,7 @@ loss (PPO2's value clipping).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

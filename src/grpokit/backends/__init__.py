@@ -42,9 +42,17 @@ from typing import Any
 
 import torch
 
-from grpokit.backends.base import (Backend, PlainBackend, autocast_context, checkpointing_active, distinct_rows,
-                                   grads_reduced_after_backward, mark_grads_reduced_after_backward, model_device,
-                                   world_size)
+from grpokit.backends.base import (
+    Backend,
+    PlainBackend,
+    autocast_context,
+    checkpointing_active,
+    distinct_rows,
+    grads_reduced_after_backward,
+    mark_grads_reduced_after_backward,
+    model_device,
+    world_size,
+)
 
 _ranks = world_size  # inexact_reasons' argument of that name shadows it
 
@@ -54,9 +62,21 @@ _ATTR = "_grpokit_backend"  # on the model: an _Installed
 _LOADED: dict[str, Backend] = {"plain": PlainBackend()}
 
 __all__ = [
-    "NAMES", "Backend", "autocast_context", "backend_of", "checkpointing_active", "choose_backend",
-    "distinct_rows", "get_backend", "grads_reduced_after_backward", "inexact_reasons", "install_backend",
-    "lora_modules", "mark_grads_reduced_after_backward", "model_device", "world_size",
+    "NAMES",
+    "Backend",
+    "autocast_context",
+    "backend_of",
+    "checkpointing_active",
+    "choose_backend",
+    "distinct_rows",
+    "get_backend",
+    "grads_reduced_after_backward",
+    "inexact_reasons",
+    "install_backend",
+    "lora_modules",
+    "mark_grads_reduced_after_backward",
+    "model_device",
+    "world_size",
 ]
 
 
@@ -88,8 +108,9 @@ def lora_modules(model: torch.nn.Module) -> list[str]:
     an instance of peft's ``BaseTunerLayer`` (looked up only if peft is already imported)."""
     tuners = sys.modules.get("peft.tuners.tuners_utils")
     base = getattr(tuners, "BaseTunerLayer", None)
-    return [name for name, m in model.named_modules()
-            if hasattr(m, "lora_A") or (base is not None and isinstance(m, base))]
+    return [
+        name for name, m in model.named_modules() if hasattr(m, "lora_A") or (base is not None and isinstance(m, base))
+    ]
 
 
 def _wrapped_for_data_parallel(model: torch.nn.Module) -> str | None:
@@ -103,8 +124,9 @@ def _wrapped_for_data_parallel(model: torch.nn.Module) -> str | None:
     return None
 
 
-def inexact_reasons(model: torch.nn.Module, *, device: torch.device | str | None = None,
-                    world_size: int | None = None) -> list[str]:
+def inexact_reasons(
+    model: torch.nn.Module, *, device: torch.device | str | None = None, world_size: int | None = None
+) -> list[str]:
     """Why the ``cpu`` backend could not be exact for ``model`` (empty: it can).
 
     Args:
@@ -129,8 +151,13 @@ def inexact_reasons(model: torch.nn.Module, *, device: torch.device | str | None
     return reasons
 
 
-def choose_backend(model: torch.nn.Module, requested: str = "auto", *, device: torch.device | str | None = None,
-                   world_size: int | None = None) -> tuple[str, str]:
+def choose_backend(
+    model: torch.nn.Module,
+    requested: str = "auto",
+    *,
+    device: torch.device | str | None = None,
+    world_size: int | None = None,
+) -> tuple[str, str]:
     """The backend ``requested`` resolves to for ``model``, and why: ``(name, reason)``.
 
     ``auto``: ``cpu`` unless :func:`inexact_reasons` finds something, then ``plain``;
@@ -150,14 +177,21 @@ def choose_backend(model: torch.nn.Module, requested: str = "auto", *, device: t
         where = "one process" if n == 1 else f"{n} ranks summing gradients after the backward (train.parallel=ddp)"
         return "cpu", f"model on cpu, {where}, no peft adapter modules (model.backend={requested})"
     if requested == "cpu":
-        raise ValueError(f"model.backend=cpu cannot be exact here: {'; '.join(reasons)}. "
-                         "Use model.backend=auto or plain")
+        raise ValueError(
+            f"model.backend=cpu cannot be exact here: {'; '.join(reasons)}. Use model.backend=auto or plain"
+        )
     return "plain", "; ".join(reasons)
 
 
-def install_backend(model: torch.nn.Module, name: str = "auto", *, announce: bool = True,
-                    device: torch.device | str | None = None, world_size: int | None = None,
-                    **options: Any) -> str:
+def install_backend(
+    model: torch.nn.Module,
+    name: str = "auto",
+    *,
+    announce: bool = True,
+    device: torch.device | str | None = None,
+    world_size: int | None = None,
+    **options: Any,
+) -> str:
     """Install the backend ``name`` (:data:`NAMES`) on ``model`` in place: the one hook.
 
     Call it once the model is where it will run (device, process group, adapters): ``auto``

@@ -77,8 +77,9 @@ def plain_forward(model: torch.nn.Module, net: torch.nn.Module, batch: Any, auto
     position_ids = (attn.cumsum(1) - 1).clamp(min=0)
     t = batch.completion_ids.shape[1]
     with autocast_context(autocast_bf16, ids.device):
-        out = last_positions(net, t + 1, net is not model, input_ids=ids, attention_mask=attn,
-                             position_ids=position_ids, use_cache=False)
+        out = last_positions(
+            net, t + 1, net is not model, input_ids=ids, attention_mask=attn, position_ids=position_ids, use_cache=False
+        )
     return out[:, :-1]  # position P-1+t predicts completion token t
 
 
@@ -93,7 +94,8 @@ def distinct_rows(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, 
     """Distinct rows of a left-padded ``(N, P)`` batch: ``first`` ``(U,)`` (the first row index of
     each distinct row) and ``inverse`` ``(N,)`` (which distinct row each row is), padding ignored.
 
-    >>> ids = torch.tensor([[0, 5, 6], [9, 5, 6], [0, 7, 6]]); m = torch.tensor([[0, 1, 1], [0, 1, 1], [0, 1, 1]]).bool()
+    >>> ids = torch.tensor([[0, 5, 6], [9, 5, 6], [0, 7, 6]])
+    >>> m = torch.tensor([[0, 1, 1], [0, 1, 1], [0, 1, 1]]).bool()
     >>> first, inverse = distinct_rows(ids, m)
     >>> first[inverse].tolist()  # rows 0 and 1 differ only under padding
     [0, 0, 2]
@@ -130,8 +132,16 @@ class Backend:
     def remove(self, model: torch.nn.Module) -> None:
         """Undo :meth:`install` on ``model``."""
 
-    def logprobs(self, model: torch.nn.Module, batch: Any, *, temperature: float, with_entropy: bool,
-                 autocast_bf16: bool, share_prompt: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def logprobs(
+        self,
+        model: torch.nn.Module,
+        batch: Any,
+        *,
+        temperature: float,
+        with_entropy: bool,
+        autocast_bf16: bool,
+        share_prompt: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(N, T)`` float32 log-probs of ``batch.completion_ids`` (and the entropy if asked);
         see :func:`grpokit.models.logprobs.completion_logprobs`. ``share_prompt`` is a hint a backend may
         ignore (the plain path runs one forward per row)."""
@@ -145,8 +155,9 @@ class Backend:
         Plain: nothing changes."""
         return contextlib.nullcontext(0)
 
-    def prefill(self, model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, *, share: bool, static: bool,
-                max_len: int) -> dict[str, Any]:
+    def prefill(
+        self, model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, *, share: bool, static: bool, max_len: int
+    ) -> dict[str, Any]:
         """Extra keyword arguments for ``model.generate`` on the prompt rows ``ids`` ``(n, P)``:
         a KV cache prefilled or preallocated by the backend, or nothing (``generate`` builds its
         own). Plain: nothing."""

@@ -14,36 +14,72 @@ import yaml
 from grpokit.cli.errors import USER_ERRORS, finite_float
 from grpokit.cli.errors import one_line as _one_line
 from grpokit.cli.errors import show_traceback as _show_traceback
-from grpokit.data import dataset_label
 from grpokit.cli.recipe_args import DEFAULT_RECIPE, find_recipe
+from grpokit.data import dataset_label
 
 
 def _eval_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="grpokit eval", description="Held-out accuracy: greedy, and mean@k / pass@k / maj@k over k samples, "
-        "each with a 95 % interval; --against compares two models on the same problems (exact McNemar test).")
-    p.add_argument("model", help="model path, hub name or alias (smollm2-135m-instruct), or a run's output folder "
-                   "(its newest complete checkpoint)")
-    p.add_argument("--against", default=None, metavar="MODEL", help="a second model (e.g. a checkpoint or a run's "
-                   "output folder) scored on "
-                   "the same problems; prints the paired difference with its interval and the McNemar p-value")
+        prog="grpokit eval",
+        description="Held-out accuracy: greedy, and mean@k / pass@k / maj@k over k samples, "
+        "each with a 95 % interval; --against compares two models on the same problems (exact McNemar test).",
+    )
+    p.add_argument(
+        "model",
+        help="model path, hub name or alias (smollm2-135m-instruct), or a run's output folder "
+        "(its newest complete checkpoint)",
+    )
+    p.add_argument(
+        "--against",
+        default=None,
+        metavar="MODEL",
+        help="a second model (e.g. a checkpoint or a run's "
+        "output folder) scored on "
+        "the same problems; prints the paired difference with its interval and the McNemar p-value",
+    )
     p.add_argument("--dataset", default=None, help="required unless --heldout-of names a recipe")
-    p.add_argument("--heldout-of", default=None, metavar="RECIPE.yaml", help="the held-out problems of this "
-                   "recipe's run, exactly as its evaluations use them (eval section, its prompt template and "
-                   "scorer; training questions left out); replaces --dataset/--split/--limit/--skip/--shuffle-seed")
+    p.add_argument(
+        "--heldout-of",
+        default=None,
+        metavar="RECIPE.yaml",
+        help="the held-out problems of this "
+        "recipe's run, exactly as its evaluations use them (eval section, its prompt template and "
+        "scorer; training questions left out); replaces --dataset/--split/--limit/--skip/--shuffle-seed",
+    )
     p.add_argument("--split", default="test")
     p.add_argument("--limit", type=int, default=100)
-    p.add_argument("--skip", type=int, default=0, help="start at row N of the split (as data.skip does); the "
-                   "packaged recipes hold out rows 0-99 and train from row 100, so evaluate them with --limit 100")
-    p.add_argument("--data-options", default=None, help="dataset options as YAML, e.g. reasoning_gym's "
-                   "'{size: 500, max_digits: 2}'")
-    p.add_argument("--data-seed", type=int, default=10**9, help="seed of generated data (reasoning_gym); the "
-                   "default is the held-out seed of a run with train.seed=0 (train.seed + 10^9): never its training set")
-    p.add_argument("--shuffle-seed", type=int, default=None, help="shuffle the rows with this seed before --skip "
-                   "and --limit, as a recipe's data.shuffle_seed does (the held-out rows of a run with "
-                   "data.shuffle_seed=S are --shuffle-seed S --limit <eval.limit>)")
-    p.add_argument("--scorer", default=None, help="reward function deciding correctness (default: reasoning_gym "
-                   "for reasoning_gym: data, else math_correct)")
+    p.add_argument(
+        "--skip",
+        type=int,
+        default=0,
+        help="start at row N of the split (as data.skip does); the "
+        "packaged recipes hold out rows 0-99 and train from row 100, so evaluate them with --limit 100",
+    )
+    p.add_argument(
+        "--data-options",
+        default=None,
+        help="dataset options as YAML, e.g. reasoning_gym's '{size: 500, max_digits: 2}'",
+    )
+    p.add_argument(
+        "--data-seed",
+        type=int,
+        default=10**9,
+        help="seed of generated data (reasoning_gym); the "
+        "default is the held-out seed of a run with train.seed=0 (train.seed + 10^9): never its training set",
+    )
+    p.add_argument(
+        "--shuffle-seed",
+        type=int,
+        default=None,
+        help="shuffle the rows with this seed before --skip "
+        "and --limit, as a recipe's data.shuffle_seed does (the held-out rows of a run with "
+        "data.shuffle_seed=S are --shuffle-seed S --limit <eval.limit>)",
+    )
+    p.add_argument(
+        "--scorer",
+        default=None,
+        help="reward function deciding correctness (default: reasoning_gym for reasoning_gym: data, else math_correct)",
+    )
     p.add_argument("--samples", type=int, default=None, metavar="K", help="also sample K completions per problem")
     p.add_argument("--temperature", type=finite_float, default=1.0, help="sampling temperature for --samples")
     p.add_argument("--seed", type=int, default=0, help="sampling seed for --samples")
@@ -52,9 +88,13 @@ def _eval_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (as model.device)")
     p.add_argument("--prompt-template", default=None, help="default: the demo recipe's")
     p.add_argument("--system-prompt", default=None)
-    p.add_argument("--output", default=None, help="JSON file (default: eval_<dataset>_<split>.json in the working "
-                   "folder, the dataset's file name without folders); an existing file is refused before any model "
-                   "loads unless --overwrite")
+    p.add_argument(
+        "--output",
+        default=None,
+        help="JSON file (default: eval_<dataset>_<split>.json in the working "
+        "folder, the dataset's file name without folders); an existing file is refused before any model "
+        "loads unless --overwrite",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
     return p.parse_args(argv)
 
@@ -63,8 +103,8 @@ def _heldout_of(ns: argparse.Namespace):
     """The held-out rows of the recipe ``ns.heldout_of`` (:class:`grpokit.eval.evaluate.HeldOutEval`);
     sets ``ns.dataset``/``ns.split``/``ns.skip``/``ns.limit`` to what they came from."""
     from grpokit.config import load_recipe
-    from grpokit.eval.evaluate import HeldOutEval
     from grpokit.data.rows import section_rows
+    from grpokit.eval.evaluate import HeldOutEval
 
     recipe = load_recipe(find_recipe(ns.heldout_of))
     held = HeldOutEval(recipe, section_rows(recipe, "data"))
@@ -87,22 +127,24 @@ def _newest_checkpoint_of_run(model: str) -> str:
         return model
     found = list_checkpoints(path)
     if not found:
-        raise ValueError(f"model {model!r}: a run folder without a complete checkpoint (none of its checkpoint-<step> "
-                         "folders has trainer_state.json); name a model or a checkpoint folder")
+        raise ValueError(
+            f"model {model!r}: a run folder without a complete checkpoint (none of its checkpoint-<step> "
+            "folders has trainer_state.json); name a model or a checkpoint folder"
+        )
     print(f"[grpokit] {model}: the run's newest complete checkpoint, {found[-1]}", flush=True)
     return str(found[-1])
 
 
 def eval_command(argv: list[str]) -> int:
     ns = _eval_args(argv)
-    from grpokit.trainer.build import resolve_device
     from grpokit.config import RecipeError, load_recipe
-    from grpokit.eval.evaluate import default_output_name
     from grpokit.data.heldout import check_scorer, default_scorer
-    from grpokit.models.loading import load_tokenizer, resolve_model_paths
-    from grpokit.utils.outputs import check_output_file
-    from grpokit.rewards import get_reward_function
     from grpokit.data.rows import load_data_rows, load_prompts
+    from grpokit.eval.evaluate import default_output_name
+    from grpokit.models.loading import load_tokenizer, resolve_model_paths
+    from grpokit.rewards import get_reward_function
+    from grpokit.trainer.build import resolve_device
+    from grpokit.utils.outputs import check_output_file
 
     def fail(msg: str) -> int:
         print(f"grpokit eval: error: {msg}", file=sys.stderr)
@@ -124,8 +166,10 @@ def eval_command(argv: list[str]) -> int:
     try:
         out_path = check_output_file(ns.output or default_output_name(ns.dataset, ns.split), "--output")
         if out_path.exists() and not ns.overwrite:  # never replaced silently
-            return fail(f"--output {out_path}: exists{'' if ns.output else ' (the default output file)'}; name "
-                        "another file with --output, or pass --overwrite to replace it")
+            return fail(
+                f"--output {out_path}: exists{'' if ns.output else ' (the default output file)'}; name "
+                "another file with --output, or pass --overwrite to replace it"
+            )
         check_scorer(scorer_name, ns.dataset)
         scorer = get_reward_function(scorer_name)
         ns.model = _newest_checkpoint_of_run(ns.model)
@@ -142,14 +186,32 @@ def eval_command(argv: list[str]) -> int:
         device = resolve_device(ns.device)
         tok = load_tokenizer(ns.model)
         limit = None if ns.limit is None else ns.skip + ns.limit
-        rows = held.rows if held else load_data_rows(recipe, dataset=ns.dataset, split=ns.split, limit=limit,
-                                                     seed=ns.data_seed, options=options,
-                                                     shuffle_seed=ns.shuffle_seed)[ns.skip:]
+        rows = (
+            held.rows
+            if held
+            else load_data_rows(
+                recipe,
+                dataset=ns.dataset,
+                split=ns.split,
+                limit=limit,
+                seed=ns.data_seed,
+                options=options,
+                shuffle_seed=ns.shuffle_seed,
+            )[ns.skip :]
+        )
         if not rows:
             return fail(f"no rows of {dataset_label(ns.dataset, ns.split)} left after --skip {ns.skip}")
-        rows, prompts, skipped = load_prompts(recipe, tok, dataset=ns.dataset, split=ns.split, limit=None, rows=rows,
-                                              max_new_tokens=ns.max_new_tokens, max_positions=_shortest_context(models),
-                                              new_tokens_key="--max-new-tokens")
+        rows, prompts, skipped = load_prompts(
+            recipe,
+            tok,
+            dataset=ns.dataset,
+            split=ns.split,
+            limit=None,
+            rows=rows,
+            max_new_tokens=ns.max_new_tokens,
+            max_positions=_shortest_context(models),
+            new_tokens_key="--max-new-tokens",
+        )
         settings = _eval_settings(ns, recipe, tok, skipped)
     except USER_ERRORS as e:  # unknown data/scorer, missing model, file or optional package (the message names
         if _show_traceback():  # its extra), an output that cannot be written
@@ -170,11 +232,22 @@ def _eval_settings(ns: argparse.Namespace, recipe, tok, skipped: int) -> dict:
     settings, the rows (skip, limit, seeds)."""
     from grpokit.eval.evaluate import prompt_settings
 
-    return {**prompt_settings(recipe.data, tok, skipped), "tokenizer_of": ns.model, "max_new_tokens": ns.max_new_tokens,
-            "greedy": True, "samples": ns.samples or 0, "temperature": ns.temperature if ns.samples else None,
-            "seed": ns.seed if ns.samples else None, "batch_size": ns.batch_size, "limit": ns.limit, "skip": ns.skip,
-            "data_seed": ns.data_seed, "shuffle_seed": ns.shuffle_seed, "data_options": ns.data_options,
-            "heldout_of": ns.heldout_of}
+    return {
+        **prompt_settings(recipe.data, tok, skipped),
+        "tokenizer_of": ns.model,
+        "max_new_tokens": ns.max_new_tokens,
+        "greedy": True,
+        "samples": ns.samples or 0,
+        "temperature": ns.temperature if ns.samples else None,
+        "seed": ns.seed if ns.samples else None,
+        "batch_size": ns.batch_size,
+        "limit": ns.limit,
+        "skip": ns.skip,
+        "data_seed": ns.data_seed,
+        "shuffle_seed": ns.shuffle_seed,
+        "data_options": ns.data_options,
+        "heldout_of": ns.heldout_of,
+    }
 
 
 def _shortest_context(models: list[str]) -> int | None:
@@ -192,8 +265,8 @@ def _data_options(text: str | None) -> dict:
     Raises:
         ValueError: not valid YAML, or not a mapping (names ``--data-options``).
     """
-    from grpokit.config import _yaml_load
     from grpokit.config.loading import _yaml_problem
+    from grpokit.config.schema import _yaml_load
 
     if not text:
         return {}
@@ -211,10 +284,10 @@ def _eval_models(ns, models, device, tok, prompts, rows, scorer, scorer_name, ou
     stderr, :func:`grpokit.eval.evaluate.measured_little`), the paired comparison, the JSON (with
     ``settings``)."""
     from grpokit.backends import install_backend
-    from grpokit.eval.compare import compare
-    from grpokit.eval.stats import format_summary
-    from grpokit.eval.evaluate import evaluate, measured_little
     from grpokit.data.heldout import answer_extractor
+    from grpokit.eval.compare import compare
+    from grpokit.eval.evaluate import evaluate, measured_little
+    from grpokit.eval.stats import format_summary
     from grpokit.models.loading import eos_token_ids, load_model
     from grpokit.rollout.engine import load_engine
 
@@ -223,16 +296,34 @@ def _eval_models(ns, models, device, tok, prompts, rows, scorer, scorer_name, ou
         model = load_model(m, device=device).eval()
         install_backend(model, "auto", announce=False)  # the fast generation path where it is exact
         engine = load_engine("hf", model=model, tokenizer=tok, eos_token_ids=eos_token_ids(model, tok))
-        results[m] = evaluate(engine, prompts, rows, max_new_tokens=ns.max_new_tokens, batch_size=ns.batch_size,
-                              scorer=scorer, num_samples=ns.samples or 0, temperature=ns.temperature, seed=ns.seed,
-                              extract_answer=answer_extractor(scorer_name))
+        results[m] = evaluate(
+            engine,
+            prompts,
+            rows,
+            max_new_tokens=ns.max_new_tokens,
+            batch_size=ns.batch_size,
+            scorer=scorer,
+            num_samples=ns.samples or 0,
+            temperature=ns.temperature,
+            seed=ns.seed,
+            extract_answer=answer_extractor(scorer_name),
+        )
         r = results[m]
-        print(f"{m} on {dataset_label(ns.dataset, ns.split)} ({r['total']} problems, scorer {scorer_name}, "
-              f"{r['seconds']:.0f} s):\n{format_summary(r['metrics'])}", flush=True)
+        print(
+            f"{m} on {dataset_label(ns.dataset, ns.split)} ({r['total']} problems, scorer {scorer_name}, "
+            f"{r['seconds']:.0f} s):\n{format_summary(r['metrics'])}",
+            flush=True,
+        )
         for text in measured_little(r, budget=f"--max-new-tokens={ns.max_new_tokens}"):
             print(f"[grpokit] warning: {m}: {text}", file=sys.stderr, flush=True)
-    out = {"dataset": ns.dataset, "split": ns.split, "skip": ns.skip, "scorer": scorer_name,
-           "settings": settings, "models": results}
+    out = {
+        "dataset": ns.dataset,
+        "split": ns.split,
+        "skip": ns.skip,
+        "scorer": scorer_name,
+        "settings": settings,
+        "models": results,
+    }
     if ns.against:
         paired, lines = compare(results[ns.model], results[ns.against], ns.model, ns.against, ns.samples or 0)
         out.update(paired)

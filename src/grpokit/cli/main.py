@@ -4,8 +4,8 @@
 
 RECIPE is a YAML file, or the name of a packaged recipe (``arith``, ``arith.yaml`` or
 ``recipes/arith.yaml`` from any folder; a file of that name in the working folder comes first;
-:func:`grpokit.cli.recipe_args.find_recipe`). With no recipe, ``grpokit train`` runs the packaged demo recipe and says so in
-its first line; then an override of ``data.dataset`` starts the data section, and one of
+:func:`grpokit.cli.recipe_args.find_recipe`). With no recipe, ``grpokit train`` runs the packaged demo
+recipe and says so in its first line; then an override of ``data.dataset`` starts the data section, and one of
 ``rewards.functions`` the rewards section, from the defaults (the demo's split, ``data.skip``,
 prompt template and reward weights belong to its own data). ``grpokit train --help`` shows each
 key's default and, where it differs, the demo's value.
@@ -63,11 +63,12 @@ from grpokit.cli.recipe_args import DEFAULT_RECIPE, RecipeArgs, find_recipe, pac
 
 
 def _train(argv: list[str]) -> int:
-    from grpokit.config import RecipeError, help_text
     from grpokit.cli.recipe_args import demo_raw, source_note
+    from grpokit.config import RecipeError, help_text
 
     p = argparse.ArgumentParser(
-        prog="grpokit train", formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="grpokit train",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Fine-tune a causal LM with GRPO. RECIPE: a YAML file, or a packaged recipe by name "
         f"({', '.join(packaged_recipes())}) from any folder.\nWith no recipe the packaged demo recipe runs "
         "(said in the first line of output): the keys below take the demo's value shown in parentheses; "
@@ -101,9 +102,9 @@ def _train(argv: list[str]) -> int:
         return 2
     import warnings
 
-    from grpokit.utils.importing import MissingExtraWarning
     from grpokit.metrics import RunWarning
     from grpokit.trainer.loop import train
+    from grpokit.utils.importing import MissingExtraWarning
 
     show = warnings.showwarning
 
@@ -118,8 +119,9 @@ def _train(argv: list[str]) -> int:
     try:
         summary = train(recipe, progress=not ns.no_progress)
     except RecipeError as e:  # found only once the run's folder is read (a key a checkpoint holds changed)
-        print(f"grpokit train{rank}: recipe error: {_one_line(e)}{source_note(str(e), sources, recipe)}",
-              file=sys.stderr)
+        print(
+            f"grpokit train{rank}: recipe error: {_one_line(e)}{source_note(str(e), sources, recipe)}", file=sys.stderr
+        )
         return 2
     except USER_ERRORS as e:
         if _show_traceback():
@@ -130,8 +132,11 @@ def _train(argv: list[str]) -> int:
         if _show_traceback():
             raise
         signum = getattr(e, "signum", int(signal.SIGINT))
-        print(f"grpokit train{rank}: interrupted ({signal.Signals(signum).name}); the step under way was not saved "
-              "(train.resume=auto continues from the newest checkpoint, if any)", file=sys.stderr)
+        print(
+            f"grpokit train{rank}: interrupted ({signal.Signals(signum).name}); the step under way was not saved "
+            "(train.resume=auto continues from the newest checkpoint, if any)",
+            file=sys.stderr,
+        )
         return 128 + signum
     finally:
         warnings.showwarning = show
@@ -151,28 +156,31 @@ def _report(summary: dict) -> str:
     for when in ("before", "after"):
         e = summary.get(f"eval_{when}")
         if e:
-            lines.append(f"eval {when}: {dataset_label(e['dataset'], e['split'])} accuracy {e['accuracy']:.3f} "
-                         f"({e['correct']}/{e['total']})")
+            lines.append(
+                f"eval {when}: {dataset_label(e['dataset'], e['split'])} accuracy {e['accuracy']:.3f} "
+                f"({e['correct']}/{e['total']})"
+            )
     last = summary.get("last_metrics") or {}
     if last:
-        lines.append(f"last step {last['step']}: reward_mean {last['reward_mean']}, "
-                     f"step_s {last['step_s']:.1f}")
+        lines.append(f"last step {last['step']}: reward_mean {last['reward_mean']}, step_s {last['step_s']:.1f}")
     return "\n".join(lines)
 
 
 def _export(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
-        prog="grpokit export", description="Write a checkpoint's model without its training state. A LoRA "
+        prog="grpokit export",
+        description="Write a checkpoint's model without its training state. A LoRA "
         "checkpoint (model.lora): --merge writes a full Hugging Face model (the base model with the adapter merged "
         "into a copy of its weights; AutoModelForCausalLM.from_pretrained(OUT) loads it); without --merge the "
         "adapter (adapter_model.safetensors, adapter_config.json) and the tokenizer are copied. A full checkpoint: "
-        "its model and tokenizer files are copied.")
+        "its model and tokenizer files are copied.",
+    )
     p.add_argument("checkpoint", help="a checkpoint-<step> folder")
     p.add_argument("out", help="the folder to write (must not exist, or be empty)")
     p.add_argument("--merge", action="store_true", help="merge the LoRA adapter into the base model's weights")
     ns = p.parse_args(argv)
-    from grpokit.models.lora import export_checkpoint
     from grpokit.models.loading import load_model
+    from grpokit.models.lora import export_checkpoint
     from grpokit.utils.outputs import check_output_dir
 
     def load_base(name: str, dtype, trust_remote_code: bool):
@@ -191,21 +199,32 @@ def _export(argv: list[str]) -> int:
 
 def _sft(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
-        prog="grpokit sft", description="Supervised warm-up before GRPO: fine-tune MODEL to write each row's "
+        prog="grpokit sft",
+        description="Supervised warm-up before GRPO: fine-tune MODEL to write each row's "
         "--completion-template after its chat-templated prompt (the loss on completion tokens only; transformers' "
-        "Trainer), and write it to OUT, a folder that a recipe's model.name_or_path can name.")
+        "Trainer), and write it to OUT, a folder that a recipe's model.name_or_path can name.",
+    )
     p.add_argument("model", help="model path, hub name or alias (smollm2-135m-instruct)")
     p.add_argument("out", help="the folder to write (must not exist, or be empty)")
     p.add_argument("--dataset", required=True)
     p.add_argument("--split", default="test")
     p.add_argument("--limit", type=int, default=None, help="the first N rows (after --shuffle-seed)")
     p.add_argument("--shuffle-seed", type=int, default=None, help="shuffle the rows with this seed first")
-    p.add_argument("--completion-template", required=True, help="the text to learn, from the row's columns, e.g. "
-                   "'{equation}' (asdiv) or '{solution}' (gsm8k); rows missing a field are left out")
+    p.add_argument(
+        "--completion-template",
+        required=True,
+        help="the text to learn, from the row's columns, e.g. "
+        "'{equation}' (asdiv) or '{solution}' (gsm8k); rows missing a field are left out",
+    )
     p.add_argument("--prompt-template", default=None, help="default: the --heldout-of recipe's, else the demo's")
     p.add_argument("--system-prompt", default=None)
-    p.add_argument("--heldout-of", default=None, metavar="RECIPE.yaml", help="leave out every row whose question "
-                   "is one of this recipe's held-out (eval) problems, compared without case and spaces")
+    p.add_argument(
+        "--heldout-of",
+        default=None,
+        metavar="RECIPE.yaml",
+        help="leave out every row whose question "
+        "is one of this recipe's held-out (eval) problems, compared without case and spaces",
+    )
     p.add_argument("--epochs", type=finite_float, default=1.0)
     p.add_argument("--max-steps", type=int, default=-1, help="optimizer steps (overrides --epochs when > 0)")
     p.add_argument("--learning-rate", type=finite_float, default=2e-5)
@@ -225,8 +244,10 @@ def _sft(argv: list[str]) -> int:
             raise
         print(f"grpokit sft: error: {_one_line(e)}", file=sys.stderr)
         return 1
-    print(f"-> {ns.out} ({record['rows']} rows, {record['steps']} steps, {record['seconds']:.0f} s, "
-          f"mean loss {record['train_loss']:.4f})")
+    print(
+        f"-> {ns.out} ({record['rows']} rows, {record['steps']} steps, {record['seconds']:.0f} s, "
+        f"mean loss {record['train_loss']:.4f})"
+    )
     return 0
 
 
@@ -240,11 +261,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: grpokit {train,eval,export,sft} ...\n  train [RECIPE] [key=value ...]  run GRPO "
-              f"(RECIPE: a file or a packaged name: {', '.join(packaged_recipes())}; none: the demo)\n"
-              "  eval MODEL --dataset NAME [--split test --limit N]\n"
-              "  export CHECKPOINT OUT [--merge]  the model of a checkpoint (LoRA: --merge = a full model)\n"
-              "  sft MODEL OUT --dataset NAME --completion-template T  supervised warm-up before GRPO")
+        print(
+            "usage: grpokit {train,eval,export,sft} ...\n  train [RECIPE] [key=value ...]  run GRPO "
+            f"(RECIPE: a file or a packaged name: {', '.join(packaged_recipes())}; none: the demo)\n"
+            "  eval MODEL --dataset NAME [--split test --limit N]\n"
+            "  export CHECKPOINT OUT [--merge]  the model of a checkpoint (LoRA: --merge = a full model)\n"
+            "  sft MODEL OUT --dataset NAME --completion-template T  supervised warm-up before GRPO"
+        )
         return 0
     cmd, rest = argv[0], argv[1:]
     commands = {"train": _train, "eval": _eval, "export": _export, "sft": _sft}
@@ -258,4 +281,3 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"grpokit {cmd}: interrupted", file=sys.stderr)
         return 128 + int(signal.SIGINT)
-

@@ -18,12 +18,21 @@ from pathlib import Path
 
 import yaml
 
-from grpokit.config import Recipe, RecipeError, _walk, _yaml_load, load_recipe, recipe_from_dict
+from grpokit.config import Recipe, RecipeError, load_recipe, recipe_from_dict
 from grpokit.config.loading import apply_overrides
+from grpokit.config.schema import _walk, _yaml_load
 from grpokit.utils.textio import read_utf8
 
-__all__ = ["DEFAULT_RECIPE", "DEMO_SECTION_OF", "PACKAGED_RECIPES", "RecipeArgs", "demo_raw", "find_recipe",
-           "packaged_recipes", "source_note"]
+__all__ = [
+    "DEFAULT_RECIPE",
+    "DEMO_SECTION_OF",
+    "PACKAGED_RECIPES",
+    "RecipeArgs",
+    "demo_raw",
+    "find_recipe",
+    "packaged_recipes",
+    "source_note",
+]
 
 PACKAGED_RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 DEFAULT_RECIPE = PACKAGED_RECIPES / "demo.yaml"
@@ -52,8 +61,10 @@ def find_recipe(name: str | Path) -> Path:
     stem = path.name[: -len(path.suffix)] if path.suffix in (".yaml", ".yml") else path.name
     if path.parent in (Path("."), Path("recipes")) and stem in packaged_recipes():
         return PACKAGED_RECIPES / f"{stem}.yaml"
-    raise RecipeError(f"recipe file not found: {name}; the packaged recipes, found by name from any folder: "
-                      f"{', '.join(packaged_recipes())}")
+    raise RecipeError(
+        f"recipe file not found: {name}; the packaged recipes, found by name from any folder: "
+        f"{', '.join(packaged_recipes())}"
+    )
 
 
 def demo_raw() -> dict:
@@ -106,10 +117,15 @@ class RecipeArgs:
         """What the run says first: that the demo runs (and which of its sections do not), or which packaged
         recipe a name found; None for a recipe file given by its path."""
         if self.path is None:
-            why = "".join(f"; {key} given, so the {sec} section starts from the defaults, not the demo's"
-                          for key, sec in DEMO_SECTION_OF.items() if sec in self.fresh)
-            return (f"no recipe given: running the packaged demo recipe ({DEFAULT_RECIPE}; `grpokit train --help` "
-                    f"shows its values){why}")
+            why = "".join(
+                f"; {key} given, so the {sec} section starts from the defaults, not the demo's"
+                for key, sec in DEMO_SECTION_OF.items()
+                if sec in self.fresh
+            )
+            return (
+                f"no recipe given: running the packaged demo recipe ({DEFAULT_RECIPE}; `grpokit train --help` "
+                f"shows its values){why}"
+            )
         if self.path.is_relative_to(PACKAGED_RECIPES):  # found by name
             return f"recipe: the packaged {self.path}"
         return None

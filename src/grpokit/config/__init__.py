@@ -26,12 +26,28 @@ from grpokit.config.schema import (
     RewardsConfig,
     RolloutConfig,
     TrainConfig,
-    _walk,
-    _yaml_load,
     choices_of,
     lora_options,
 )
 
-__all__ = ["RENAMED_KEYS", "AlgoConfig", "DataConfig", "DuplicateKeyError", "EvalConfig", "ModelConfig", "Recipe", "RecipeError",
-           "Registry", "RewardsConfig", "RolloutConfig", "TrainConfig", "choices_of", "help_text", "load_recipe",
-           "lora_options", "parse_override", "recipe_from_dict", "validate"]
+__all__ = [
+    "RENAMED_KEYS",
+    "AlgoConfig",
+    "DataConfig",
+    "DuplicateKeyError",
+    "EvalConfig",
+    "ModelConfig",
+    "Recipe",
+    "RecipeError",
+    "Registry",
+    "RewardsConfig",
+    "RolloutConfig",
+    "TrainConfig",
+    "choices_of",
+    "help_text",
+    "load_recipe",
+    "lora_options",
+    "parse_override",
+    "recipe_from_dict",
+    "validate",
+]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from grpokit.config.schema import Recipe, RecipeError, _walk, check_elements, choices_of, lora_options
 
@@ -38,8 +39,10 @@ def number(key: str, value: Any) -> float:
 
 def _function_name(key: str, value: Any) -> None:
     if not isinstance(value, str) or not value.strip():
-        raise RecipeError(f"{key}: expected a reward function name (a built-in name, module:function, rm:MODEL "
-                          f"or http(s)://HOST:PORT/PATH), got {value!r}")
+        raise RecipeError(
+            f"{key}: expected a reward function name (a built-in name, module:function, rm:MODEL "
+            f"or http(s)://HOST:PORT/PATH), got {value!r}"
+        )
 
 
 def _beta(key: str, value: Any) -> None:
@@ -71,8 +74,13 @@ def _check_lists(recipe: Recipe) -> None:
         if key not in LIST_ELEMENTS:  # a list given to a mapping key is _check_type's to refuse
             continue
         check, repeats = LIST_ELEMENTS[key]  # every list field of the schema has an entry (a test checks)
-        check_elements(key, value, check, repeats=repeats,
-                       twice_hint=" and set its weight in rewards.weights" if key == "rewards.functions" else "")
+        check_elements(
+            key,
+            value,
+            check,
+            repeats=repeats,
+            twice_hint=" and set its weight in rewards.weights" if key == "rewards.functions" else "",
+        )
 
 
 def _check_values(recipe: Recipe) -> None:
@@ -100,12 +108,20 @@ def _check_values(recipe: Recipe) -> None:
     if not re.fullmatch(r"cpu|auto|cuda(:\d+)?", recipe.model.device):
         raise RecipeError(f"model.device: {recipe.model.device!r} is not cpu, cuda, cuda:N or auto")
     non_negative = {
-        "algo.beta": a.beta, "algo.clip_eps_low": a.clip_eps_low, "algo.clip_eps_high": a.clip_eps_high,
-        "algo.advantage_eps": a.advantage_eps, "algo.tis_cap": a.tis_cap, "rollout.temperature": r.temperature,
-        "train.learning_rate": t.learning_rate, "train.warmup_steps": t.warmup_steps,
-        "train.max_grad_norm": t.max_grad_norm, "train.save_steps": t.save_steps,
-        "train.weight_decay": t.weight_decay, "data.skip": recipe.data.skip,
-        "eval.every_steps": recipe.eval.every_steps, "eval.num_samples": recipe.eval.num_samples,
+        "algo.beta": a.beta,
+        "algo.clip_eps_low": a.clip_eps_low,
+        "algo.clip_eps_high": a.clip_eps_high,
+        "algo.advantage_eps": a.advantage_eps,
+        "algo.tis_cap": a.tis_cap,
+        "rollout.temperature": r.temperature,
+        "train.learning_rate": t.learning_rate,
+        "train.warmup_steps": t.warmup_steps,
+        "train.max_grad_norm": t.max_grad_norm,
+        "train.save_steps": t.save_steps,
+        "train.weight_decay": t.weight_decay,
+        "data.skip": recipe.data.skip,
+        "eval.every_steps": recipe.eval.every_steps,
+        "eval.num_samples": recipe.eval.num_samples,
     }
     for key, v in non_negative.items():
         if v < 0:
@@ -113,36 +129,47 @@ def _check_values(recipe: Recipe) -> None:
     if not 0 < r.top_p <= 1:
         raise RecipeError(f"rollout.top_p: must be in (0, 1], got {r.top_p}")
     if r.temperature == 0:
-        raise RecipeError("rollout.temperature: must be > 0 for GRPO sampling (0 = greedy gives "
-                          "identical completions and zero advantages)")
+        raise RecipeError(
+            "rollout.temperature: must be > 0 for GRPO sampling (0 = greedy gives "
+            "identical completions and zero advantages)"
+        )
 
 
 def _check_combinations(recipe: Recipe) -> None:
     """Keys that must agree with each other; ``model.lora`` completed with its defaults."""
     r, t, a = recipe.rollout, recipe.train, recipe.algo
     if t.optimizer == "adamw_bf16_sr" and recipe.model.dtype != "bfloat16":
-        raise RecipeError("train.optimizer: adamw_bf16_sr rounds bf16 parameters stochastically; it needs "
-                          f"model.dtype=bfloat16, got model.dtype={recipe.model.dtype}")
+        raise RecipeError(
+            "train.optimizer: adamw_bf16_sr rounds bf16 parameters stochastically; it needs "
+            f"model.dtype=bfloat16, got model.dtype={recipe.model.dtype}"
+        )
     recipe.model.lora = lora_options(recipe.model.lora)  # checked, defaults filled in (recipe.json records them)
     if recipe.model.dtype == "bfloat16" and recipe.model.autocast_bf16:
-        raise RecipeError("model.autocast_bf16: the parameters are already bfloat16 (model.dtype); "
-                          "autocast is for float32 parameters")
+        raise RecipeError(
+            "model.autocast_bf16: the parameters are already bfloat16 (model.dtype); autocast is for float32 parameters"
+        )
     if a.max_sampling_rounds < 1:
         raise RecipeError(f"algo.max_sampling_rounds: must be >= 1, got {a.max_sampling_rounds}")
     if r.vllm is not None and (r.engine != "vllm" or not isinstance(r.vllm, dict)):
-        raise RecipeError(f"rollout.vllm: a mapping of vllm.LLM arguments, used with rollout.engine=vllm only "
-                          f"(rollout.engine={r.engine}, rollout.vllm={r.vllm!r})")
+        raise RecipeError(
+            f"rollout.vllm: a mapping of vllm.LLM arguments, used with rollout.engine=vllm only "
+            f"(rollout.engine={r.engine}, rollout.vllm={r.vllm!r})"
+        )
     if a.tis_cap > 0 and r.engine != "vllm":
-        raise RecipeError(f"algo.tis_cap: weights tokens by π_old/π_sampler, which needs the sampler's log-probs: "
-                          f"rollout.engine=vllm (rollout.engine={r.engine} samples from the trained model itself)")
+        raise RecipeError(
+            f"algo.tis_cap: weights tokens by π_old/π_sampler, which needs the sampler's log-probs: "
+            f"rollout.engine=vllm (rollout.engine={r.engine} samples from the trained model itself)"
+        )
     if a.tis_cap > 0 and a.estimator != "grpo":
         raise RecipeError(f"algo.tis_cap: implemented in the grpo loss, not for algo.estimator={a.estimator}")
     if a.clip_eps_low >= 1:
         raise RecipeError(f"algo.clip_eps_low: must be < 1, got {a.clip_eps_low}")
     w = recipe.rewards.weights
     if w is not None and len(w) != len(recipe.rewards.functions):
-        raise RecipeError(f"rewards.weights: {len(w)} weights for {len(recipe.rewards.functions)} "
-                          f"functions {recipe.rewards.functions}")
+        raise RecipeError(
+            f"rewards.weights: {len(w)} weights for {len(recipe.rewards.functions)} "
+            f"functions {recipe.rewards.functions}"
+        )
     for key, value in (("algo.gamma", a.gamma), ("algo.lam", a.lam)):
         if not 0 <= value <= 1:
             raise RecipeError(f"{key}: must be in [0, 1], got {value}")
@@ -156,8 +183,11 @@ def _check_more_values(recipe: Recipe) -> None:
     """Ranges of the remaining single keys."""
     r, t, a = recipe.rollout, recipe.train, recipe.algo
     rw = recipe.rewards
-    for key, value, low in (("rm_batch_size", rw.rm_batch_size, 1), ("remote_retries", rw.remote_retries, 0),
-                            ("remote_backoff_s", rw.remote_backoff_s, 0)):
+    for key, value, low in (
+        ("rm_batch_size", rw.rm_batch_size, 1),
+        ("remote_retries", rw.remote_retries, 0),
+        ("remote_backoff_s", rw.remote_backoff_s, 0),
+    ):
         if value < low:
             raise RecipeError(f"rewards.{key}: must be >= {low}, got {value}")
     if not recipe.rewards.functions and a.supervision == "outcome":
@@ -171,8 +201,10 @@ def _check_more_values(recipe: Recipe) -> None:
     if len(t.adam_betas) != 2:  # each element: _check_lists
         raise RecipeError(f"train.adam_betas: two numbers in [0, 1) expected, got {t.adam_betas}")
     optional_positive = {
-        "data.limit": recipe.data.limit, "eval.limit": recipe.eval.limit,
-        "rollout.chunk_size": r.chunk_size, "eval.max_new_tokens": recipe.eval.max_new_tokens,
+        "data.limit": recipe.data.limit,
+        "eval.limit": recipe.eval.limit,
+        "rollout.chunk_size": r.chunk_size,
+        "eval.max_new_tokens": recipe.eval.max_new_tokens,
     }
     for key, v in optional_positive.items():
         if v is not None and v <= 0:
@@ -188,13 +220,17 @@ def _check_more_values(recipe: Recipe) -> None:
                 "scored with a full-vocabulary softmax(logits / temperature); a sampler that drops tokens "
                 "(top_k, top_p, min_p) draws from another distribution, so the ratio and the KL would be "
                 f"computed for a policy that did not sample. Leave rollout.{key}={off} (off); "
-                "rollout.temperature is applied to both sides and may be set.")
+                "rollout.temperature is applied to both sides and may be set."
+            )
     tpl = recipe.data.prompt_template
     try:
         filled = tpl.format(question="\0")
     except (KeyError, IndexError, ValueError) as e:
-        raise RecipeError(f"data.prompt_template: {tpl!r} may use only the field {{question}} "
-                          f"(write literal braces as {{{{ }}}}): {e!r}") from None
+        raise RecipeError(
+            f"data.prompt_template: {tpl!r} may use only the field {{question}} "
+            f"(write literal braces as {{{{ }}}}): {e!r}"
+        ) from None
     if "\0" not in filled:
-        raise RecipeError(f"data.prompt_template: {tpl!r} has no {{question}} field, so every "
-                          "prompt would be the same text")
+        raise RecipeError(
+            f"data.prompt_template: {tpl!r} has no {{question}} field, so every prompt would be the same text"
+        )

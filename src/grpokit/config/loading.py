@@ -11,8 +11,17 @@ from typing import Any
 import yaml
 
 from grpokit.config.checks import validate
-from grpokit.config.schema import (RENAMED_KEYS, DuplicateKeyError, Recipe, RecipeError, _fields, _hints, _walk,
-                                   _yaml_load, choices_of)
+from grpokit.config.schema import (
+    RENAMED_KEYS,
+    DuplicateKeyError,
+    Recipe,
+    RecipeError,
+    _fields,
+    _hints,
+    _walk,
+    _yaml_load,
+    choices_of,
+)
 from grpokit.utils.textio import NotUtf8Error, read_utf8
 
 
@@ -59,8 +68,8 @@ def recipe_from_dict(raw: dict) -> Recipe:
             if key not in allowed:
                 hint = RENAMED_KEYS.get(f"{sec}.{key}")
                 raise RecipeError(
-                    f"unknown recipe key {sec}.{key}; " + (f"it is now {hint}" if hint else
-                                                           f"allowed in {sec}: {', '.join(allowed)}")
+                    f"unknown recipe key {sec}.{key}; "
+                    + (f"it is now {hint}" if hint else f"allowed in {sec}: {', '.join(allowed)}")
                 )
             sub[key] = _check_type(f"{sec}.{key}", val, hints[key])
         kwargs[sec] = cls(**sub)

@@ -30,11 +30,11 @@ REFUSED_ON_RESUME: dict[str, str] = {
     "model.dtype": "the checkpoint's weights and optimizer moments are in that dtype",
     "model.lora": "the checkpoint holds the weights of that adapter (or of the full model)",
     "data.": "the data keys decide the rows (filters, prompt length) and their order, and the checkpoint's "
-             "data position indexes that order",
+    "data position indexes that order",
     "train.seed": "the data order (a permutation seeded per epoch) and the sampling seeds follow it",
     "train.optimizer": "the checkpoint's optimizer state is that optimizer's",
     "train.num_iterations": "the learning-rate schedule counts optimizer steps (max_steps · num_iterations) and "
-                            "the checkpoint's position in it was counted with that value",
+    "the checkpoint's position in it was counted with that value",
 }
 
 #: keys never compared: how the checkpoint is found, not what runs
@@ -46,7 +46,7 @@ def flat(recipe: dict) -> dict[str, Any]:
     values as JSON gives them back (tuples are lists), so a saved and a live recipe compare equal."""
     out = {}
     for sec, values in json.loads(json.dumps(recipe, default=str)).items():
-        for key, value in (values.items() if isinstance(values, dict) else ()):
+        for key, value in values.items() if isinstance(values, dict) else ():
             out[f"{sec}.{key}"] = value
     return out
 
@@ -66,8 +66,7 @@ def resume_changes(old: dict, new: Recipe | dict) -> list[tuple[str, Any, Any]]:
     :data:`NOT_COMPARED`."""
     before = flat(old)
     after = flat(new.to_dict() if isinstance(new, Recipe) else new)
-    return [(k, before[k], v) for k, v in after.items()
-            if k in before and k not in NOT_COMPARED and before[k] != v]
+    return [(k, before[k], v) for k, v in after.items() if k in before and k not in NOT_COMPARED and before[k] != v]
 
 
 def check_resume(old: dict, new: Recipe, where: str) -> list[tuple[str, Any, Any]]:
@@ -82,7 +81,9 @@ def check_resume(old: dict, new: Recipe, where: str) -> list[tuple[str, Any, Any
     refused = [(k, a, b, refusal_reason(k)) for k, a, b in changes if refusal_reason(k)]
     if refused:
         said = "; ".join(f"{k}: {a!r} -> {b!r} ({why})" for k, a, b, why in refused)
-        raise RecipeError(f"train.resume: {where} cannot resume with changed keys: {said}. Set "
-                          f"{'it' if len(refused) == 1 else 'them'} back to the checkpoint's value, or start a "
-                          "new run (train.resume=none or another train.output_dir)")
+        raise RecipeError(
+            f"train.resume: {where} cannot resume with changed keys: {said}. Set "
+            f"{'it' if len(refused) == 1 else 'them'} back to the checkpoint's value, or start a "
+            "new run (train.resume=none or another train.output_dir)"
+        )
     return changes

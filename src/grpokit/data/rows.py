@@ -10,8 +10,16 @@ import sys
 from grpokit.config import Recipe
 
 
-def load_data_rows(recipe: Recipe, *, dataset: str, split: str, limit: int | None, seed: int | None = None,
-                   options: dict | None = None, shuffle_seed: int | None = None) -> list[dict]:
+def load_data_rows(
+    recipe: Recipe,
+    *,
+    dataset: str,
+    split: str,
+    limit: int | None,
+    seed: int | None = None,
+    options: dict | None = None,
+    shuffle_seed: int | None = None,
+) -> list[dict]:
     """Rows of ``dataset``/``split`` (validated: known dataset and split, prompt/answer columns,
     non-empty prompts); needs no tokenizer, so bad data fails before anything slow loads.
     ``seed``/``options`` default to ``train.seed``/``data.options``. With ``shuffle_seed`` every
@@ -19,10 +27,15 @@ def load_data_rows(recipe: Recipe, *, dataset: str, split: str, limit: int | Non
     from grpokit.data import load_rows
 
     d = recipe.data
-    rows = load_rows(dataset, split, limit=limit if shuffle_seed is None else None,
-                     seed=recipe.train.seed if seed is None else seed,
-                     options=dict(d.options if options is None else options),
-                     prompt_field=d.prompt_field, answer_field=d.answer_field)
+    rows = load_rows(
+        dataset,
+        split,
+        limit=limit if shuffle_seed is None else None,
+        seed=recipe.train.seed if seed is None else seed,
+        options=dict(d.options if options is None else options),
+        prompt_field=d.prompt_field,
+        answer_field=d.answer_field,
+    )
     return shuffled_rows(rows, shuffle_seed)[:limit]
 
 
@@ -49,10 +62,15 @@ def section_rows(recipe: Recipe, section: str) -> list[dict]:
     held = section == "eval"
     try:
         limit = None if sec.limit is None else skip + sec.limit
-        rows = load_data_rows(recipe, dataset=sec.dataset, split=sec.split, limit=limit,
-                              seed=heldout.eval_seed(recipe) if held else None,
-                              options=heldout.eval_options(recipe) if held else None,
-                              shuffle_seed=heldout.shuffle_seed(recipe, section))[skip:]
+        rows = load_data_rows(
+            recipe,
+            dataset=sec.dataset,
+            split=sec.split,
+            limit=limit,
+            seed=heldout.eval_seed(recipe) if held else None,
+            options=heldout.eval_options(recipe) if held else None,
+            shuffle_seed=heldout.shuffle_seed(recipe, section),
+        )[skip:]
         if not rows:
             raise ValueError(f"no rows left after data.skip={skip}")
         return rows
@@ -62,10 +80,19 @@ def section_rows(recipe: Recipe, section: str) -> list[dict]:
         raise cls(f"{section}.dataset={sec.dataset!r} {section}.split={sec.split!r}: {e}") from e
 
 
-def load_prompts(recipe: Recipe, tokenizer, *, dataset: str, split: str, limit: int | None,
-                 rows: list[dict] | None = None, max_new_tokens: int | None = None,
-                 max_positions: int | None = None, new_tokens_key: str = "rollout.max_new_tokens",
-                 section: str = "data"):
+def load_prompts(
+    recipe: Recipe,
+    tokenizer,
+    *,
+    dataset: str,
+    split: str,
+    limit: int | None,
+    rows: list[dict] | None = None,
+    max_new_tokens: int | None = None,
+    max_positions: int | None = None,
+    new_tokens_key: str = "rollout.max_new_tokens",
+    section: str = "data",
+):
     """Rows of ``dataset``/``split`` (or the given ``rows``) and their chat prompts
     (:func:`grpokit.data.render_prompts`: conversational rows, a chat template without a system
     role); prompts longer
@@ -83,24 +110,35 @@ def load_prompts(recipe: Recipe, tokenizer, *, dataset: str, split: str, limit: 
     if rows is None:
         rows = load_data_rows(recipe, dataset=dataset, split=split, limit=limit)
     label = dataset_label(dataset, split)
-    prompts = render_prompts(tokenizer, rows, system_prompt=d.system_prompt, template=d.prompt_template,
-                             source=f"{section}: {label}")
+    prompts = render_prompts(
+        tokenizer, rows, system_prompt=d.system_prompt, template=d.prompt_template, source=f"{section}: {label}"
+    )
     keep, skipped = filter_by_prompt_length(prompts, tokenizer, d.max_prompt_tokens)
     if not keep:
-        raise ValueError(f"{section}: all {len(rows)} prompts of {label} are longer than "
-                         f"data.max_prompt_tokens={d.max_prompt_tokens}")
+        raise ValueError(
+            f"{section}: all {len(rows)} prompts of {label} are longer than "
+            f"data.max_prompt_tokens={d.max_prompt_tokens}"
+        )
     if max_positions is not None and max_new_tokens is not None:
         room = max_positions - max_new_tokens  # longest prompt that leaves room for a whole completion
         context = f"{new_tokens_key}={max_new_tokens} and the model's {max_positions} positions"
         if room < 1:
-            raise ValueError(f"{new_tokens_key}={max_new_tokens} leaves no room for a prompt: the model "
-                             f"has {max_positions} positions (prompt tokens + new tokens must fit)")
+            raise ValueError(
+                f"{new_tokens_key}={max_new_tokens} leaves no room for a prompt: the model "
+                f"has {max_positions} positions (prompt tokens + new tokens must fit)"
+            )
         fits, over = filter_by_prompt_length([prompts[i] for i in keep], tokenizer, room)
         if not fits:
-            raise ValueError(f"{section}: all {len(keep)} prompts of {label} are longer than {room} "
-                             f"tokens, the most that fits with {context}")
+            raise ValueError(
+                f"{section}: all {len(keep)} prompts of {label} are longer than {room} "
+                f"tokens, the most that fits with {context}"
+            )
         if over:
-            print(f"[grpokit] note: {over} prompts of {label} skipped: longer than {room} tokens, "
-                  f"the most that fits with {context}", file=sys.stderr, flush=True)
+            print(
+                f"[grpokit] note: {over} prompts of {label} skipped: longer than {room} tokens, "
+                f"the most that fits with {context}",
+                file=sys.stderr,
+                flush=True,
+            )
         keep, skipped = [keep[i] for i in fits], skipped + over
     return [rows[i] for i in keep], [prompts[i] for i in keep], skipped

@@ -35,23 +35,24 @@ class Algorithm(Protocol):
     #: True when the loss needs π_ref's log-probs (``mb.ref_logprobs``)
     needs_reference: bool
 
-    def advantages(self, exp: "Experience") -> torch.Tensor:
+    def advantages(self, exp: Experience) -> torch.Tensor:
         """``(N,)`` or ``(N, T)`` float32 advantages on ``exp``'s device, 0 where there is no signal."""
         ...
 
-    def groups_with_signal(self, exp: "Experience") -> list[int]:
+    def groups_with_signal(self, exp: Experience) -> list[int]:
         """The group numbers (``exp.group_index`` values) whose advantages can be non-zero: what
         dynamic sampling keeps."""
         ...
 
-    def loss(self, logp: torch.Tensor, mb: "Experience", loss_mask: torch.Tensor, *, num_sequences: int,
-             num_tokens: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def loss(
+        self, logp: torch.Tensor, mb: Experience, loss_mask: torch.Tensor, *, num_sequences: int, num_tokens: int
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The micro-batch's scalar loss (normalized by the whole batch's ``num_sequences``/
         ``num_tokens``) and detached stats: each a token-weighted mean over the micro-batch's
         ``loss_mask`` tokens, plus ``num_tokens`` (the weight); the loop logs every stat."""
         ...
 
-    def bind(self, logprobs: "LogprobScorer", train_cfg: Any) -> None:
+    def bind(self, logprobs: LogprobScorer, train_cfg: Any) -> None:
         """Called once the models are loaded (the builder), with the run's log-prob scorer (the
         policy, π_ref and the run's constants) and the ``train`` section: PPO builds its value
         model here."""
@@ -61,7 +62,7 @@ class Algorithm(Protocol):
         """Whether step ``step`` (1-based) updates the policy (False during PPO's critic warm-up)."""
         ...
 
-    def update_auxiliary(self, exp: "Experience", loss_mask: torch.Tensor, train_cfg: Any) -> dict[str, float]:
+    def update_auxiliary(self, exp: Experience, loss_mask: torch.Tensor, train_cfg: Any) -> dict[str, float]:
         """The algorithm's own updates after the policy's (PPO: the value model); their metrics."""
         ...
 

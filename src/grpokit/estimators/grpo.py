@@ -27,8 +27,14 @@ class GRPO:
         mode=algo.process_advantage)``, ``(N, T)``. float32."""
         a = self.cfg
         if exp.step_rewards is not None:
-            adv = algo.process_advantages(exp.step_rewards, exp.step_ends, exp.completion_mask, exp.group_size,
-                                          eps=a.advantage_eps, mode=a.process_advantage)
+            adv = algo.process_advantages(
+                exp.step_rewards,
+                exp.step_ends,
+                exp.completion_mask,
+                exp.group_size,
+                eps=a.advantage_eps,
+                mode=a.process_advantage,
+            )
         else:
             adv = algo.group_advantages(exp.rewards, exp.group_size, scale=a.advantage_scale, eps=a.advantage_eps)
         return adv.float()
@@ -37,26 +43,36 @@ class GRPO:
         """Outcome: groups whose rewards are not all equal (``algo.constant_groups``); process:
         groups whose pooled step rewards are not all equal (``algo.process_constant_groups``)."""
         if exp.step_rewards is not None:
-            const = algo.process_constant_groups(exp.step_rewards, exp.step_ends, exp.completion_mask,
-                                                 exp.group_size)
+            const = algo.process_constant_groups(exp.step_rewards, exp.step_ends, exp.completion_mask, exp.group_size)
         else:
             const = algo.constant_groups(exp.rewards, exp.group_size)
         return (~const).nonzero().flatten().tolist()
 
-    def loss(self, logp: torch.Tensor, mb: Any, loss_mask: torch.Tensor, *, num_sequences: int,
-             num_tokens: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def loss(
+        self, logp: torch.Tensor, mb: Any, loss_mask: torch.Tensor, *, num_sequences: int, num_tokens: int
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """``algo.policy_loss`` on micro-batch ``mb`` (ratio against ``mb.old_logprobs``, or 1 by
         value when there are none: μ = 1; with ``algo.tis_cap > 0`` truncated importance sampling
         against ``mb.sampler_logprobs``)."""
         a = self.cfg
         old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()
         return algo.policy_loss(
-            logp, old, mb.advantages, loss_mask, ref_logp=mb.ref_logprobs, beta=a.beta,
-            clip_eps_low=a.clip_eps_low, clip_eps_high=a.clip_eps_high, kl_estimator=a.kl_estimator,
-            aggregation=a.loss_aggregation, max_completion_length=self.max_completion_length,
-            num_sequences=num_sequences, num_tokens=num_tokens,
-            sampler_logp=mb.sampler_logprobs if a.tis_cap > 0 else None, tis_cap=a.tis_cap)
-
+            logp,
+            old,
+            mb.advantages,
+            loss_mask,
+            ref_logp=mb.ref_logprobs,
+            beta=a.beta,
+            clip_eps_low=a.clip_eps_low,
+            clip_eps_high=a.clip_eps_high,
+            kl_estimator=a.kl_estimator,
+            aggregation=a.loss_aggregation,
+            max_completion_length=self.max_completion_length,
+            num_sequences=num_sequences,
+            num_tokens=num_tokens,
+            sampler_logp=mb.sampler_logprobs if a.tis_cap > 0 else None,
+            tis_cap=a.tis_cap,
+        )
 
     def bind(self, logprobs: Any, train_cfg: Any) -> None:
         """Nothing to build."""

@@ -31,9 +31,9 @@ from typing import Any
 import torch
 
 from grpokit import algo
-from grpokit.utils.distributed import group_ranks, reduce_gradients, sum_over_ranks
-from grpokit.models.logprobs import LogprobScorer
 from grpokit.estimators.value import ValueModel
+from grpokit.models.logprobs import LogprobScorer
+from grpokit.utils.distributed import group_ranks, reduce_gradients, sum_over_ranks
 
 
 class PPO:
@@ -53,9 +53,12 @@ class PPO:
         self.logprobs = logprobs
         self.micro_batch_size, self.autocast_bf16 = logprobs.micro_batch_size, logprobs.autocast_bf16
         self.critic = ValueModel.from_policy(logprobs.model)
-        self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=train_cfg.critic_learning_rate,
-                                                  betas=tuple(train_cfg.adam_betas),
-                                                  weight_decay=train_cfg.weight_decay)
+        self.critic_optimizer = torch.optim.AdamW(
+            self.critic.parameters(),
+            lr=train_cfg.critic_learning_rate,
+            betas=tuple(train_cfg.adam_betas),
+            weight_decay=train_cfg.weight_decay,
+        )
         self.warmup_steps = train_cfg.critic_warmup_steps
 
     def _bound(self) -> ValueModel:
@@ -97,8 +100,9 @@ class PPO:
             # k1, per token (Ouyang et al. 2022 eq. 2); masked tokens selected out (token_rewards too)
             kl = torch.where(mask, exp.old_logprobs - exp.ref_logprobs, torch.zeros_like(exp.old_logprobs))
         rewards = exp.rewards if exp.rewards is not None else torch.zeros(len(exp), dtype=torch.float64)
-        per_token = algo.token_rewards(rewards.to(exp.device), mask, step_rewards=exp.step_rewards,
-                                       step_ends=exp.step_ends, kl=kl, kl_coef=a.beta)
+        per_token = algo.token_rewards(
+            rewards.to(exp.device), mask, step_rewards=exp.step_rewards, step_ends=exp.step_ends, kl=kl, kl_coef=a.beta
+        )
         exp.old_values = self.values(exp)
         adv, returns = algo.gae_advantages(per_token, exp.old_values.double(), mask, gamma=a.gamma, lam=a.lam)
         exp.returns = returns.float()
@@ -106,18 +110,29 @@ class PPO:
             adv = algo.masked_whiten(adv, mask)
         return adv.float()
 
-    def loss(self, logp: torch.Tensor, mb: Any, loss_mask: torch.Tensor, *, num_sequences: int,
-             num_tokens: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def loss(
+        self, logp: torch.Tensor, mb: Any, loss_mask: torch.Tensor, *, num_sequences: int, num_tokens: int
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The clipped surrogate on ``mb``'s per-token advantages (β·KL in the loss unless
         ``algo.kl_in_reward``)."""
         a = self.cfg
         old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()
         beta = 0.0 if a.kl_in_reward else a.beta
         return algo.policy_loss(
-            logp, old, mb.advantages, loss_mask, ref_logp=mb.ref_logprobs if beta > 0 else None, beta=beta,
-            clip_eps_low=a.clip_eps_low, clip_eps_high=a.clip_eps_high, kl_estimator=a.kl_estimator,
-            aggregation=a.loss_aggregation, max_completion_length=self.max_completion_length,
-            num_sequences=num_sequences, num_tokens=num_tokens)
+            logp,
+            old,
+            mb.advantages,
+            loss_mask,
+            ref_logp=mb.ref_logprobs if beta > 0 else None,
+            beta=beta,
+            clip_eps_low=a.clip_eps_low,
+            clip_eps_high=a.clip_eps_high,
+            kl_estimator=a.kl_estimator,
+            aggregation=a.loss_aggregation,
+            max_completion_length=self.max_completion_length,
+            num_sequences=num_sequences,
+            num_tokens=num_tokens,
+        )
 
     def update_auxiliary(self, exp: Any, loss_mask: torch.Tensor, train_cfg: Any) -> dict[str, float]:
         """``train.num_iterations`` passes of the clipped value loss (module docstring, step 3).
@@ -135,8 +150,9 @@ class PPO:
             for sl, mb in exp.micro_batches(train_cfg.micro_batch_size):
                 v = critic.values(mb, autocast_bf16=self.autocast_bf16)
                 m = loss_mask[sl, : v.shape[1]]
-                loss, f = algo.value_loss(v, mb.old_values, mb.returns, m, clip_eps=self.cfg.value_clip_eps,
-                                          num_tokens=n_tok)
+                loss, f = algo.value_loss(
+                    v, mb.old_values, mb.returns, m, clip_eps=self.cfg.value_clip_eps, num_tokens=n_tok
+                )
                 loss.backward()
                 total += loss.item()
                 frac += f.item() * int(m.sum()) / n_tok
@@ -151,8 +167,12 @@ class PPO:
         m = exp.completion_mask
         v_sum = torch.where(m, exp.old_values.double(), torch.zeros((), dtype=torch.float64, device=m.device)).sum()
         value_sum, count = sum_over_ranks([float(v_sum), float(m.sum())], ranks)
-        return {"value_loss": sum(losses) / len(losses), "value_clip_frac": sum(fracs) / len(fracs),
-                "critic_grad_norm": sum(norms) / len(norms), "value_mean": value_sum / max(count, 1.0)}
+        return {
+            "value_loss": sum(losses) / len(losses),
+            "value_clip_frac": sum(fracs) / len(fracs),
+            "critic_grad_norm": sum(norms) / len(norms),
+            "value_mean": value_sum / max(count, 1.0),
+        }
 
     def state_dict(self) -> dict[str, Any]:
         """The value model's weights and its optimizer's state."""
@@ -166,7 +186,9 @@ class PPO:
             ValueError: a checkpoint without a value model (written by another estimator).
         """
         if "critic" not in state:
-            raise ValueError("algo.estimator=ppo: the checkpoint holds no value model (written by another "
-                             "estimator?); start a new run (train.resume=none)")
+            raise ValueError(
+                "algo.estimator=ppo: the checkpoint holds no value model (written by another "
+                "estimator?); start a new run (train.resume=none)"
+            )
         self._bound().load_state_dict(state["critic"])
         self.critic_optimizer.load_state_dict(state["critic_optimizer"])

@@ -46,7 +46,7 @@ class ValueModel(torch.nn.Module):
         torch.nn.init.zeros_(self.head.bias)
 
     @classmethod
-    def from_policy(cls, policy: torch.nn.Module) -> "ValueModel":
+    def from_policy(cls, policy: torch.nn.Module) -> ValueModel:
         """A deep copy of ``policy``'s decoder (its current weights; trainable) and a zero head, in
         eval mode (no dropout), on the policy's device. A LoRA (peft) policy: the decoder of a
         merged copy (base weights plus the adapters' current delta; no adapter layers in it).

@@ -22,9 +22,11 @@ def compare(a: dict[str, Any], b: dict[str, Any], name_a: str, name_b: str, samp
     if samples:
         ms = paired_sampled_comparison(a["sampled_correct"], b["sampled_correct"], samples)
         mj = paired_comparison(a["maj_outcomes"], b["maj_outcomes"])
-        lines.append(f"paired ({name_b} - {name_a}), mean@{samples}: {ms['diff']:+.3f} [{ms['diff_lo']:+.3f}, "
-                     f"{ms['diff_hi']:+.3f}] (95 %, {ms['interval']}); problems where the second is better "
-                     f"{ms['b_better']}, the first {ms['a_better']}; exact sign test p = {ms['p_value']:.3g}")
+        lines.append(
+            f"paired ({name_b} - {name_a}), mean@{samples}: {ms['diff']:+.3f} [{ms['diff_lo']:+.3f}, "
+            f"{ms['diff_hi']:+.3f}] (95 %, {ms['interval']}); problems where the second is better "
+            f"{ms['b_better']}, the first {ms['a_better']}; exact sign test p = {ms['p_value']:.3g}"
+        )
         lines.append(_paired_line(name_b, name_a, f"maj@{samples}", mj))
         out["paired_sampled"] = {f"mean@{samples}": ms, f"maj@{samples}": mj}
     return out, lines
@@ -32,6 +34,8 @@ def compare(a: dict[str, Any], b: dict[str, Any], name_a: str, name_b: str, samp
 
 def _paired_line(name_b: str, name_a: str, metric: str, pc: dict) -> str:
     """One printed line of a :func:`grpokit.eval.stats.paired_comparison` result ``pc`` for ``metric``."""
-    return (f"paired ({name_b} - {name_a}), {metric}: {pc['diff']:+.3f} [{pc['diff_lo']:+.3f}, {pc['diff_hi']:+.3f}] "
-            f"(95 %, {pc['interval']}); only the second right {pc['b_only']}, only the first {pc['a_only']}; "
-            f"exact McNemar p = {pc['p_value']:.3g}")
+    return (
+        f"paired ({name_b} - {name_a}), {metric}: {pc['diff']:+.3f} [{pc['diff_lo']:+.3f}, {pc['diff_hi']:+.3f}] "
+        f"(95 %, {pc['interval']}); only the second right {pc['b_only']}, only the first {pc['a_only']}; "
+        f"exact McNemar p = {pc['p_value']:.3g}"
+    )

@@ -20,8 +20,9 @@ from __future__ import annotations
 import json
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from grpokit.data import dataset_label
 from grpokit.rollout.engine import RolloutEngine, SamplingParams
@@ -93,15 +94,16 @@ def evaluate(
         from grpokit.rewards.math import extract_answer
 
     if num_samples < 0 or (num_samples and temperature <= 0):
-        raise ValueError(f"evaluate: num_samples must be >= 0 and temperature > 0 with samples, got "
-                         f"num_samples={num_samples}, temperature={temperature}")
+        raise ValueError(
+            f"evaluate: num_samples must be >= 0 and temperature > 0 with samples, got "
+            f"num_samples={num_samples}, temperature={temperature}"
+        )
     if len(prompts) != len(rows):
         raise ValueError(f"evaluate: {len(prompts)} prompts for {len(rows)} rows")
     if scorer is None:
         from grpokit.rewards.math import math_correct as scorer
     name = getattr(scorer, "__name__", type(scorer).__name__)
-    guard = GuardedReward(f"eval:{name}", scorer, timeout_s=scorer_timeout_s, on_error="none",
-                          isolation=isolation)
+    guard = GuardedReward(f"eval:{name}", scorer, timeout_s=scorer_timeout_s, on_error="none", isolation=isolation)
     t0 = time.perf_counter()
     greedy, truncated, examples = [], 0, []
     sampled: list[list[bool]] = []
@@ -118,10 +120,17 @@ def evaluate(
             ok = _score(guard, chunk_rows, ro.completions, 1, unscorable)
             greedy += ok
             truncated += int(ro.truncated.sum())
-            examples += [{"question": r["prompt"], "prompt": p, "answer": r.get("answer"), "completion": c,
-                          "correct": o, "truncated": bool(t)}
-                         for r, p, c, o, t in zip(chunk_rows, chunk, ro.completions, ok, ro.truncated.tolist())
-                         ][: max(0, 5 - len(examples))]
+            examples += [
+                {
+                    "question": r["prompt"],
+                    "prompt": p,
+                    "answer": r.get("answer"),
+                    "completion": c,
+                    "correct": o,
+                    "truncated": bool(t),
+                }
+                for r, p, c, o, t in zip(chunk_rows, chunk, ro.completions, ok, ro.truncated.tolist())
+            ][: max(0, 5 - len(examples))]
         for start in range(0, len(prompts) if num_samples else 0, per_call):
             chunk_rows, chunk = rows[start : start + per_call], prompts[start : start + per_call]
             ro = engine.generate(chunk, num_samples, sampled_params, seed * 100003 + start)
@@ -134,13 +143,24 @@ def evaluate(
     total = len(prompts)
     summary = evalstats.summarize(greedy, sampled or None, answers or None) if total else None
     out = {
-        "accuracy": sum(greedy) / total if total else 0.0, "correct": sum(greedy), "total": total,
-        "unscorable": unscorable[0], "truncated_frac": truncated / total if total else 0.0,
-        "seconds": time.perf_counter() - t0, "examples": examples, "outcomes": greedy,
+        "accuracy": sum(greedy) / total if total else 0.0,
+        "correct": sum(greedy),
+        "total": total,
+        "unscorable": unscorable[0],
+        "truncated_frac": truncated / total if total else 0.0,
+        "seconds": time.perf_counter() - t0,
+        "examples": examples,
+        "outcomes": greedy,
         "metrics": summary,
-        "settings": {"max_new_tokens": max_new_tokens, "greedy": True, "num_samples": num_samples,
-                     "temperature": temperature if num_samples else None, "seed": seed if num_samples else None,
-                     "scorer": name, "scorer_timeout_s": scorer_timeout_s},
+        "settings": {
+            "max_new_tokens": max_new_tokens,
+            "greedy": True,
+            "num_samples": num_samples,
+            "temperature": temperature if num_samples else None,
+            "seed": seed if num_samples else None,
+            "scorer": name,
+            "scorer_timeout_s": scorer_timeout_s,
+        },
     }
     if sampled:
         out["sampled_correct"] = [sum(s) for s in sampled]
@@ -159,11 +179,15 @@ def measured_little(res: dict[str, Any], *, budget: str) -> list[str]:
 
     said = []
     if res["truncated_frac"] >= TRUNCATED_WARN_FRAC:
-        said.append(f"{res['truncated_frac']:.0%} of the greedy completions reached {budget} without an EOS: "
-                    "their answers count as wrong")
+        said.append(
+            f"{res['truncated_frac']:.0%} of the greedy completions reached {budget} without an EOS: "
+            "their answers count as wrong"
+        )
     if res.get("unscorable"):
-        said.append(f"the scorer gave no score (raised, timed out, or could not read the reference) for "
-                    f"{res['unscorable']} completions (counted as wrong)")
+        said.append(
+            f"the scorer gave no score (raised, timed out, or could not read the reference) for "
+            f"{res['unscorable']} completions (counted as wrong)"
+        )
     return said
 
 
@@ -172,9 +196,13 @@ def prompt_settings(data: Any, tokenizer: Any, too_long: int | None) -> dict[str
     ``prompt_template``, ``system_prompt`` and ``max_prompt_tokens``, whether the tokenizer's chat
     template was applied (``chat_template``: False means plain text), and ``prompts_too_long``
     (prompts left out as too long for ``max_prompt_tokens`` or the context)."""
-    return {"prompt_template": data.prompt_template, "system_prompt": data.system_prompt,
-            "chat_template": bool(getattr(tokenizer, "chat_template", None)),
-            "max_prompt_tokens": data.max_prompt_tokens, "prompts_too_long": too_long}
+    return {
+        "prompt_template": data.prompt_template,
+        "system_prompt": data.system_prompt,
+        "chat_template": bool(getattr(tokenizer, "chat_template", None)),
+        "max_prompt_tokens": data.max_prompt_tokens,
+        "prompts_too_long": too_long,
+    }
 
 
 def default_output_name(dataset: str, split: str) -> str:
@@ -196,8 +224,9 @@ class HeldOutEval:
     """The recipe's ``eval`` section applied to ``train_rows``' run.
 
     Raises:
-        ValueError: a held-out range that overlaps the training rows (:func:`grpokit.data.heldout.check_ranges`),
-            an unknown ``eval.scorer`` or one that cannot score the data, or no held-out row left once training questions are left out.
+        ValueError: a held-out range that overlaps the training rows
+            (:func:`grpokit.data.heldout.check_ranges`), an unknown ``eval.scorer`` or one that
+            cannot score the data, or no held-out row left once training questions are left out.
     """
 
     def __init__(self, recipe: Any, train_rows: list[dict]):
@@ -215,12 +244,15 @@ class HeldOutEval:
             raise ValueError(f"eval.scorer: {err}") from None
         rows, dropped = heldout.drop_training_questions(train_rows, section_rows(recipe, "eval"))
         if not rows:
-            raise ValueError(f"eval: every held-out problem of {dataset_label(e.dataset, e.split)} is also a "
-                             "training question")
+            raise ValueError(
+                f"eval: every held-out problem of {dataset_label(e.dataset, e.split)} is also a training question"
+            )
         self.rows, self.prompts = rows, None
         self.tokenizer, self.too_long = None, None  # set by prepare, with the prompts
-        self.note = (f"{len(rows)} held-out problems, none a training question ({dropped} left out as "
-                     f"training questions; data seed {heldout.eval_seed(recipe)})")
+        self.note = (
+            f"{len(rows)} held-out problems, none a training question ({dropped} left out as "
+            f"training questions; data seed {heldout.eval_seed(recipe)})"
+        )
 
     @property
     def max_new_tokens(self) -> int:
@@ -234,8 +266,17 @@ class HeldOutEval:
         e = self.recipe.eval
         key = "eval.max_new_tokens" if e.max_new_tokens else "rollout.max_new_tokens (eval.max_new_tokens unset)"
         self.rows, self.prompts, self.too_long = load_prompts(
-            self.recipe, tokenizer, dataset=e.dataset, split=e.split, limit=e.limit, rows=self.rows,
-            max_new_tokens=self.max_new_tokens, max_positions=max_positions, new_tokens_key=key, section="eval")
+            self.recipe,
+            tokenizer,
+            dataset=e.dataset,
+            split=e.split,
+            limit=e.limit,
+            rows=self.rows,
+            max_new_tokens=self.max_new_tokens,
+            max_positions=max_positions,
+            new_tokens_key=key,
+            section="eval",
+        )
         self.tokenizer = tokenizer
 
     def run(self, engine: RolloutEngine, out: Path, when: str) -> dict[str, Any]:
@@ -244,22 +285,35 @@ class HeldOutEval:
         returns :func:`grpokit.eval.evaluate.evaluate`'s result with ``dataset``, ``split``, ``when``,
         ``scorer`` and ``held_out`` added, and in its ``settings`` the prompt template, system prompt,
         whether the chat template was applied and how many prompts were left out as too long."""
-        from grpokit.eval.stats import format_summary
         from grpokit.data.heldout import answer_extractor
+        from grpokit.eval.stats import format_summary
 
         r = self.recipe
         e = r.eval
-        res = evaluate(engine, self.prompts, self.rows, max_new_tokens=self.max_new_tokens, scorer=self.scorer_fn,
-                       batch_size=e.batch_size, scorer_timeout_s=r.rewards.timeout_s, isolation=r.rewards.isolation,
-                       num_samples=e.num_samples, temperature=r.rollout.temperature, seed=r.train.seed,
-                       extract_answer=answer_extractor(self.scorer))
+        res = evaluate(
+            engine,
+            self.prompts,
+            self.rows,
+            max_new_tokens=self.max_new_tokens,
+            scorer=self.scorer_fn,
+            batch_size=e.batch_size,
+            scorer_timeout_s=r.rewards.timeout_s,
+            isolation=r.rewards.isolation,
+            num_samples=e.num_samples,
+            temperature=r.rollout.temperature,
+            seed=r.train.seed,
+            extract_answer=answer_extractor(self.scorer),
+        )
         res.update(dataset=e.dataset, split=e.split, when=when, scorer=self.scorer, held_out=self.note)
         # the prompts as the model got them: with the budget and the sampling, what the numbers depend on
         res["settings"].update(prompt_settings(r.data, self.tokenizer, self.too_long), batch_size=e.batch_size)
         save_eval(out, res, when)
-        print(f"[grpokit] eval {when}: {dataset_label(e.dataset, e.split)} accuracy {res['accuracy']:.3f} "
-              f"({res['correct']}/{res['total']}, greedy; {self.note}; scorer {self.scorer})\n"
-              f"{format_summary(res['metrics'])}", flush=True)
+        print(
+            f"[grpokit] eval {when}: {dataset_label(e.dataset, e.split)} accuracy {res['accuracy']:.3f} "
+            f"({res['correct']}/{res['total']}, greedy; {self.note}; scorer {self.scorer})\n"
+            f"{format_summary(res['metrics'])}",
+            flush=True,
+        )
         self._warn(res, when)
         return res
 

@@ -206,13 +206,23 @@ def paired_comparison(a: Sequence[bool], b: Sequence[bool], confidence: float = 
     n = len(a)
     lo, hi = _newcombe_paired(both, b_only, a_only, neither, _z(confidence))
     acc_a, acc_b = (both + a_only) / n, (both + b_only) / n
-    return {"n": n, "acc_a": acc_a, "acc_b": acc_b, "diff": (b_only - a_only) / n,
-            "diff_lo": lo, "diff_hi": hi, "b_only": b_only, "a_only": a_only,
-            "p_value": mcnemar_exact_p(b_only, a_only), "interval": "newcombe-paired-10"}
+    return {
+        "n": n,
+        "acc_a": acc_a,
+        "acc_b": acc_b,
+        "diff": (b_only - a_only) / n,
+        "diff_lo": lo,
+        "diff_hi": hi,
+        "b_only": b_only,
+        "a_only": a_only,
+        "p_value": mcnemar_exact_p(b_only, a_only),
+        "interval": "newcombe-paired-10",
+    }
 
 
-def paired_sampled_comparison(a: Sequence[int], b: Sequence[int], k: int, confidence: float = 0.95,
-                              n_resamples: int = 2000, seed: int = 0) -> dict:
+def paired_sampled_comparison(
+    a: Sequence[int], b: Sequence[int], k: int, confidence: float = 0.95, n_resamples: int = 2000, seed: int = 0
+) -> dict:
     """Compare the mean@k of models A and B on the same ``n`` problems, paired by problem.
 
     ``a[i]``, ``b[i]``: how many of the ``k`` completions sampled for problem i were correct
@@ -246,9 +256,20 @@ def paired_sampled_comparison(a: Sequence[int], b: Sequence[int], k: int, confid
     d = [(int(y) - int(x)) / k for x, y in zip(a, b)]
     lo, hi = bootstrap_interval(d, confidence=confidence, n_resamples=n_resamples, seed=seed)
     b_better, a_better = sum(x > 0 for x in d), sum(x < 0 for x in d)
-    return {"n": n, "k": k, "mean_a": math.fsum(a) / (n * k), "mean_b": math.fsum(b) / (n * k),
-            "diff": math.fsum(d) / n, "diff_lo": lo, "diff_hi": hi, "b_better": b_better, "a_better": a_better,
-            "p_value": mcnemar_exact_p(b_better, a_better), "interval": "bootstrap-paired", "test": "sign"}
+    return {
+        "n": n,
+        "k": k,
+        "mean_a": math.fsum(a) / (n * k),
+        "mean_b": math.fsum(b) / (n * k),
+        "diff": math.fsum(d) / n,
+        "diff_lo": lo,
+        "diff_hi": hi,
+        "b_better": b_better,
+        "a_better": a_better,
+        "p_value": mcnemar_exact_p(b_better, a_better),
+        "interval": "bootstrap-paired",
+        "test": "sign",
+    }
 
 
 def _entry(value: float, lo: float, hi: float, method: str) -> dict:

@@ -47,8 +47,8 @@ from typing import Any
 
 import torch
 
-from grpokit.utils.filemodes import honour_umask
 from grpokit.models.lora import ADAPTER_CONFIG
+from grpokit.utils.filemodes import honour_umask
 
 log = logging.getLogger(__name__)
 
@@ -141,8 +141,10 @@ def resolve_model_paths(name_or_path: str) -> tuple[str, str | None]:
     with _of_adapter(name_or_path):
         resolved = resolve_model_path(base)
     if Path(resolved) == Path(path):
-        raise ValueError(f"LoRA adapter {name_or_path}: its {ADAPTER_CONFIG} names the adapter folder itself as "
-                         "its base model (base_model_name_or_path)")
+        raise ValueError(
+            f"LoRA adapter {name_or_path}: its {ADAPTER_CONFIG} names the adapter folder itself as "
+            "its base model (base_model_name_or_path)"
+        )
     return path, resolved
 
 
@@ -184,9 +186,7 @@ def load_model(
             model = load_model(base, dtype=dtype, device="cpu", trust_remote_code=trust_remote_code)
         return merged_adapter(model, path).to(device)
     with _clear_load_errors(name_or_path, path, "model"):
-        model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=dtype, trust_remote_code=trust_remote_code
-        )
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code)
     return model.to(device)
 
 
@@ -196,8 +196,9 @@ def _of_adapter(name: str) -> Iterator[None]:
     try:
         yield
     except FileNotFoundError as e:
-        raise FileNotFoundError(f"LoRA adapter {name}: the base model its {ADAPTER_CONFIG} names "
-                                f"(base_model_name_or_path): {e}") from None
+        raise FileNotFoundError(
+            f"LoRA adapter {name}: the base model its {ADAPTER_CONFIG} names (base_model_name_or_path): {e}"
+        ) from None
 
 
 def load_tokenizer(name_or_path: str, *, trust_remote_code: bool = False) -> Any:
@@ -226,8 +227,11 @@ def load_tokenizer(name_or_path: str, *, trust_remote_code: bool = False) -> Any
         if tok.unk_token is not None:
             tok.pad_token = tok.unk_token
         elif tok.eos_token is not None:
-            log.warning("tokenizer of %s has no pad or unk token; padding with eos %r "
-                        "(masks do not depend on it)", name_or_path, tok.eos_token)
+            log.warning(
+                "tokenizer of %s has no pad or unk token; padding with eos %r (masks do not depend on it)",
+                name_or_path,
+                tok.eos_token,
+            )
             tok.pad_token = tok.eos_token
         else:
             raise ValueError(f"tokenizer of {name_or_path!r} has no pad, unk or eos token to pad with")
@@ -335,7 +339,8 @@ def _looks_like_local_path(s: str) -> bool:
     return (
         s.startswith(("/", "./", "../", "~", "\\"))
         or s.count("/") > 1
-        or os.sep in s and os.sep != "/"
+        or os.sep in s
+        and os.sep != "/"
         or s.endswith(("/", ".gguf", ".safetensors", ".bin"))
     )
 
@@ -350,9 +355,7 @@ def _clear_load_errors(name: str, path: str, what: str) -> Iterator[None]:
             raise
         offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
         hint = (
-            "HF_HUB_OFFLINE=1, so only the local Hugging Face cache is searched"
-            if offline
-            else "the hub lookup failed"
+            "HF_HUB_OFFLINE=1, so only the local Hugging Face cache is searched" if offline else "the hub lookup failed"
         )
         raise FileNotFoundError(
             f"cannot load {what} {name!r}: it is not a local folder and {hint} ({type(e).__name__}: "

@@ -19,8 +19,14 @@ from grpokit.experience import Experience
 from grpokit.models.lora import adapters_disabled, is_peft_model
 
 __all__ = [
-    "autocast_context", "batch_logprobs", "checkpointing_active", "completion_logprobs",
-    "distinct_rows", "enable_gradient_checkpointing", "LogprobScorer", "reference_logprobs",
+    "autocast_context",
+    "batch_logprobs",
+    "checkpointing_active",
+    "completion_logprobs",
+    "distinct_rows",
+    "enable_gradient_checkpointing",
+    "LogprobScorer",
+    "reference_logprobs",
 ]
 
 
@@ -63,8 +69,14 @@ def completion_logprobs(
     Returns:
         ``logp`` ``(N, T)`` float32 and, if ``with_entropy``, the entropy ``(N, T)`` (no grad).
     """
-    return get_backend(model).logprobs(model, batch, temperature=temperature, with_entropy=with_entropy,
-                                       autocast_bf16=autocast_bf16, share_prompt=share_prompt)
+    return get_backend(model).logprobs(
+        model,
+        batch,
+        temperature=temperature,
+        with_entropy=with_entropy,
+        autocast_bf16=autocast_bf16,
+        share_prompt=share_prompt,
+    )
 
 
 def enable_gradient_checkpointing(model: torch.nn.Module) -> int:
@@ -102,8 +114,13 @@ def enable_gradient_checkpointing(model: torch.nn.Module) -> int:
 
 
 def batch_logprobs(
-    model: torch.nn.Module, batch: Experience, *, temperature: float, micro_batch_size: int,
-    autocast_bf16: bool = False, share_prompt: bool = True,
+    model: torch.nn.Module,
+    batch: Experience,
+    *,
+    temperature: float,
+    micro_batch_size: int,
+    autocast_bf16: bool = False,
+    share_prompt: bool = True,
 ) -> torch.Tensor:
     """``(N, T)`` log-probs without gradient (π_old, π_ref), computed in micro-batches through
     ``model``'s backend (:func:`completion_logprobs`), under ``torch.inference_mode()`` (an FSDP2
@@ -113,15 +130,22 @@ def batch_logprobs(
     out = torch.zeros(batch.completion_ids.shape, dtype=torch.float32, device=batch.completion_ids.device)
     with torch.no_grad() if is_sharded(model) else torch.inference_mode():
         for sl, sub in batch.micro_batches(micro_batch_size):
-            lp, _ = completion_logprobs(model, sub, temperature=temperature, autocast_bf16=autocast_bf16,
-                                        share_prompt=share_prompt)
+            lp, _ = completion_logprobs(
+                model, sub, temperature=temperature, autocast_bf16=autocast_bf16, share_prompt=share_prompt
+            )
             out[sl, : lp.shape[1]] = lp
     return out
 
 
 def reference_logprobs(
-    model: torch.nn.Module, ref_model: torch.nn.Module | None, batch: Experience, *, temperature: float,
-    micro_batch_size: int, autocast_bf16: bool = False, share_prompt: bool = True,
+    model: torch.nn.Module,
+    ref_model: torch.nn.Module | None,
+    batch: Experience,
+    *,
+    temperature: float,
+    micro_batch_size: int,
+    autocast_bf16: bool = False,
+    share_prompt: bool = True,
 ) -> torch.Tensor:
     """``(N, T)`` log-probs under π_ref, without gradient: ``ref_model``'s when one is loaded, else,
     for a LoRA policy (``model.lora``: no reference model is loaded), ``model``'s with its adapters
@@ -131,13 +155,19 @@ def reference_logprobs(
     Raises:
         ValueError: no ``ref_model`` and ``model`` has no adapters.
     """
-    kw = dict(temperature=temperature, micro_batch_size=micro_batch_size, autocast_bf16=autocast_bf16,
-              share_prompt=share_prompt)
+    kw = dict(
+        temperature=temperature,
+        micro_batch_size=micro_batch_size,
+        autocast_bf16=autocast_bf16,
+        share_prompt=share_prompt,
+    )
     if ref_model is not None:
         return batch_logprobs(ref_model, batch, **kw)
     if not is_peft_model(model):
-        raise ValueError("π_ref: no reference model was loaded and the policy has no LoRA adapters to disable "
-                         "(grpokit.trainer.build.build_run loads one when algo.beta > 0)")
+        raise ValueError(
+            "π_ref: no reference model was loaded and the policy has no LoRA adapters to disable "
+            "(grpokit.trainer.build.build_run loads one when algo.beta > 0)"
+        )
     with adapters_disabled(model):
         return batch_logprobs(model, batch, **kw)
 
@@ -168,18 +198,36 @@ class LogprobScorer:
     def micro_batch(self, mb: Experience, *, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """:func:`completion_logprobs` of the policy on one micro-batch, with gradient: ``(n, T)``
         float32 log-probs and, with ``with_entropy``, ``(n, T)`` entropies (nats)."""
-        return completion_logprobs(self.model, mb, temperature=self.temperature, with_entropy=with_entropy,
-                                   autocast_bf16=self.autocast_bf16, share_prompt=self.share_prompt)
+        return completion_logprobs(
+            self.model,
+            mb,
+            temperature=self.temperature,
+            with_entropy=with_entropy,
+            autocast_bf16=self.autocast_bf16,
+            share_prompt=self.share_prompt,
+        )
 
     def policy(self, exp: Experience) -> torch.Tensor:
         """``(N, T)`` float32 log-probs of the policy as it is now, without gradient (π_old before an
         update): :func:`batch_logprobs`."""
-        return batch_logprobs(self.model, exp, temperature=self.temperature, micro_batch_size=self.micro_batch_size,
-                              autocast_bf16=self.autocast_bf16, share_prompt=self.share_prompt)
+        return batch_logprobs(
+            self.model,
+            exp,
+            temperature=self.temperature,
+            micro_batch_size=self.micro_batch_size,
+            autocast_bf16=self.autocast_bf16,
+            share_prompt=self.share_prompt,
+        )
 
     def reference(self, exp: Experience) -> torch.Tensor:
         """``(N, T)`` float32 log-probs under π_ref, without gradient (:func:`reference_logprobs`;
         raises its ``ValueError``)."""
-        return reference_logprobs(self.model, self.ref_model, exp, temperature=self.temperature,
-                                  micro_batch_size=self.micro_batch_size, autocast_bf16=self.autocast_bf16,
-                                  share_prompt=self.share_prompt)
+        return reference_logprobs(
+            self.model,
+            self.ref_model,
+            exp,
+            temperature=self.temperature,
+            micro_batch_size=self.micro_batch_size,
+            autocast_bf16=self.autocast_bf16,
+            share_prompt=self.share_prompt,
+        )

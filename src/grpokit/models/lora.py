@@ -44,17 +44,35 @@ from grpokit.utils.importing import require
 from grpokit.utils.textio import read_utf8
 
 __all__ = [
-    "ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "adapter_dropout", "adapters_disabled", "apply_lora", "base_recorded_as",
-    "export_checkpoint", "merged_adapter",
-    "is_adapter_checkpoint", "is_peft_model", "load_adapter_weights", "merged_copy", "merged_state_dict",
+    "ADAPTER_CONFIG",
+    "ADAPTER_WEIGHTS",
+    "adapter_dropout",
+    "adapters_disabled",
+    "apply_lora",
+    "base_recorded_as",
+    "export_checkpoint",
+    "merged_adapter",
+    "is_adapter_checkpoint",
+    "is_peft_model",
+    "load_adapter_weights",
+    "merged_copy",
+    "merged_state_dict",
     "require_peft",
 ]
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 #: what a copied adapter folder holds besides the adapter (the tokenizer, so that it is usable as is)
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-                    "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json")
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "added_tokens.json",
+)
 #: training state in a checkpoint folder, left out of an export
 _TRAINING_FILES = ("training_state.pt", "trainer_state.json", "recipe.json")
 
@@ -93,9 +111,14 @@ def apply_lora(model: torch.nn.Module, options: dict[str, Any], *, announce: boo
     """
     peft = require_peft()
     tm = options["target_modules"]
-    config = peft.LoraConfig(r=int(options["r"]), lora_alpha=options["alpha"], lora_dropout=float(options["dropout"]),
-                             target_modules=tm if isinstance(tm, str) else list(tm), task_type="CAUSAL_LM",
-                             bias="none")
+    config = peft.LoraConfig(
+        r=int(options["r"]),
+        lora_alpha=options["alpha"],
+        lora_dropout=float(options["dropout"]),
+        target_modules=tm if isinstance(tm, str) else list(tm),
+        task_type="CAUSAL_LM",
+        bias="none",
+    )
     try:
         with _quiet():
             wrapped = peft.get_peft_model(model, config)
@@ -106,10 +129,12 @@ def apply_lora(model: torch.nn.Module, options: dict[str, Any], *, announce: boo
         trainable = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
         total = sum(p.numel() for p in wrapped.parameters())
         n = sum(1 for m in wrapped.modules() if hasattr(m, "lora_A"))
-        print(f"[grpokit] LoRA r={options['r']} alpha={options['alpha']} dropout={options['dropout']} on "
-              f"{n} modules: {trainable:,} trainable parameters of {total:,} "
-              f"({100 * trainable / max(total, 1):.2f}%); π_ref = the base model (adapters disabled)",
-              flush=True)
+        print(
+            f"[grpokit] LoRA r={options['r']} alpha={options['alpha']} dropout={options['dropout']} on "
+            f"{n} modules: {trainable:,} trainable parameters of {total:,} "
+            f"({100 * trainable / max(total, 1):.2f}%); π_ref = the base model (adapters disabled)",
+            flush=True,
+        )
     return wrapped
 
 
@@ -128,8 +153,11 @@ def adapters_disabled(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
 
 
 def _dropout_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    return [m for name, m in model.named_modules()
-            if isinstance(m, torch.nn.Dropout) and ".lora_dropout." in f".{name}." and m.p > 0]
+    return [
+        m
+        for name, m in model.named_modules()
+        if isinstance(m, torch.nn.Dropout) and ".lora_dropout." in f".{name}." and m.p > 0
+    ]
 
 
 @contextlib.contextmanager
@@ -247,21 +275,25 @@ def load_adapter_weights(model: torch.nn.Module, folder: str | Path) -> None:
     try:
         weights = load_peft_weights(str(folder), device=str(next(model.parameters()).device))
     except Exception as e:  # noqa: BLE001 - safetensors raises its own error types
-        raise ValueError(f"checkpoint {folder}: {ADAPTER_WEIGHTS} cannot be read ({type(e).__name__}: {e}); "
-                         f"{hint}") from e
+        raise ValueError(
+            f"checkpoint {folder}: {ADAPTER_WEIGHTS} cannot be read ({type(e).__name__}: {e}); {hint}"
+        ) from e
     want = peft.get_peft_model_state_dict(model)  # the keys and shapes the file must have
     missing, unexpected = sorted(set(want) - set(weights)), sorted(set(weights) - set(want))
     shapes = [k for k in sorted(set(want) & set(weights)) if weights[k].shape != want[k].shape]
     if missing or unexpected or shapes:
-        raise ValueError(f"checkpoint {folder}: the adapter does not fit model.lora: missing {missing[:3]}, "
-                         f"unexpected {unexpected[:3]}, other shapes {shapes[:3]}; {hint}")
+        raise ValueError(
+            f"checkpoint {folder}: the adapter does not fit model.lora: missing {missing[:3]}, "
+            f"unexpected {unexpected[:3]}, other shapes {shapes[:3]}; {hint}"
+        )
     result = peft.set_peft_model_state_dict(model, weights)
     if result.unexpected_keys:
         raise ValueError(f"checkpoint {folder}: adapter keys not loaded {result.unexpected_keys[:3]}; {hint}")
 
 
-def export_checkpoint(ckpt: str | Path, out: str | Path, *, merge: bool,
-                      load_base: Callable[[str, torch.dtype, bool], torch.nn.Module]) -> str:
+def export_checkpoint(
+    ckpt: str | Path, out: str | Path, *, merge: bool, load_base: Callable[[str, torch.dtype, bool], torch.nn.Module]
+) -> str:
     """Write ``out`` from checkpoint folder ``ckpt`` without its training state; returns what was done.
 
     - LoRA checkpoint, ``merge``: the base model of the run (``model.name_or_path``,

@@ -32,14 +32,14 @@ Qwen's ``<extra_0>`` both give the same ids.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
 from grpokit.rewards.scoring import PositionScorer, Scores
 
 __all__ = ["TokenProbPRM", "ClassificationPRM"]
-
 
 
 def _default_format_prompt(prompt: str) -> str:
@@ -76,17 +76,35 @@ class _Scorer:
     """A PRM's row layout (prompt, steps, tags) on the shared scoring base
     (:class:`grpokit.rewards.scoring.PositionScorer`); each PRM gives it a ``read`` function."""
 
-    def __init__(self, model, tokenizer, tag, tag_what, step_suffix, format_prompt, batch_size,
-                 device, dtype, padding_side, max_length):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        tag,
+        tag_what,
+        step_suffix,
+        format_prompt,
+        batch_size,
+        device,
+        dtype,
+        padding_side,
+        max_length,
+    ):
         self.tokenizer, self.tag = tokenizer, tag
         self.tag_ids = _tag_ids(tokenizer, tag, tag_what)
         self.suffix_ids = tokenizer.encode(step_suffix, add_special_tokens=False) if step_suffix else []
         self.format_prompt = format_prompt or _default_format_prompt
         pad = tokenizer.pad_token_id
         side = padding_side or getattr(tokenizer, "padding_side", None) or "right"
-        self.base = PositionScorer(model, pad_id=pad if pad is not None else (tokenizer.eos_token_id or 0),
-                                   batch_size=batch_size, device=device, dtype=dtype, padding_side=side,
-                                   max_length=max_length)
+        self.base = PositionScorer(
+            model,
+            pad_id=pad if pad is not None else (tokenizer.eos_token_id or 0),
+            batch_size=batch_size,
+            device=device,
+            dtype=dtype,
+            padding_side=side,
+            max_length=max_length,
+        )
         self.model = self.base.model
 
     def build(self, prompt: str, steps: Sequence[str]) -> tuple[list[int], list[int]]:
@@ -135,15 +153,39 @@ class TokenProbPRM:
             ``padding_side`` or ``batch_size``.
     """
 
-    def __init__(self, model, tokenizer, step_tag: str | int, good_token: str | int,
-                 bad_token: str | int, *, batch_size: int = 8, device: str | torch.device = "cpu",
-                 dtype: torch.dtype | None = None, padding_side: str | None = None,
-                 max_length: int | None = None, format_prompt: Callable[[str], str] | None = None,
-                 step_suffix: str = "\n"):
-        self._scorer = _Scorer(model, tokenizer, step_tag, "step_tag", step_suffix, format_prompt,
-                               batch_size, device, dtype, padding_side, max_length)
-        self.candidate_ids = [_tag_ids(tokenizer, good_token, "good_token", single=True)[0],
-                              _tag_ids(tokenizer, bad_token, "bad_token", single=True)[0]]
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        step_tag: str | int,
+        good_token: str | int,
+        bad_token: str | int,
+        *,
+        batch_size: int = 8,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype | None = None,
+        padding_side: str | None = None,
+        max_length: int | None = None,
+        format_prompt: Callable[[str], str] | None = None,
+        step_suffix: str = "\n",
+    ):
+        self._scorer = _Scorer(
+            model,
+            tokenizer,
+            step_tag,
+            "step_tag",
+            step_suffix,
+            format_prompt,
+            batch_size,
+            device,
+            dtype,
+            padding_side,
+            max_length,
+        )
+        self.candidate_ids = [
+            _tag_ids(tokenizer, good_token, "good_token", single=True)[0],
+            _tag_ids(tokenizer, bad_token, "bad_token", single=True)[0],
+        ]
         self.__name__ = "token_prob_prm"
 
     def build(self, prompt: str, steps: Sequence[str]) -> tuple[list[int], list[int]]:
@@ -151,8 +193,9 @@ class TokenProbPRM:
         return self._scorer.build(prompt, steps)
 
     @torch.inference_mode()
-    def __call__(self, prompts: Sequence[str], completions: Sequence[str],
-                 steps: Sequence[Sequence[str]], **_: Any) -> Scores:
+    def __call__(
+        self, prompts: Sequence[str], completions: Sequence[str], steps: Sequence[Sequence[str]], **_: Any
+    ) -> Scores:
         """One score in [0, 1] per step (None beyond ``max_length``); ``completions`` is unused."""
         cand = self.candidate_ids
 
@@ -193,15 +236,36 @@ class ClassificationPRM:
         prm = ClassificationPRM(model, tok, "<extra_0>", format_prompt=fmt)
     """
 
-    def __init__(self, model, tokenizer, separator: str | int, *, positive_label: int = 1,
-                 batch_size: int = 8, device: str | torch.device = "cpu",
-                 dtype: torch.dtype | None = None, padding_side: str | None = None,
-                 max_length: int | None = None, format_prompt: Callable[[str], str] | None = None,
-                 step_suffix: str = ""):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        separator: str | int,
+        *,
+        positive_label: int = 1,
+        batch_size: int = 8,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype | None = None,
+        padding_side: str | None = None,
+        max_length: int | None = None,
+        format_prompt: Callable[[str], str] | None = None,
+        step_suffix: str = "",
+    ):
         if positive_label < 0:
             raise ValueError(f"positive_label must be >= 0, got {positive_label}")
-        self._scorer = _Scorer(model, tokenizer, separator, "separator", step_suffix, format_prompt,
-                               batch_size, device, dtype, padding_side, max_length)
+        self._scorer = _Scorer(
+            model,
+            tokenizer,
+            separator,
+            "separator",
+            step_suffix,
+            format_prompt,
+            batch_size,
+            device,
+            dtype,
+            padding_side,
+            max_length,
+        )
         self.positive_label = positive_label
         self.__name__ = "classification_prm"
 
@@ -210,17 +274,15 @@ class ClassificationPRM:
         return self._scorer.build(prompt, steps)
 
     @torch.inference_mode()
-    def __call__(self, prompts: Sequence[str], completions: Sequence[str],
-                 steps: Sequence[Sequence[str]], **_: Any) -> Scores:
+    def __call__(
+        self, prompts: Sequence[str], completions: Sequence[str], steps: Sequence[Sequence[str]], **_: Any
+    ) -> Scores:
         """One score in [0, 1] per step (None beyond ``max_length``); ``completions`` is unused."""
         label = self.positive_label
 
         def read(logits: torch.Tensor) -> torch.Tensor:  # (K, C) -> (K,)
             if logits.shape[-1] <= label:
-                raise ValueError(
-                    f"ClassificationPRM: model gives {logits.shape[-1]} classes, "
-                    f"positive_label={label}"
-                )
+                raise ValueError(f"ClassificationPRM: model gives {logits.shape[-1]} classes, positive_label={label}")
             return torch.softmax(logits, dim=-1)[:, label]
 
         return self._scorer.score(prompts, steps, read)

@@ -8,7 +8,8 @@ the step scores into token advantages is the algorithm's job (``grpokit.estimato
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -30,7 +31,7 @@ class ProcessScorer:
         self.reward, self.step_rule, self.tokenizer = reward, step_rule, tokenizer
 
     @classmethod
-    def from_config(cls, recipe: Any) -> "ProcessScorer":
+    def from_config(cls, recipe: Any) -> ProcessScorer:
         """From ``algo.process_reward``/``algo.step_rule`` and the ``rewards`` section's time limit and
         fault policy.
 

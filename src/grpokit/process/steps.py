@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import bisect
 import re
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -123,8 +124,7 @@ def split_steps(text: str, rule: str = "lines") -> list[Span]:
             starts.append(end)
     else:
         raise ValueError(
-            f"split_steps: unknown rule {rule!r}; use 'lines', 'paragraphs', 'regex:<pattern>' "
-            "or 'tag:<string>'"
+            f"split_steps: unknown rule {rule!r}; use 'lines', 'paragraphs', 'regex:<pattern>' or 'tag:<string>'"
         )
     return _boundaries_to_spans(text, starts)
 
@@ -240,12 +240,13 @@ def step_token_ends(
     spans = list(split_steps(decoded, rule) if spans is None else spans)
     if not spans:
         spans = [(0, 0)]
-    if spans[0][0] != 0 or spans[-1][1] != len(decoded) or any(
-        spans[k][1] != spans[k + 1][0] for k in range(len(spans) - 1)
+    if (
+        spans[0][0] != 0
+        or spans[-1][1] != len(decoded)
+        or any(spans[k][1] != spans[k + 1][0] for k in range(len(spans) - 1))
     ):
         raise ValueError(
-            f"step_token_ends: spans {spans[:3]}... do not cover the decoded text "
-            f"(length {len(decoded)}) contiguously"
+            f"step_token_ends: spans {spans[:3]}... do not cover the decoded text (length {len(decoded)}) contiguously"
         )
     # a token producing no characters (a skipped special token, or a piece of a multi-byte
     # character) goes with the next token that does: give it that token's end offset
@@ -319,7 +320,11 @@ def step_end_masks(
     ids_list = completion_ids.tolist()
     for i in range(n):
         ends, spans, _ = step_token_ends(
-            ids_list[i], int(lengths[i]), None, tokenizer, rule=rule,
+            ids_list[i],
+            int(lengths[i]),
+            None,
+            tokenizer,
+            rule=rule,
             text=None if texts is None else texts[i],
         )
         out[i, ends] = True
@@ -364,9 +369,7 @@ def scatter_step_rewards(
     """
     mask = step_end_mask.bool()
     if mask.dim() != 2 or len(scores) != mask.shape[0]:
-        raise ValueError(
-            f"scatter_step_rewards: {len(scores)} score rows for step_end_mask {tuple(mask.shape)}"
-        )
+        raise ValueError(f"scatter_step_rewards: {len(scores)} score rows for step_end_mask {tuple(mask.shape)}")
     num_steps = mask.sum(dim=1)
     flat = []
     for i, row in enumerate(scores):

@@ -45,8 +45,9 @@ from __future__ import annotations
 
 import operator
 import re
+from collections.abc import Sequence
 from fractions import Fraction
-from typing import Any, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 __all__ = ["find_claims", "Claim", "arithmetic_step_rewards", "MAX_BITS"]
 
@@ -127,16 +128,37 @@ def _lex(text: str, markdown: bool = True) -> list[_Tok]:
         after_operand = prev is not None and prev.kind in ("NUM", "RP")
         before_operand = nxt is not None and (nxt.kind in ("NUM", "LP") or nxt.text in "-−")
         line_start = "\n" in text[prev.end : t.start] if prev is not None else True
-        if markdown and t.kind == "OP" and t.text in "-*+" and line_start and not after_operand \
-                and text[t.end : t.end + 1] in (" ", "\t"):
+        if (
+            markdown
+            and t.kind == "OP"
+            and t.text in "-*+"
+            and line_start
+            and not after_operand
+            and text[t.end : t.end + 1] in (" ", "\t")
+        ):
             t = t._replace(kind="OTHER", text="•")  # a list bullet: "- 3 + 4 = 7" is 3 + 4 = 7
         elif t.kind == "WORD" and t.text in ("x", "X") and after_operand and before_operand:
             t = t._replace(kind="OP", text="×")
-        elif t.kind == "WORD" and t.text == "of" and prev is not None and prev.text.endswith("%") \
-                and prev.kind == "NUM" and before_operand:
+        elif (
+            t.kind == "WORD"
+            and t.text == "of"
+            and prev is not None
+            and prev.text.endswith("%")
+            and prev.kind == "NUM"
+            and before_operand
+        ):
             t = t._replace(kind="OP", text="×")
-        elif t.kind == "OP" and t.text in ("*", "**") and not (before_operand and (after_operand or (
-                prev is not None and prev.kind == "WORD" and len(out) > 1 and out[-2].kind == "NUM"))):
+        elif (
+            t.kind == "OP"
+            and t.text in ("*", "**")
+            and not (
+                before_operand
+                and (
+                    after_operand
+                    or (prev is not None and prev.kind == "WORD" and len(out) > 1 and out[-2].kind == "NUM")
+                )
+            )
+        ):
             t = t._replace(kind="OTHER")  # markdown emphasis (or a list bullet), not multiplication
         out.append(t)
     return out
@@ -293,8 +315,10 @@ def _prefix(toks: list[_Tok], src: str, units: bool = True):
     if p.i == len(toks):
         return seg
     b = toks[p.i]
-    if b.kind in ("NUM", "LP", "OP") or (b.kind == "OTHER" and b.text not in _OK_RIGHT) or (
-        b.kind == "WORD" and b.start == toks[p.i - 1].end
+    if (
+        b.kind in ("NUM", "LP", "OP")
+        or (b.kind == "OTHER" and b.text not in _OK_RIGHT)
+        or (b.kind == "WORD" and b.start == toks[p.i - 1].end)
     ):
         if units and toks[p.i - 1].kind == "WORD":  # "= 7 and 2 + 2": "and" was no unit
             return _prefix(toks, src, units=False)
@@ -330,7 +354,7 @@ def _matches(target: Fraction, seg: _Seg, value: Fraction, continuation: bool) -
         return True
     lit = _literal(seg.node)
     if lit is not None and lit.decimals:  # rounded or truncated to d decimals
-        scale = 10 ** lit.decimals
+        scale = 10**lit.decimals
         if abs(value - target) * 2 * scale <= 1 or value == Fraction(int(target * scale), scale):
             return True
     if continuation and lit is None:
@@ -394,8 +418,7 @@ def _outcomes(prompts, completions, answer) -> list[float | None]:
     rows = [i for i, a in enumerate(answer) if a is not None]
     out: list[float | None] = [None] * len(completions)
     if math_correct is not None and rows:
-        got = math_correct([prompts[i] for i in rows], [completions[i] for i in rows],
-                           answer=[answer[i] for i in rows])
+        got = math_correct([prompts[i] for i in rows], [completions[i] for i in rows], answer=[answer[i] for i in rows])
         for i, g in zip(rows, got):
             out[i] = g
         return out
@@ -438,8 +461,7 @@ def arithmetic_step_rewards(
     """
     if not len(completions) == len(steps) == len(answer):
         raise ValueError(
-            f"arithmetic_step_rewards: {len(completions)} completions, {len(steps)} step lists, "
-            f"{len(answer)} answers"
+            f"arithmetic_step_rewards: {len(completions)} completions, {len(steps)} step lists, {len(answer)} answers"
         )
     outcomes = _outcomes(list(prompts), list(completions), list(answer))
     out: list[list[float | None]] = []

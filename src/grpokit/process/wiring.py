@@ -4,11 +4,11 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
-from grpokit.utils.importing import import_object
 from grpokit.rewards.calling import RewardSignatureError, check_signature
 from grpokit.rewards.guard import GuardedReward
+from grpokit.utils.importing import import_object
 
 __all__ = ["BUILTIN_PROCESS_REWARDS", "resolve_process_reward"]
 
@@ -33,8 +33,10 @@ def resolve_process_reward(recipe) -> Callable:
     name = recipe.algo.process_reward
     spec = BUILTIN_PROCESS_REWARDS.get(name, name)
     if ":" not in spec:
-        raise ValueError(f"algo.process_reward: unknown {name!r}; built-in: "
-                         f"{', '.join(BUILTIN_PROCESS_REWARDS)}, or module:function or path/to/file.py:function")
+        raise ValueError(
+            f"algo.process_reward: unknown {name!r}; built-in: "
+            f"{', '.join(BUILTIN_PROCESS_REWARDS)}, or module:function or path/to/file.py:function"
+        )
     try:
         fn = import_object(spec, what="process reward")
         check_signature(fn, f"process reward {spec!r}", extra=("steps",))
@@ -43,5 +45,11 @@ def resolve_process_reward(recipe) -> Callable:
     except ValueError as e:
         raise ValueError(f"algo.process_reward: {e}") from e
     rc = recipe.rewards
-    return GuardedReward(f"process:{name}", fn, timeout_s=rc.timeout_s, on_error=rc.on_error,
-                         isolation=rc.isolation, extra_keywords=("steps",))
+    return GuardedReward(
+        f"process:{name}",
+        fn,
+        timeout_s=rc.timeout_s,
+        on_error=rc.on_error,
+        isolation=rc.isolation,
+        extra_keywords=("steps",),
+    )

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
 
-from grpokit.utils.importing import import_object, require
 from grpokit.rewards.calling import RewardCall, RewardSignatureError, check_signature
+from grpokit.utils.importing import import_object, require
 
 __all__ = [
     "RewardFunction",
@@ -39,9 +40,7 @@ __all__ = [
 class RewardFunction(Protocol):
     """``fn(prompts, completions, **columns) -> list[float | None]`` (one value per completion)."""
 
-    def __call__(
-        self, prompts: list[str], completions: list[str], **columns: Any
-    ) -> list[float | None]: ...
+    def __call__(self, prompts: list[str], completions: list[str], **columns: Any) -> list[float | None]: ...
 
 
 BUILTIN_REWARDS: dict[str, str | Callable[..., list[float | None]]] = {
@@ -124,8 +123,7 @@ def _check_output(name: str, out: Any, n: int) -> list[float | None]:
             clean.append(None if math.isnan(f) else f)
         else:
             raise ValueError(
-                f"reward {name!r} returned {v!r} ({type(v).__name__}) at index {i};"
-                " expected float or None"
+                f"reward {name!r} returned {v!r} ({type(v).__name__}) at index {i}; expected float or None"
             )
     return clean
 
@@ -171,9 +169,7 @@ def compute_rewards(
         raise ValueError("compute_rewards: no reward functions given")
     unknown = sorted(set(weights) - set(funcs))
     if unknown:
-        raise ValueError(
-            f"compute_rewards: weights for unknown reward(s) {unknown}; functions: {sorted(funcs)}"
-        )
+        raise ValueError(f"compute_rewards: weights for unknown reward(s) {unknown}; functions: {sorted(funcs)}")
     n = len(completions)
     if len(prompts) != n:
         raise ValueError(f"compute_rewards: {len(prompts)} prompts for {n} completions")

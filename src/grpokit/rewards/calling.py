@@ -36,12 +36,15 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures as cf
 import inspect
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 __all__ = ["RewardCall", "RewardSignatureError", "check_signature", "call_form", "is_async", "EXPECTED_FORMS"]
 
-EXPECTED_FORMS = ("expected def f(prompts, completions, **columns) -> list[float | None], or TRL's "
-                  "def f(completions, **kwargs) (called with keywords prompts=, completions= and one per column)")
+EXPECTED_FORMS = (
+    "expected def f(prompts, completions, **columns) -> list[float | None], or TRL's "
+    "def f(completions, **kwargs) (called with keywords prompts=, completions= and one per column)"
+)
 """The end of every :class:`RewardSignatureError` message."""
 
 _KEYWORD_KINDS = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
@@ -82,23 +85,26 @@ def is_async(fn: Callable) -> bool:
     >>> is_async(f), is_async(lambda p, c: [])
     (True, False)
     """
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(type(fn), "__call__", None))
+    # the class's __call__ method itself (an async __call__ on a callable object), not a callability test
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(type(fn), "__call__", None))  # noqa: B004
 
 
 def _call_args(form: str, prompts: Any, completions: Any) -> tuple[tuple, dict]:
     return ((), {"prompts": prompts, "completions": completions}) if form == "keyword" else ((prompts, completions), {})
 
 
-def _signature_error(what: str, sig: inspect.Signature, form: str, keywords: Sequence[str],
-                     why: TypeError) -> RewardSignatureError:
+def _signature_error(
+    what: str, sig: inspect.Signature, form: str, keywords: Sequence[str], why: TypeError
+) -> RewardSignatureError:
     """The error for a call ``f(prompts, completions, k=...)`` (in ``form``) that ``sig`` cannot take."""
     head = "prompts=, completions=" if form == "keyword" else "prompts, completions"
     call = f"f({head}{''.join(f', {k}=' for k in keywords)})"
     return RewardSignatureError(f"{what}: its signature f{sig} cannot take the call {call}: {why}; {EXPECTED_FORMS}")
 
 
-def check_signature(fn: Callable, what: str, *, columns: Sequence[str] | None = None,
-                    extra: Sequence[str] = ()) -> None:
+def check_signature(
+    fn: Callable, what: str, *, columns: Sequence[str] | None = None, extra: Sequence[str] = ()
+) -> None:
     """Check, without calling it, that ``fn`` can take the call it will get (module docstring).
 
     Args:
@@ -143,6 +149,7 @@ and one per column)
 def _run(awaitable: Any) -> Any:
     """Run ``awaitable`` to completion in an event loop of its own (in a helper thread when this
     thread already runs a loop: ``asyncio.run`` refuses to nest)."""
+
     async def wait() -> Any:
         return await awaitable
 
@@ -177,8 +184,9 @@ class RewardCall:
             try:
                 self.signature.bind(*args, **kwargs)
             except TypeError as e:
-                raise _signature_error(f"reward function {self.name!r}", self.signature, self.form,
-                                       list(keywords), e) from None
+                raise _signature_error(
+                    f"reward function {self.name!r}", self.signature, self.form, list(keywords), e
+                ) from None
         return self.fn(*args, **kwargs)
 
     def __call__(self, prompts: Any, completions: Any, **keywords: Any) -> Any:
@@ -190,8 +198,9 @@ class RewardCall:
         out = self._start(prompts, completions, keywords)
         return _run(out) if inspect.isawaitable(out) else out
 
-    def rows(self, prompts: Sequence[Any], completions: Sequence[Any], keywords: dict[str, Sequence[Any]],
-             timeout_s: float) -> list[tuple[str, Any]]:
+    def rows(
+        self, prompts: Sequence[Any], completions: Sequence[Any], keywords: dict[str, Sequence[Any]], timeout_s: float
+    ) -> list[tuple[str, Any]]:
         """Score each row alone (a batch of one), all rows concurrently in one event loop; each row's
         call is cut at ``timeout_s`` (cooperatively: a row that blocks the loop holds up all of them,
         which the caller's own limit covers).
@@ -203,8 +212,11 @@ class RewardCall:
         Raises:
             RewardSignatureError: a row's call does not bind to the signature.
         """
+
         async def one(i: int) -> Any:
-            out = self._start(prompts[i:i + 1], completions[i:i + 1], {k: v[i:i + 1] for k, v in keywords.items()})
+            out = self._start(
+                prompts[i : i + 1], completions[i : i + 1], {k: v[i : i + 1] for k, v in keywords.items()}
+            )
             return await asyncio.wait_for(out, timeout_s) if inspect.isawaitable(out) else out
 
         async def every_row() -> list:

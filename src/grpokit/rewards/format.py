@@ -15,7 +15,8 @@ They check form only, never correctness, and always return 1.0 or 0.0 (never Non
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 from grpokit.rewards.math import boxed_contents
 
@@ -90,9 +91,7 @@ def format_reward(prompts: list[str], completions: list[str], **_: Any) -> list[
     >>> format_reward(["q"] * 3, [r"so \\boxed{\\frac{1}{2}}", r"\\boxed{}", r"\\boxed{3"])
     [1.0, 0.0, 0.0]
     """
-    return [
-        1.0 if any(c.strip() for c in boxed_contents(text or "")) else 0.0 for text in completions
-    ]
+    return [1.0 if any(c.strip() for c in boxed_contents(text or "")) else 0.0 for text in completions]
 
 
 answer_line_format = make_format_reward(

@@ -33,7 +33,8 @@ import signal
 import sys
 import traceback
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from grpokit.rewards.calling import RewardCall, RewardSignatureError, check_signature
 
@@ -82,8 +83,12 @@ def _serve(conn, trainer_end, trainer_pid: int, fn: RewardCall) -> None:
         try:
             conn.send(reply)
         except Exception as e:  # noqa: BLE001 - e.g. the result cannot be pickled
-            conn.send(("error", RuntimeError(f"the reward function's result could not be sent back "
-                                             f"from its worker process: {e!r}")))
+            conn.send(
+                (
+                    "error",
+                    RuntimeError(f"the reward function's result could not be sent back from its worker process: {e!r}"),
+                )
+            )
 
 
 def _die_with_parent() -> None:
@@ -129,8 +134,9 @@ class _Worker:
         parent, child = ctx.Pipe()
         with warnings.catch_warnings():  # Python >= 3.12 warns on any fork of a threaded process;
             warnings.simplefilter("ignore", DeprecationWarning)  # the child runs one function only
-            self.proc = ctx.Process(target=_serve, args=(child, parent, os.getpid(), self.fn), daemon=True,
-                                    name="grpokit-reward-worker")
+            self.proc = ctx.Process(
+                target=_serve, args=(child, parent, os.getpid(), self.fn), daemon=True, name="grpokit-reward-worker"
+            )
             self.proc.start()
         child.close()
         self.conn = parent
@@ -234,8 +240,17 @@ class GuardedReward:
     The worker is killed by :meth:`close`, when the guard is garbage-collected, or at exit.
     """
 
-    def __init__(self, name: str, fn: Callable, *, timeout_s: float = 10.0, on_error: str = "raise",
-                 isolation: str = "process", find_row: bool = True, extra_keywords: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        name: str,
+        fn: Callable,
+        *,
+        timeout_s: float = 10.0,
+        on_error: str = "raise",
+        isolation: str = "process",
+        find_row: bool = True,
+        extra_keywords: tuple[str, ...] = (),
+    ):
         if on_error not in ("raise", "none"):
             raise ValueError(f"rewards.on_error: expected raise or none, got {on_error!r}")
         if isolation not in ISOLATIONS:
@@ -243,8 +258,9 @@ class GuardedReward:
         if not timeout_s > 0:
             raise ValueError(f"rewards.timeout_s: must be > 0, got {timeout_s!r}")
         if isolation == "process" and "fork" not in mp.get_all_start_methods():
-            raise ValueError("rewards.isolation=process needs os.fork (Linux/macOS); use "
-                             "rewards.isolation=thread on this platform")
+            raise ValueError(
+                "rewards.isolation=process needs os.fork (Linux/macOS); use rewards.isolation=thread on this platform"
+            )
         self.name, self.fn, self.timeout_s, self.on_error = name, fn, timeout_s, on_error
         self.isolation, self.find_row, self.extra_keywords = isolation, find_row, tuple(extra_keywords)
         self.failures = 0
@@ -307,8 +323,9 @@ class GuardedReward:
         if len(completions) < 2:
             return None
         try:
-            return self._call((prompts, completions, columns, self.timeout_s), {}, op="rows",
-                              timeout_s=self.timeout_s + ROWS_SLACK_S)
+            return self._call(
+                (prompts, completions, columns, self.timeout_s), {}, op="rows", timeout_s=self.timeout_s + ROWS_SLACK_S
+            )
         except RewardSignatureError:
             raise
         except Exception:  # noqa: BLE001
@@ -328,9 +345,10 @@ class GuardedReward:
     def _batch_failed(self, e: Exception, n: int) -> list:
         cause = str(e) if isinstance(e, RewardTimeout) else f"{type(e).__name__}: {e}"
         if self.on_error == "raise":
-            raise RewardError(f"reward function {self.name!r} failed on a batch of {n} completions: {cause}. "
-                              "Set rewards.on_error=none to score such batches as unscorable instead.") from (
-                None if isinstance(e, RewardTimeout) else e)
+            raise RewardError(
+                f"reward function {self.name!r} failed on a batch of {n} completions: {cause}. "
+                "Set rewards.on_error=none to score such batches as unscorable instead."
+            ) from (None if isinstance(e, RewardTimeout) else e)
         self.failures += n
         return [None] * n
 

@@ -56,8 +56,7 @@ class _NoTimeoutNotice(logging.Filter):
 for _name in ("math_verify.grader", "math_verify.parser"):
     logging.getLogger(_name).addFilter(_NoTimeoutNotice())
 
-__all__ = ["extract_answer", "boxed_contents", "reference_answer", "parse_number", "is_equivalent",
-           "math_correct"]
+__all__ = ["extract_answer", "boxed_contents", "reference_answer", "parse_number", "is_equivalent", "math_correct"]
 
 MATH_VERIFY_TIMEOUT_S = 3
 """Seconds given to each math-verify parse / comparison (main thread only)."""
@@ -83,7 +82,8 @@ MAX_NUMBER_DIGITS = 1000
 
 _BOXED_RE = re.compile(r"\\(?:boxed|fbox)")
 _BRACKET_RE = re.compile(r"[{}()\[\]]")
-_SCRIPT_CHAIN_RE = re.compile(r"(?:[\^_]\s*[^\s{}^_]\s*){%d}[\^_]" % MAX_SCRIPT_CHAIN)
+# %-format: the pattern's own braces would need doubling in an f-string
+_SCRIPT_CHAIN_RE = re.compile(r"(?:[\^_]\s*[^\s{}^_]\s*){%d}[\^_]" % MAX_SCRIPT_CHAIN)  # noqa: UP031
 _HASH_RE = re.compile(r"####[ \t]*([^\n]*)")
 _HASH_ANSWER_START = re.compile(r"[-+$\\(\[\d.]")
 _PHRASE_RE = re.compile(r"\banswer\**(?:\s+is\b\s*:?|\s*:)[ \t]*([^\n]*)", re.IGNORECASE)
@@ -198,9 +198,7 @@ def reference_answer(reference: Any) -> str | None:
 
 
 _TEXT_CMD_RE = re.compile(r"\\(?:text|textbf|textrm|mathrm|mbox)\s*\{([^{}]*)\}")
-_FRAC_RE = re.compile(
-    r"(-?)\\[dt]?frac\s*(?:\{\s*(-?\d+(?:\.\d+)?)\s*\}|(\d))\s*(?:\{\s*(-?\d+(?:\.\d+)?)\s*\}|(\d))"
-)
+_FRAC_RE = re.compile(r"(-?)\\[dt]?frac\s*(?:\{\s*(-?\d+(?:\.\d+)?)\s*\}|(\d))\s*(?:\{\s*(-?\d+(?:\.\d+)?)\s*\}|(\d))")
 _PLAIN_RE = re.compile(
     r"([+-]?)\s*(\d{1,3}(?:,\d{3})+|\d+|(?=\.\d))(\.\d+)?(?:\s*/\s*(\d+(?:\.\d+)?))?((?:\s+[A-Za-z]+\.?)*)"
 )
@@ -270,8 +268,17 @@ def _mv_parse(answer: str, main_thread: bool) -> tuple:
     return tuple(parse("\\boxed{" + answer + "}", parsing_timeout=timeout))
 
 
-_GROWTH = {"factorial", "factorial2", "subfactorial", "gamma", "binomial", "RisingFactorial",
-           "FallingFactorial", "fibonacci", "lucas"}  # functions growing like a factorial or less
+_GROWTH = {
+    "factorial",
+    "factorial2",
+    "subfactorial",
+    "gamma",
+    "binomial",
+    "RisingFactorial",
+    "FallingFactorial",
+    "fibonacci",
+    "lucas",
+}  # functions growing like a factorial or less
 
 
 def _bits(x: Any) -> float:
@@ -292,10 +299,11 @@ def _bits(x: Any) -> float:
         return 1.0
     if isinstance(x, sympy.Pow):  # |b ** e| <= 2 ** (|e| bits(b)), |e| < 2 ** bits(e)
         base, exp = sizes
-        e = float(abs(x.exp)) if isinstance(x.exp, sympy.Rational) and exp < 64 else 2.0**min(exp, 64)
+        e = float(abs(x.exp)) if isinstance(x.exp, sympy.Rational) and exp < 64 else 2.0 ** min(exp, 64)
         value = e * max(base, 1.0)
         tower = not isinstance(x.exp, sympy.Number) and any(
-            isinstance(n, sympy.Pow) or type(n).__name__ in _GROWTH for n in sympy.preorder_traversal(x.exp))
+            isinstance(n, sympy.Pow) or type(n).__name__ in _GROWTH for n in sympy.preorder_traversal(x.exp)
+        )
         if tower and value > MAX_TOWER_BITS:
             return math.inf
     elif type(x).__name__ in _GROWTH:  # |f(a, b)| <= m ** (m + 1), m = |a| + |b| <= sum 2 ** bits
@@ -339,8 +347,9 @@ def _nesting(text: str) -> int:
 
 def _sendable(answer: str) -> bool:
     """Whether math-verify may see ``answer`` (bounded work; module docstring)."""
-    return (len(answer) <= MAX_VERIFY_CHARS and _nesting(answer) <= MAX_NESTING
-            and _SCRIPT_CHAIN_RE.search(answer) is None)
+    return (
+        len(answer) <= MAX_VERIFY_CHARS and _nesting(answer) <= MAX_NESTING and _SCRIPT_CHAIN_RE.search(answer) is None
+    )
 
 
 def _mv_equal(pred: str, gold: str) -> bool:
@@ -384,9 +393,7 @@ def _reference_is_parseable(gold: str) -> bool:
     return bool(parsed) and not _too_costly(parsed)
 
 
-def math_correct(
-    prompts: list[str], completions: list[str], *, answer: list[Any], **_: Any
-) -> list[float | None]:
+def math_correct(prompts: list[str], completions: list[str], *, answer: list[Any], **_: Any) -> list[float | None]:
     """Outcome reward: 1.0 if the completion's final answer equals the reference, else 0.0.
 
     Args:
@@ -408,9 +415,7 @@ def math_correct(
     [1.0, 0.0, 0.0]
     """
     if len(answer) != len(completions):
-        raise ValueError(
-            f"math_correct: got {len(completions)} completions but {len(answer)} answers"
-        )
+        raise ValueError(f"math_correct: got {len(completions)} completions but {len(answer)} answers")
     rewards: list[float | None] = []
     for completion, ref in zip(completions, answer):
         gold = reference_answer(ref)

@@ -10,17 +10,18 @@ into the experience and returns the step's reward metrics.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 import torch
 
-from grpokit.utils.dtypes import dtype_of
 from grpokit.rewards.base import compute_rewards, get_reward_function
 from grpokit.rewards.calling import RewardSignatureError
 from grpokit.rewards.guard import GuardedReward
 from grpokit.rewards.remote import RemoteReward, is_remote
 from grpokit.rewards.rm import RM_PREFIX
+from grpokit.utils.dtypes import dtype_of
 
 
 def reward_function(name: str, rc: Any, device: torch.device | str = "cpu") -> Callable:
@@ -40,8 +41,14 @@ def reward_function(name: str, rc: Any, device: torch.device | str = "cpu") -> C
         from grpokit.rewards.rm import load_reward_model
 
         rm_device = device if rc.rm_device == "auto" else rc.rm_device
-        return load_reward_model(name, device=rm_device, dtype=dtype_of(rc.rm_dtype, "rewards.rm_dtype"),
-                                 batch_size=rc.rm_batch_size, normalize=rc.rm_normalize, max_length=rc.rm_max_length)
+        return load_reward_model(
+            name,
+            device=rm_device,
+            dtype=dtype_of(rc.rm_dtype, "rewards.rm_dtype"),
+            batch_size=rc.rm_batch_size,
+            normalize=rc.rm_normalize,
+            max_length=rc.rm_max_length,
+        )
     return get_reward_function(name)
 
 
@@ -64,12 +71,15 @@ class RewardPipeline:
         step_scorer: process supervision's scorer, or None (outcome supervision).
     """
 
-    def __init__(self, funcs: Mapping[str, Callable], weights: Mapping[str, float], step_scorer: StepScorer | None = None):
+    def __init__(
+        self, funcs: Mapping[str, Callable], weights: Mapping[str, float], step_scorer: StepScorer | None = None
+    ):
         self.funcs, self.weights, self.step_scorer = dict(funcs), dict(weights), step_scorer
 
     @classmethod
-    def from_config(cls, rc: Any, step_scorer: StepScorer | None = None,
-                    device: torch.device | str = "cpu") -> "RewardPipeline":
+    def from_config(
+        cls, rc: Any, step_scorer: StepScorer | None = None, device: torch.device | str = "cpu"
+    ) -> RewardPipeline:
         """From the recipe's ``rewards`` section: each of ``rc.functions`` (a built-in name,
         ``module:function``, ``rm:PATH_OR_HUB_NAME`` or ``http(s)://...``; :func:`reward_function`)
         wrapped with ``rc.timeout_s``/``rc.on_error``/``rc.isolation``, weights ``rc.weights``
@@ -91,9 +101,14 @@ class RewardPipeline:
                 raise RewardSignatureError(f"rewards.functions: {e}") from None
             except ValueError as e:
                 raise ValueError(f"rewards.functions: {e}") from e
-            funcs[name] = GuardedReward(name, fn, timeout_s=rc.timeout_s, on_error=rc.on_error,
-                                        isolation=getattr(fn, "isolation", rc.isolation),
-                                        find_row=not isinstance(fn, RemoteReward))
+            funcs[name] = GuardedReward(
+                name,
+                fn,
+                timeout_s=rc.timeout_s,
+                on_error=rc.on_error,
+                isolation=getattr(fn, "isolation", rc.isolation),
+                find_row=not isinstance(fn, RemoteReward),
+            )
         weights = dict(zip(rc.functions, rc.weights)) if rc.weights else {n: 1.0 for n in rc.functions}
         return cls(funcs, weights, step_scorer)
 
@@ -135,7 +150,7 @@ class RewardPipeline:
         scored = self.score_rows(exp, rows, columns)
         return dict(reward_metrics(exp, scored.per_function), reward_failures=scored.failures)
 
-    def score_rows(self, exp: Any, rows: list[dict], columns: list[str]) -> "ScoredRows":
+    def score_rows(self, exp: Any, rows: list[dict], columns: list[str]) -> ScoredRows:
         """:meth:`score` without the metrics: sets ``exp.rewards`` (and the step rewards) and
         returns each function's value per row and the failures of this call (a data-parallel
         loop gathers these from every rank and computes :func:`reward_metrics` over the batch)."""
@@ -189,8 +204,13 @@ def reward_metrics(exp: Any, per_function: Mapping[str, Sequence]) -> dict[str, 
     metrics["reward_std"] = float(ok.std()) if len(ok) > 1 else 0.0
     if exp.step_rewards is not None:
         metrics.update(step_metrics(exp.step_rewards.cpu(), exp.step_ends.cpu()))
-        metrics["step_frac_zero_std"] = float(algo.process_constant_groups(
-            exp.step_rewards.cpu(), exp.step_ends.cpu(), exp.completion_mask.cpu(), exp.group_size).float().mean())
+        metrics["step_frac_zero_std"] = float(
+            algo.process_constant_groups(
+                exp.step_rewards.cpu(), exp.step_ends.cpu(), exp.completion_mask.cpu(), exp.group_size
+            )
+            .float()
+            .mean()
+        )
     return metrics
 
 

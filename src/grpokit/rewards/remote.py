@@ -24,11 +24,11 @@ from __future__ import annotations
 import json
 import math
 import numbers
-import socket
 import time
 import urllib.error
 import urllib.request
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 __all__ = ["RemoteReward", "RemoteRewardError", "is_remote"]
 
@@ -62,7 +62,7 @@ def parse_reply(url: str, body: bytes, n: int) -> list[float | None]:
         raise RemoteRewardError(f"reward server {url}: reply is not JSON ({e}): {body[:200]!r}") from None
     values = data.get("rewards") if isinstance(data, dict) else data
     if not isinstance(values, list):
-        raise RemoteRewardError(f"reward server {url}: expected {{\"rewards\": [...]}} or a list, got {body[:200]!r}")
+        raise RemoteRewardError(f'reward server {url}: expected {{"rewards": [...]}} or a list, got {body[:200]!r}')
     if len(values) != n:
         raise RemoteRewardError(f"reward server {url}: {len(values)} rewards for {n} completions")
     out: list[float | None] = []
@@ -93,8 +93,10 @@ class RemoteReward:
         if not is_remote(url):
             raise ValueError(f"reward server {url!r}: expected an http:// or https:// URL")
         if not timeout_s > 0 or retries < 0 or backoff_s < 0:
-            raise ValueError(f"reward server {url}: need timeout_s > 0, retries >= 0, backoff_s >= 0 "
-                             f"(got {timeout_s}, {retries}, {backoff_s})")
+            raise ValueError(
+                f"reward server {url}: need timeout_s > 0, retries >= 0, backoff_s >= 0 "
+                f"(got {timeout_s}, {retries}, {backoff_s})"
+            )
         self.url, self.timeout_s, self.retries, self.backoff_s = url, timeout_s, retries, backoff_s
         self.__name__ = url
         self.isolation = "thread"  # network I/O: socket timeouts bound it, no forked worker needed
@@ -106,17 +108,23 @@ class RemoteReward:
             RemoteRewardError: attempts used up (names the last failure) or a malformed reply.
         """
         n = len(completions)
-        body = json.dumps({"prompts": list(prompts), "completions": list(completions),
-                           "columns": {k: [_jsonable(v) for v in vals] for k, vals in columns.items()}},
-                          allow_nan=False).encode()
+        body = json.dumps(
+            {
+                "prompts": list(prompts),
+                "completions": list(completions),
+                "columns": {k: [_jsonable(v) for v in vals] for k, vals in columns.items()},
+            },
+            allow_nan=False,
+        ).encode()
         deadline = time.monotonic() + self.timeout_s
         last = "no attempt"
         for attempt in range(self.retries + 1):
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            request = urllib.request.Request(self.url, data=body, method="POST",
-                                             headers={"Content-Type": "application/json"})
+            request = urllib.request.Request(
+                self.url, data=body, method="POST", headers={"Content-Type": "application/json"}
+            )
             try:
                 with urllib.request.urlopen(request, timeout=left) as reply:
                     return parse_reply(self.url, reply.read(), n)
@@ -124,11 +132,13 @@ class RemoteReward:
                 last = f"HTTP {e.code} {e.reason}"
                 if e.code < 500:
                     raise RemoteRewardError(f"reward server {self.url}: {last} (not retried)") from None
-            except (urllib.error.URLError, socket.timeout, TimeoutError, ConnectionError) as e:
+            except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
                 last = f"{type(e).__name__}: {getattr(e, 'reason', e)}"
-            wait = self.backoff_s * 2 ** attempt
+            wait = self.backoff_s * 2**attempt
             if attempt == self.retries or time.monotonic() + wait >= deadline:
                 break
             time.sleep(wait)
-        raise RemoteRewardError(f"reward server {self.url}: no reply with scores within {self.timeout_s:g} s "
-                                f"({attempt + 1} attempt(s); last: {last})")
+        raise RemoteRewardError(
+            f"reward server {self.url}: no reply with scores within {self.timeout_s:g} s "
+            f"({attempt + 1} attempt(s); last: {last})"
+        )

@@ -23,7 +23,8 @@ positions come from the shared scoring base :class:`grpokit.rewards.scoring.Posi
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -42,7 +43,8 @@ def _head_and_backbone(model: Any) -> tuple[Any, Any]:
         raise ValueError(
             f"reward model {type(model).__name__}: expected a decoder sequence classifier with a "
             "`score` head on its base model (LlamaForSequenceClassification, Qwen2ForSequenceClassification, "
-            "GPT2ForSequenceClassification, ...)")
+            "GPT2ForSequenceClassification, ...)"
+        )
     return backbone, head
 
 
@@ -68,10 +70,21 @@ class RewardModel:
             ``batch_size < 1``; a bad ``padding_side``.
     """
 
-    def __init__(self, model: Any, tokenizer: Any, *, label: int = 0, batch_size: int = 16,
-                 device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-                 padding_side: str = "left", max_length: int | None = None, normalize: bool = False,
-                 separator: str = "\n", name: str = "reward_model"):
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        label: int = 0,
+        batch_size: int = 16,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype | None = None,
+        padding_side: str = "left",
+        max_length: int | None = None,
+        normalize: bool = False,
+        separator: str = "\n",
+        name: str = "reward_model",
+    ):
         self.backbone, self.head = _head_and_backbone(model)
         n_labels = self.head.out_features if hasattr(self.head, "out_features") else None
         if n_labels is not None and not 0 <= label < n_labels:
@@ -79,8 +92,15 @@ class RewardModel:
         pad = tokenizer.pad_token_id
         pad = pad if pad is not None else (tokenizer.eos_token_id or 0)
         self.max_length = max_length or getattr(getattr(model, "config", None), "max_position_embeddings", None)
-        self.base = PositionScorer(model, pad_id=pad, batch_size=batch_size, device=device, dtype=dtype,
-                                   padding_side=padding_side, forward=self._hidden)
+        self.base = PositionScorer(
+            model,
+            pad_id=pad,
+            batch_size=batch_size,
+            device=device,
+            dtype=dtype,
+            padding_side=padding_side,
+            forward=self._hidden,
+        )
         self.tokenizer, self.label, self.normalize, self.separator = tokenizer, label, normalize, separator
         self.chat = bool(getattr(tokenizer, "chat_template", None))
         self.__name__ = name
@@ -95,8 +115,9 @@ class RewardModel:
         ``max_length`` from the left."""
         tok = self.tokenizer
         if self.chat:
-            text = tok.apply_chat_template([{"role": "user", "content": prompt},
-                                            {"role": "assistant", "content": completion}], tokenize=False)
+            text = tok.apply_chat_template(
+                [{"role": "user", "content": prompt}, {"role": "assistant", "content": completion}], tokenize=False
+            )
             ids = tok.encode(text, add_special_tokens=False)
         else:
             ids = tok.encode(prompt + self.separator + completion, add_special_tokens=True)
@@ -126,17 +147,24 @@ class RewardModel:
         return scores
 
 
-def load_reward_model(spec: str, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-                      batch_size: int = 16, normalize: bool = False, max_length: int | None = None) -> RewardModel:
+def load_reward_model(
+    spec: str,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+    batch_size: int = 16,
+    normalize: bool = False,
+    max_length: int | None = None,
+) -> RewardModel:
     """Load ``rm:PATH_OR_HUB_NAME`` with ``AutoModelForSequenceClassification`` and its tokenizer.
 
     Raises:
         ValueError: ``spec`` does not start with ``rm:``, names nothing, or the model cannot be
             loaded (the message names ``spec``; offline runs need a local folder).
     """
-    if not spec.startswith(RM_PREFIX) or not spec[len(RM_PREFIX):].strip():
+    if not spec.startswith(RM_PREFIX) or not spec[len(RM_PREFIX) :].strip():
         raise ValueError(f"reward model {spec!r}: expected 'rm:PATH_OR_HUB_NAME'")
-    name = spec[len(RM_PREFIX):].strip()
+    name = spec[len(RM_PREFIX) :].strip()
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     try:
@@ -145,5 +173,13 @@ def load_reward_model(spec: str, *, device: str | torch.device = "cpu", dtype: t
     except (OSError, ValueError) as e:
         raise ValueError(f"reward model {spec!r}: cannot load it ({type(e).__name__}: {e})") from e
     model.requires_grad_(False)
-    return RewardModel(model, tokenizer, batch_size=batch_size, device=device, dtype=dtype,
-                       normalize=normalize, max_length=max_length, name=spec)
+    return RewardModel(
+        model,
+        tokenizer,
+        batch_size=batch_size,
+        device=device,
+        dtype=dtype,
+        normalize=normalize,
+        max_length=max_length,
+        name=spec,
+    )

@@ -18,7 +18,8 @@ through the model in batches and reads the per-token output there:
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -35,7 +36,7 @@ def keep_last(ids: Sequence[int], max_length: int | None) -> list[int]:
     [3, 4]
     """
     ids = list(ids)
-    return ids if max_length is None or len(ids) <= max_length else ids[len(ids) - max_length:]
+    return ids if max_length is None or len(ids) <= max_length else ids[len(ids) - max_length :]
 
 
 def logits_output(model: Any, kwargs: dict[str, Any]) -> torch.Tensor:
@@ -64,10 +65,19 @@ class PositionScorer:
         ValueError: ``batch_size < 1`` or a bad ``padding_side``.
     """
 
-    def __init__(self, model: Any, *, pad_id: int, batch_size: int, device: str | torch.device = "cpu",
-                 dtype: torch.dtype | None = None, padding_side: str = "right", max_length: int | None = None,
-                 forward: Callable[[Any, dict[str, Any]], torch.Tensor] | None = None,
-                 keep_only_read: bool = True):
+    def __init__(
+        self,
+        model: Any,
+        *,
+        pad_id: int,
+        batch_size: int,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype | None = None,
+        padding_side: str = "right",
+        max_length: int | None = None,
+        forward: Callable[[Any, dict[str, Any]], torch.Tensor] | None = None,
+        keep_only_read: bool = True,
+    ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if padding_side not in ("left", "right"):
@@ -102,7 +112,7 @@ class PositionScorer:
                 todo.append((i, list(ids[:limit] if limit else ids), keep))
         todo.sort(key=lambda r: len(r[1]))
         for b in range(0, len(todo), self.batch_size):
-            batch = todo[b: b + self.batch_size]
+            batch = todo[b : b + self.batch_size]
             kwargs, where_r, where_t = self._pad(batch, rows)
             t_index = torch.tensor(where_t)
             if self.takes_keep:  # only project the needed positions onto the vocab
@@ -125,8 +135,8 @@ class PositionScorer:
         where_r, where_t = [], []
         for r, (i, ids, keep) in enumerate(batch):
             off = width - len(ids) if self.padding_side == "left" else 0
-            input_ids[r, off: off + len(ids)] = torch.tensor(ids)
-            attn[r, off: off + len(ids)] = 1
+            input_ids[r, off : off + len(ids)] = torch.tensor(ids)
+            attn[r, off : off + len(ids)] = 1
             for k in keep:
                 where_r.append(r)
                 where_t.append(off + rows[i][1][k])

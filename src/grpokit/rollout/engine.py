@@ -64,8 +64,14 @@ class SamplingParams:
         Raises:
             ValueError: a value out of range; the message names the recipe key (``rollout.top_p``).
         """
-        fields = dict(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, min_p=r.min_p,
-                      max_new_tokens=r.max_new_tokens, sampler=r.sampler)
+        fields = dict(
+            temperature=r.temperature,
+            top_p=r.top_p,
+            top_k=r.top_k,
+            min_p=r.min_p,
+            max_new_tokens=r.max_new_tokens,
+            sampler=r.sampler,
+        )
         problem = _problem(fields)
         if problem is not None:
             raise ValueError(f"rollout.{problem}")
@@ -111,8 +117,9 @@ def request_seed(seed: int, prompt_index: int, sample_index: int) -> int:
     """
     if prompt_index < 0 or sample_index < 0:
         raise ValueError(f"request_seed: indices must be >= 0, got ({prompt_index}, {sample_index})")
-    digest = hashlib.blake2b(f"grpokit:{int(seed)}:{int(prompt_index)}:{int(sample_index)}".encode(),
-                             digest_size=8).digest()
+    digest = hashlib.blake2b(
+        f"grpokit:{int(seed)}:{int(prompt_index)}:{int(sample_index)}".encode(), digest_size=8
+    ).digest()
     return int.from_bytes(digest, "little") >> 1
 
 
@@ -147,8 +154,9 @@ def check_prompts(prompts: Any, group_size: Any, first_prompt: Any = 0) -> None:
 class RolloutEngine(Protocol):
     """What the loop needs from a generator."""
 
-    def generate(self, prompts: list[str], group_size: int, sampling: "SamplingParams", seed: int,
-                 first_prompt: int = 0) -> "Experience":
+    def generate(
+        self, prompts: list[str], group_size: int, sampling: SamplingParams, seed: int, first_prompt: int = 0
+    ) -> Experience:
         """``group_size`` completions for each of the ``B`` formatted ``prompts``: an experience of
         ``B·group_size`` grouped rows on the trained model's device, ``gen_s`` set; the same
         ``seed`` gives the same completions. ``sampling.temperature == 0`` asks for greedy
@@ -190,6 +198,8 @@ def load_engine(name: str, **kwargs: Any) -> RolloutEngine:
     engine = getattr(import_module(module), cls)(**kwargs)
     missing = [m for m in ENGINE_METHODS if not callable(getattr(engine, m, None))]
     if missing:
-        raise TypeError(f"rollout.engine={name!r}: {spec} is not a RolloutEngine: it has no method "
-                        f"{', '.join(m + '()' for m in missing)} (grpokit.rollout.engine.RolloutEngine)")
+        raise TypeError(
+            f"rollout.engine={name!r}: {spec} is not a RolloutEngine: it has no method "
+            f"{', '.join(m + '()' for m in missing)} (grpokit.rollout.engine.RolloutEngine)"
+        )
     return engine

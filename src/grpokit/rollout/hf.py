@@ -64,9 +64,9 @@ from typing import Any
 import torch
 
 from grpokit.algo import completion_terminated, mask_completions
+from grpokit.backends import get_backend, model_device
 from grpokit.experience import Experience
 from grpokit.rollout.engine import SamplingParams, check_prompts
-from grpokit.backends import get_backend, model_device
 
 # Fields that transformers only switches off when they are ``None`` -- which it then fills from
 # the model's generation_config. We cannot neutralise them through our config; warn if set.
@@ -149,8 +149,15 @@ def sampling_processors(params: SamplingParams, uniforms: torch.Tensor | None = 
     if _inverse_cdf(params):
         from grpokit.rollout.sampling import InverseCDFSampler
 
-        return [InverseCDFSampler(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
-                                  min_p=params.min_p, uniforms=uniforms)]
+        return [
+            InverseCDFSampler(
+                temperature=params.temperature,
+                top_k=params.top_k,
+                top_p=params.top_p,
+                min_p=params.min_p,
+                uniforms=uniforms,
+            )
+        ]
     return []
 
 
@@ -246,18 +253,41 @@ def generate_rollouts(
 
         uniforms = request_uniforms(seed, first_prompt, len(prompts), G, params.max_new_tokens).to(device)
     t0 = time.perf_counter()
-    chunks = _generate_chunks(model, prompt_ids, prompt_mask, params, gen_config, uniforms, rows=rows, seed=seed,
-                              share_prompt=share_prompt, static_cache=static_cache, sampler_dtype=sampler_dtype,
-                              packed_weights=packed_weights)
+    chunks = _generate_chunks(
+        model,
+        prompt_ids,
+        prompt_mask,
+        params,
+        gen_config,
+        uniforms,
+        rows=rows,
+        seed=seed,
+        share_prompt=share_prompt,
+        static_cache=static_cache,
+        sampler_dtype=sampler_dtype,
+        packed_weights=packed_weights,
+    )
     gen_s = time.perf_counter() - t0
-    return _experience(prompt_ids, prompt_mask, group_index, G, chunks, eos=eos, pad_id=pad_id, tokenizer=tokenizer,
-                       gen_s=gen_s)
+    return _experience(
+        prompt_ids, prompt_mask, group_index, G, chunks, eos=eos, pad_id=pad_id, tokenizer=tokenizer, gen_s=gen_s
+    )
 
 
-def _generate_chunks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params: SamplingParams,
-                     gen_config: Any, uniforms: torch.Tensor | None, *, rows: int, seed: int | None,
-                     share_prompt: bool, static_cache: bool, sampler_dtype: torch.dtype | None,
-                     packed_weights: bool) -> list[torch.Tensor]:
+def _generate_chunks(
+    model: Any,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    params: SamplingParams,
+    gen_config: Any,
+    uniforms: torch.Tensor | None,
+    *,
+    rows: int,
+    seed: int | None,
+    share_prompt: bool,
+    static_cache: bool,
+    sampler_dtype: torch.dtype | None,
+    packed_weights: bool,
+) -> list[torch.Tensor]:
     """The new tokens of ``generate`` over consecutive chunks of ``rows`` rows: ``(n, T_chunk)`` each,
     under the model's backend (its prefill and generation context), a fresh sampler per chunk
     holding the chunk's rows of ``uniforms``."""
@@ -272,8 +302,9 @@ def _generate_chunks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Te
             for start in range(0, N, rows):
                 ids = prompt_ids[start : start + rows]
                 mask = prompt_mask[start : start + rows]
-                extra = backend.prefill(sampler, ids, mask, share=share_prompt, static=static_cache,
-                                        max_len=P + params.max_new_tokens)
+                extra = backend.prefill(
+                    sampler, ids, mask, share=share_prompt, static=static_cache, max_len=P + params.max_new_tokens
+                )
                 # a fresh sampler per generate call (it counts its calls: decode steps), with its rows' uniforms
                 processors = sampling_processors(params, None if uniforms is None else uniforms[start : start + rows])
                 extra_gen = {"logits_processor": LogitsProcessorList(processors)} if processors else {}
@@ -281,15 +312,29 @@ def _generate_chunks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Te
                 # model; here its weights are gathered (grpokit.utils.distributed.gathered), so each rank
                 # (or rank 0 alone, evaluating) decodes on its own
                 out = sampler.generate(
-                    input_ids=ids, attention_mask=mask.long(), generation_config=gen_config, synced_gpus=False,
-                    **extra, **extra_gen
+                    input_ids=ids,
+                    attention_mask=mask.long(),
+                    generation_config=gen_config,
+                    synced_gpus=False,
+                    **extra,
+                    **extra_gen,
                 )
                 chunks.append(out[:, P:])  # (n, T_chunk): generate returns prompt + new tokens
     return chunks
 
 
-def _experience(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_index: torch.Tensor, group_size: int,
-                chunks: list[torch.Tensor], *, eos: list[int], pad_id: int, tokenizer: Any, gen_s: float) -> Experience:
+def _experience(
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    group_index: torch.Tensor,
+    group_size: int,
+    chunks: list[torch.Tensor],
+    *,
+    eos: list[int],
+    pad_id: int,
+    tokenizer: Any,
+    gen_s: float,
+) -> Experience:
     """The chunks' tokens right-padded to one ``(N, T)`` with ``pad_id``, masked up to and including
     the first EOS, decoded; an :class:`Experience` of the prompts and these completions."""
     # A chunk shorter than the longest stopped early because all its rows hit EOS, so padding
@@ -308,9 +353,17 @@ def _experience(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_index
         [ids[:n].tolist() for ids, n in zip(completion_ids, n_text.tolist())],
         skip_special_tokens=True,
     )
-    return Experience(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion_ids,
-                      completion_mask=completion_mask, group_index=group_index, group_size=group_size,
-                      truncated=truncated, completions=completions, gen_s=gen_s)
+    return Experience(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        completion_ids=completion_ids,
+        completion_mask=completion_mask,
+        group_index=group_index,
+        group_size=group_size,
+        truncated=truncated,
+        completions=completions,
+        gen_s=gen_s,
+    )
 
 
 def left_padded_prompts(tokenizer: Any, prompts: Sequence[str], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -331,12 +384,12 @@ def left_padded_prompts(tokenizer: Any, prompts: Sequence[str], pad_id: int) -> 
     ids = torch.full((len(encoded), p), int(pad_id), dtype=torch.long)
     mask = torch.zeros((len(encoded), p), dtype=torch.bool)
     for i, x in enumerate(encoded):
-        ids[i, p - len(x):] = torch.tensor(x, dtype=torch.long)
-        mask[i, p - len(x):] = True
+        ids[i, p - len(x) :] = torch.tensor(x, dtype=torch.long)
+        mask[i, p - len(x) :] = True
     return ids, mask
 
 
-_SAMPLERS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+_SAMPLERS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
 def _sampler_copy(model: Any, dtype: torch.dtype) -> Any:

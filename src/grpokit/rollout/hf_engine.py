@@ -31,23 +31,40 @@ class HFRolloutEngine:
     ``static_cache``, ``packed_weights``; all on by default; the benchmark switches them off).
     """
 
-    def __init__(self, model: Any, tokenizer: Any, *, eos_token_ids: Sequence[int], chunk_size: int | None = None,
-                 sampler_dtype: torch.dtype | None = None):
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        eos_token_ids: Sequence[int],
+        chunk_size: int | None = None,
+        sampler_dtype: torch.dtype | None = None,
+    ):
         self.model, self.tokenizer = model, tokenizer
         self.eos_token_ids, self.chunk_size, self.sampler_dtype = list(eos_token_ids), chunk_size, sampler_dtype
         self.generate_options: dict[str, Any] = {}
 
-    def generate(self, prompts: list[str], group_size: int, sampling: SamplingParams, seed: int,
-                 first_prompt: int = 0) -> Experience:
+    def generate(
+        self, prompts: list[str], group_size: int, sampling: SamplingParams, seed: int, first_prompt: int = 0
+    ) -> Experience:
         """:func:`~grpokit.rollout.hf.generate_rollouts`: prompt ``b`` is prompt ``first_prompt + b`` of
         the step's batch, and with the inverse-CDF sampler row ``(b, g)`` draws from
         ``request_seed(seed, first_prompt + b, g)`` whatever ``chunk_size``
         (:class:`~grpokit.rollout.engine.RolloutEngine`; ``sampler="multinomial"``'s draws depend on
         the batch)."""
-        return hf.generate_rollouts(self.model, self.tokenizer, prompts, group_size, sampling,
-                                    eos_token_ids=self.eos_token_ids, chunk_size=self.chunk_size, seed=seed,
-                                    first_prompt=first_prompt, sampler_dtype=self.sampler_dtype,
-                                    **self.generate_options)
+        return hf.generate_rollouts(
+            self.model,
+            self.tokenizer,
+            prompts,
+            group_size,
+            sampling,
+            eos_token_ids=self.eos_token_ids,
+            chunk_size=self.chunk_size,
+            seed=seed,
+            first_prompt=first_prompt,
+            sampler_dtype=self.sampler_dtype,
+            **self.generate_options,
+        )
 
     def sync_weights(self) -> None:
         """Nothing to do: ``generate`` runs the trained model (a bf16 sampler copy is refreshed per call)."""

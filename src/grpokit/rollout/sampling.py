@@ -34,8 +34,9 @@ from transformers import LogitsProcessor
 from grpokit.rollout.engine import request_seed
 
 
-def sample_inverse_cdf(scores: torch.Tensor, generator: torch.Generator | None = None,
-                       u: torch.Tensor | None = None) -> torch.Tensor:
+def sample_inverse_cdf(
+    scores: torch.Tensor, generator: torch.Generator | None = None, u: torch.Tensor | None = None
+) -> torch.Tensor:
     """One token per row of ``scores``, drawn from ``softmax(scores)``.
 
     Args:
@@ -71,15 +72,17 @@ def sample_inverse_cdf(scores: torch.Tensor, generator: torch.Generator | None =
     drawable = torch.isfinite(scores.amax(dim=1))  # -inf: nothing to draw; NaN or +inf: the softmax is NaN
     if not bool(drawable.all()):
         row = int((~drawable).nonzero()[0])
-        raise ValueError(f"sample_inverse_cdf: row {row} of scores has no finite entry, a NaN or a +inf "
-                         "(nothing to draw)")
+        raise ValueError(
+            f"sample_inverse_cdf: row {row} of scores has no finite entry, a NaN or a +inf (nothing to draw)"
+        )
     n, v = scores.shape
     if u is None:
         u = torch.rand(n, 1, dtype=torch.float64, device=scores.device, generator=generator)
     else:
         if tuple(u.shape) not in ((n,), (n, 1)):
-            raise ValueError(f"sample_inverse_cdf: u must be ({n},) or ({n}, 1) for {n} rows of scores, "
-                             f"got shape {tuple(u.shape)}")
+            raise ValueError(
+                f"sample_inverse_cdf: u must be ({n},) or ({n}, 1) for {n} rows of scores, got shape {tuple(u.shape)}"
+            )
         u = u.to(device=scores.device, dtype=torch.float64).reshape(n, 1)
     probs = torch.softmax(scores.float(), dim=-1)  # (N, V) float32
     if v <= 2 * _BLOCK:
@@ -118,9 +121,13 @@ def request_uniforms(seed: int, first_prompt: int, num_prompts: int, group_size:
     >>> t.shape, bool(torch.equal(t[2:], request_uniforms(5, 4, 1, 2, 4)))  # prompt 1 here is prompt 4
     (torch.Size([4, 4]), True)
     """
-    rows = [torch.rand(steps, dtype=torch.float64,
-                       generator=torch.Generator().manual_seed(request_seed(seed, first_prompt + b, g)))
-            for b in range(num_prompts) for g in range(group_size)]
+    rows = [
+        torch.rand(
+            steps, dtype=torch.float64, generator=torch.Generator().manual_seed(request_seed(seed, first_prompt + b, g))
+        )
+        for b in range(num_prompts)
+        for g in range(group_size)
+    ]
     return torch.stack(rows)
 
 
@@ -139,10 +146,20 @@ class InverseCDFSampler(LogitsProcessor):
             differs from the table's, or more calls than the table has columns.
     """
 
-    def __init__(self, *, temperature: float, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
-                 uniforms: torch.Tensor | None = None):
+    def __init__(
+        self,
+        *,
+        temperature: float,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        min_p: float = 0.0,
+        uniforms: torch.Tensor | None = None,
+    ):
         from transformers.generation.logits_process import (
-            MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper,
+            MinPLogitsWarper,
+            TemperatureLogitsWarper,
+            TopKLogitsWarper,
+            TopPLogitsWarper,
         )
 
         if not temperature > 0:
@@ -157,8 +174,9 @@ class InverseCDFSampler(LogitsProcessor):
         if min_p > 0.0:
             self.warpers.append(MinPLogitsWarper(min_p=float(min_p)))
         if uniforms is not None and uniforms.dim() != 2:
-            raise ValueError(f"InverseCDFSampler: uniforms must be (N, max_new_tokens), got shape "
-                             f"{tuple(uniforms.shape)}")
+            raise ValueError(
+                f"InverseCDFSampler: uniforms must be (N, max_new_tokens), got shape {tuple(uniforms.shape)}"
+            )
         self.uniforms = uniforms
         self.calls = 0  # decode steps drawn so far: the column of `uniforms` the next call uses
 
@@ -170,11 +188,15 @@ class InverseCDFSampler(LogitsProcessor):
         if self.uniforms is not None:
             rows, steps = self.uniforms.shape
             if scores.shape[0] != rows:
-                raise ValueError(f"InverseCDFSampler: called with {scores.shape[0]} rows, but its uniforms table "
-                                 f"has {rows} (one sampler per generate call, one table row per row)")
+                raise ValueError(
+                    f"InverseCDFSampler: called with {scores.shape[0]} rows, but its uniforms table "
+                    f"has {rows} (one sampler per generate call, one table row per row)"
+                )
             if self.calls >= steps:
-                raise ValueError(f"InverseCDFSampler: call {self.calls + 1} but the uniforms table has {steps} "
-                                 "columns (one per decode step: max_new_tokens)")
+                raise ValueError(
+                    f"InverseCDFSampler: call {self.calls + 1} but the uniforms table has {steps} "
+                    "columns (one per decode step: max_new_tokens)"
+                )
             u = self.uniforms[:, self.calls]
         self.calls += 1
         tokens = sample_inverse_cdf(scores, u=u)

@@ -23,9 +23,9 @@ Sampling: ``temperature`` and ``max_new_tokens`` from :class:`~grpokit.rollout.e
 (τ = 0: greedy); the policy's EOS ids are the stop token ids (the model's own generation config and
 the tokenizer are not consulted: ``generation_config="vllm"``, ``skip_tokenizer_init=True``); every
 row ``(b, g)`` is its own request seeded :func:`~grpokit.rollout.engine.request_seed` ``(seed,
-first_prompt + b, g)``, so a row's draws do not depend on which other rows share the batch or call. ``top_k``/``top_p``/``min_p`` are refused: the
-trainer scores over the full vocabulary (docs/design.md, "Temperature"). ``SamplingParams.sampler``
-does not apply (vLLM draws by Gumbel-max; same distribution).
+first_prompt + b, g)``, so a row's draws do not depend on which other rows share the batch or call.
+``top_k``/``top_p``/``min_p`` are refused: the trainer scores over the full vocabulary (docs/design.md,
+"Temperature"). ``SamplingParams.sampler`` does not apply (vLLM draws by Gumbel-max; same distribution).
 
 Weights: the ``LLM`` is built from the policy's folder (``model.name_or_path``; a folder holding only
 ``model.config`` when there is none) with ``load_format="dummy"``, in the policy's dtype (or
@@ -74,13 +74,18 @@ def check_sampling(params: SamplingParams) -> None:
             or ``min_p`` switched on (names the recipe key and the value that switches it off).
     """
     params.validate()
-    on = [(k, v, off) for k, v, off in (("top_k", params.top_k, 0), ("top_p", params.top_p, 1.0),
-                                        ("min_p", params.min_p, 0.0)) if v != off]
+    on = [
+        (k, v, off)
+        for k, v, off in (("top_k", params.top_k, 0), ("top_p", params.top_p, 1.0), ("min_p", params.min_p, 0.0))
+        if v != off
+    ]
     if on:
         k, v, off = on[0]
-        raise ValueError(f"rollout.engine=vllm: rollout.{k}={v!r} truncates the sampling distribution, but the "
-                         f"trainer scores over the full vocabulary (docs/design.md, 'Temperature'); set "
-                         f"rollout.{k}={off!r}")
+        raise ValueError(
+            f"rollout.engine=vllm: rollout.{k}={v!r} truncates the sampling distribution, but the "
+            f"trainer scores over the full vocabulary (docs/design.md, 'Temperature'); set "
+            f"rollout.{k}={off!r}"
+        )
 
 
 def sampling_kwargs(params: SamplingParams, *, eos_token_ids: Sequence[int], seed: int | None) -> dict[str, Any]:
@@ -97,16 +102,37 @@ def sampling_kwargs(params: SamplingParams, *, eos_token_ids: Sequence[int], see
     if not eos:
         raise ValueError("eos_token_ids is empty; pass at least one EOS id")
     sample = params.temperature > 0
-    return dict(n=1, temperature=float(params.temperature), top_p=1.0, top_k=0, min_p=0.0,
-                repetition_penalty=float(params.repetition_penalty), max_tokens=int(params.max_new_tokens),
-                min_tokens=0, stop_token_ids=eos, ignore_eos=False, logprobs=0 if sample else None,
-                detokenize=False, skip_special_tokens=True, seed=seed)
+    return dict(
+        n=1,
+        temperature=float(params.temperature),
+        top_p=1.0,
+        top_k=0,
+        min_p=0.0,
+        repetition_penalty=float(params.repetition_penalty),
+        max_tokens=int(params.max_new_tokens),
+        min_tokens=0,
+        stop_token_ids=eos,
+        ignore_eos=False,
+        logprobs=0 if sample else None,
+        detokenize=False,
+        skip_special_tokens=True,
+        seed=seed,
+    )
 
 
-def assemble_experience(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, tokens: Sequence[Sequence[int]],
-                        group_size: int, *, eos_token_ids: Sequence[int], pad_token_id: int, tokenizer: Any,
-                        logprobs: Sequence[Sequence[float]] | None = None, gen_s: float = 0.0,
-                        device: torch.device | str = "cpu") -> Experience:
+def assemble_experience(
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    tokens: Sequence[Sequence[int]],
+    group_size: int,
+    *,
+    eos_token_ids: Sequence[int],
+    pad_token_id: int,
+    tokenizer: Any,
+    logprobs: Sequence[Sequence[float]] | None = None,
+    gen_s: float = 0.0,
+    device: torch.device | str = "cpu",
+) -> Experience:
     """The experience of ``N = B·G`` generated rows, laid out as the hf engine lays it out.
 
     Args:
@@ -137,8 +163,9 @@ def assemble_experience(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, tok
     completion_mask = mask_completions(completion_ids, eos) & within  # (N, T)
     truncated = ~(torch.isin(completion_ids, torch.tensor(eos)) & within).any(1)  # (N,): no EOS in the row
     n_text = completion_mask.sum(1) - (~truncated).long()  # tokens before the first EOS
-    completions = tokenizer.batch_decode([ids[:n].tolist() for ids, n in zip(completion_ids, n_text.tolist())],
-                                         skip_special_tokens=True)
+    completions = tokenizer.batch_decode(
+        [ids[:n].tolist() for ids, n in zip(completion_ids, n_text.tolist())], skip_special_tokens=True
+    )
     sampler_logprobs = None
     if logprobs is not None:
         sampler_logprobs = torch.zeros((N, T), dtype=torch.float32)  # (N, T)
@@ -148,10 +175,16 @@ def assemble_experience(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, tok
             sampler_logprobs[i, : len(lp)] = torch.tensor(list(lp), dtype=torch.float32)
         sampler_logprobs = sampler_logprobs.masked_fill(~completion_mask, 0.0)
     exp = Experience(
-        prompt_ids=prompt_ids.repeat_interleave(G, dim=0), prompt_mask=prompt_mask.repeat_interleave(G, dim=0),
-        completion_ids=completion_ids, completion_mask=completion_mask,
-        group_index=torch.arange(B).repeat_interleave(G), group_size=G, truncated=truncated,
-        completions=completions, sampler_logprobs=sampler_logprobs, gen_s=gen_s,
+        prompt_ids=prompt_ids.repeat_interleave(G, dim=0),
+        prompt_mask=prompt_mask.repeat_interleave(G, dim=0),
+        completion_ids=completion_ids,
+        completion_mask=completion_mask,
+        group_index=torch.arange(B).repeat_interleave(G),
+        group_size=G,
+        truncated=truncated,
+        completions=completions,
+        sampler_logprobs=sampler_logprobs,
+        gen_s=gen_s,
     )
     return exp.to(device)
 
@@ -178,7 +211,7 @@ class _SharedLLM:
         self.asleep = False
 
 
-_SHARED: "weakref.WeakKeyDictionary[torch.nn.Module, _SharedLLM]" = weakref.WeakKeyDictionary()
+_SHARED: weakref.WeakKeyDictionary[torch.nn.Module, _SharedLLM] = weakref.WeakKeyDictionary()
 
 
 class VLLMRolloutEngine:
@@ -203,9 +236,18 @@ class VLLMRolloutEngine:
         RuntimeError: vLLM did not start in this process.
     """
 
-    def __init__(self, model: Any, tokenizer: Any, *, eos_token_ids: Sequence[int], chunk_size: int | None = None,
-                 sampler_dtype: torch.dtype | None = None, kv_cache_gib: float = 1.0, max_model_len: int | None = None,
-                 llm_kwargs: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        eos_token_ids: Sequence[int],
+        chunk_size: int | None = None,
+        sampler_dtype: torch.dtype | None = None,
+        kv_cache_gib: float = 1.0,
+        max_model_len: int | None = None,
+        llm_kwargs: dict[str, Any] | None = None,
+    ):
         from grpokit.utils.importing import require
 
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: weights handed over without copies
@@ -219,7 +261,9 @@ class VLLMRolloutEngine:
             raise ValueError("tokenizer has no pad token; load it with grpokit.models.loading.load_tokenizer")
         dtype = sampler_dtype or next(p.dtype for p in model.parameters() if p.is_floating_point())
         if dtype not in _DTYPES:
-            raise ValueError(f"rollout.engine=vllm: vLLM does not run in {dtype}; use one of {sorted(_DTYPES.values())}")
+            raise ValueError(
+                f"rollout.engine=vllm: vLLM does not run in {dtype}; use one of {sorted(_DTYPES.values())}"
+            )
         shared = _SHARED.get(model)
         if shared is None:
             llm = self._build_llm(dtype, chunk_size, kv_cache_gib, max_model_len, llm_kwargs or {})
@@ -228,12 +272,21 @@ class VLLMRolloutEngine:
         elif shared.dtype != dtype:
             import warnings
 
-            warnings.warn(f"rollout.engine=vllm: one vLLM engine per model; it runs in {shared.dtype}, "
-                          f"not the {dtype} asked for here", stacklevel=2)
+            warnings.warn(
+                f"rollout.engine=vllm: one vLLM engine per model; it runs in {shared.dtype}, "
+                f"not the {dtype} asked for here",
+                stacklevel=2,
+            )
         self.shared = shared
 
-    def _build_llm(self, dtype: torch.dtype, chunk_size: int | None, kv_cache_gib: float,
-                   max_model_len: int | None, extra: dict[str, Any]) -> Any:
+    def _build_llm(
+        self,
+        dtype: torch.dtype,
+        chunk_size: int | None,
+        kv_cache_gib: float,
+        max_model_len: int | None,
+        extra: dict[str, Any],
+    ) -> Any:
         folder = str(getattr(self.model, "name_or_path", "") or "")
         if not os.path.isfile(os.path.join(folder, "config.json")):
             import copy
@@ -242,9 +295,16 @@ class VLLMRolloutEngine:
             config = copy.deepcopy(self.model.config)
             config.architectures = config.architectures or [type(self.model).__name__]
             config.save_pretrained(folder)
-        kw: dict[str, Any] = dict(dtype=_DTYPES[dtype], load_format="dummy", skip_tokenizer_init=True,
-                                  generation_config="vllm", logprobs_mode="processed_logprobs", enforce_eager=True,
-                                  seed=0, kv_cache_memory_bytes=int(kv_cache_gib * 2**30))
+        kw: dict[str, Any] = dict(
+            dtype=_DTYPES[dtype],
+            load_format="dummy",
+            skip_tokenizer_init=True,
+            generation_config="vllm",
+            logprobs_mode="processed_logprobs",
+            enforce_eager=True,
+            seed=0,
+            kv_cache_memory_bytes=int(kv_cache_gib * 2**30),
+        )
         if chunk_size is not None:
             kw["max_num_seqs"] = int(chunk_size)
         if max_model_len is not None:
@@ -259,8 +319,10 @@ class VLLMRolloutEngine:
             torch.set_num_threads = set_threads
         core = getattr(llm.llm_engine, "engine_core", None)
         if type(core).__name__ != "InprocClient":
-            raise RuntimeError(f"rollout.engine=vllm: vLLM must run in this process, got {type(core).__name__} "
-                               "(is VLLM_ENABLE_V1_MULTIPROCESSING overridden?)")
+            raise RuntimeError(
+                f"rollout.engine=vllm: vLLM must run in this process, got {type(core).__name__} "
+                "(is VLLM_ENABLE_V1_MULTIPROCESSING overridden?)"
+            )
         return llm
 
     @property
@@ -303,8 +365,9 @@ class VLLMRolloutEngine:
         s.stale, s.fingerprint, s.version = False, fp, s.version + 1
         s.last_sync_s = time.perf_counter() - t0
 
-    def generate(self, prompts: list[str], group_size: int, sampling: SamplingParams, seed: int,
-                 first_prompt: int = 0) -> Experience:
+    def generate(
+        self, prompts: list[str], group_size: int, sampling: SamplingParams, seed: int, first_prompt: int = 0
+    ) -> Experience:
         """``group_size`` completions per prompt (module docstring), from the model's current weights;
         prompt ``b`` is prompt ``first_prompt + b`` of the step's batch (its rows' seeds).
 
@@ -334,9 +397,20 @@ class VLLMRolloutEngine:
         tokens = [list(o.outputs[0].token_ids) for o in outs]
         logprobs = None
         if sampling.temperature > 0:
-            logprobs = [[step[t].logprob for step, t in zip(o.outputs[0].logprobs, tok)] for o, tok in zip(outs, tokens)]
+            logprobs = [
+                [step[t].logprob for step, t in zip(o.outputs[0].logprobs, tok)] for o, tok in zip(outs, tokens)
+            ]
         gen_s = time.perf_counter() - t0
         device = next(self.model.parameters()).device
-        return assemble_experience(ids, mask, tokens, group_size, eos_token_ids=self.eos_token_ids,
-                                   pad_token_id=pad, tokenizer=self.tokenizer, logprobs=logprobs, gen_s=gen_s,
-                                   device=device)
+        return assemble_experience(
+            ids,
+            mask,
+            tokens,
+            group_size,
+            eos_token_ids=self.eos_token_ids,
+            pad_token_id=pad,
+            tokenizer=self.tokenizer,
+            logprobs=logprobs,
+            gen_s=gen_s,
+            device=device,
+        )

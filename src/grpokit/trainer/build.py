@@ -18,10 +18,10 @@ import torch
 
 from grpokit.config import Recipe
 from grpokit.data import dataset_label
+from grpokit.data.rows import load_prompts, section_rows
 from grpokit.utils.distributed import SINGLE, GatheredEngine, Ranks, barrier, rank_device
 from grpokit.utils.dtypes import dtype_of
 from grpokit.utils.outputs import check_output_dir
-from grpokit.data.rows import load_prompts, section_rows
 
 if TYPE_CHECKING:  # the parts' types; their modules are imported where the parts are built
     from transformers import PreTrainedTokenizerBase
@@ -47,8 +47,10 @@ def resolve_device(name: str) -> torch.device:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"model.device={name!r}: torch sees no CUDA device here (use cpu or auto)")
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise ValueError(f"model.device={name!r}: torch sees {torch.cuda.device_count()} CUDA device(s) "
-                         f"(cuda:0 … cuda:{torch.cuda.device_count() - 1})")
+        raise ValueError(
+            f"model.device={name!r}: torch sees {torch.cuda.device_count()} CUDA device(s) "
+            f"(cuda:0 … cuda:{torch.cuda.device_count() - 1})"
+        )
     return dev
 
 
@@ -119,8 +121,9 @@ def build_rewards(recipe: Recipe, device: torch.device | str = "cpu") -> RewardP
     return RewardPipeline.from_config(recipe.rewards, step_scorer, device)
 
 
-def load_policy(recipe: Recipe, device: torch.device, *, reference: bool = False,
-                ranks: Ranks = SINGLE) -> torch.nn.Module:
+def load_policy(
+    recipe: Recipe, device: torch.device, *, reference: bool = False, ranks: Ranks = SINGLE
+) -> torch.nn.Module:
     """The model of ``model.name_or_path`` in ``model.dtype`` on ``device``, in eval mode (no
     dropout: sampler and trainer see the same π), with its speed backend; the reference model
     frozen (no gradients). With ``model.lora`` the policy is wrapped with LoRA adapters
@@ -130,8 +133,9 @@ def load_policy(recipe: Recipe, device: torch.device, *, reference: bool = False
     from grpokit.models.loading import load_model
 
     m = recipe.model
-    model = load_model(m.name_or_path, dtype=dtype_of(m.dtype, "model.dtype"), device=device,
-                       trust_remote_code=m.trust_remote_code)
+    model = load_model(
+        m.name_or_path, dtype=dtype_of(m.dtype, "model.dtype"), device=device, trust_remote_code=m.trust_remote_code
+    )
     model.eval()
     if reference:
         model.requires_grad_(False)
@@ -147,8 +151,12 @@ def load_policy(recipe: Recipe, device: torch.device, *, reference: bool = False
 
     if ranks.parallel == "ddp":  # gradients summed from param.grad after the backward: the cpu backend is exact
         mark_grads_reduced_after_backward(model)
-    install_backend(model, m.backend, announce=not reference and ranks.is_main,
-                    **({} if reference else {"recompute_mlp": m.recompute_mlp}))
+    install_backend(
+        model,
+        m.backend,
+        announce=not reference and ranks.is_main,
+        **({} if reference else {"recompute_mlp": m.recompute_mlp}),
+    )
     if m.gradient_checkpointing and not reference:
         from grpokit.models.logprobs import enable_gradient_checkpointing
 
@@ -168,8 +176,8 @@ def build_run(recipe: Recipe) -> Run:
     from grpokit.estimators.base import load_algorithm
     from grpokit.models.loading import eos_token_ids, load_tokenizer, model_max_positions
     from grpokit.models.logprobs import LogprobScorer
-    from grpokit.trainer.optim import make_optimizer
     from grpokit.rollout.engine import SamplingParams
+    from grpokit.trainer.optim import make_optimizer
     from grpokit.trainer.state import TrainState, seed_everything
 
     m, d, r = recipe.model, recipe.data, recipe.rollout
@@ -199,46 +207,92 @@ def build_run(recipe: Recipe) -> Run:
     # 2. tokenizer, prompts (training and held-out: both must fit the context)
     tokenizer = load_tokenizer(m.name_or_path, trust_remote_code=m.trust_remote_code)
     max_positions = model_max_positions(m.name_or_path, trust_remote_code=m.trust_remote_code)
-    rows, prompts, skipped = load_prompts(recipe, tokenizer, dataset=d.dataset, split=d.split, limit=d.limit,
-                                          rows=rows, max_new_tokens=r.max_new_tokens, max_positions=max_positions)
+    rows, prompts, skipped = load_prompts(
+        recipe,
+        tokenizer,
+        dataset=d.dataset,
+        split=d.split,
+        limit=d.limit,
+        rows=rows,
+        max_new_tokens=r.max_new_tokens,
+        max_positions=max_positions,
+    )
     if evaluator is not None:
         evaluator.prepare(tokenizer, max_positions)
     if len(rows) < recipe.train.prompts_per_step:
-        print(f"[grpokit] note: {len(rows)} prompts < train.prompts_per_step; prompts repeat within a step",
-              file=sys.stderr)
+        print(
+            f"[grpokit] note: {len(rows)} prompts < train.prompts_per_step; prompts repeat within a step",
+            file=sys.stderr,
+        )
     data = TrainData(rows, prompts, sorted({k for row in rows for k in row} - {"prompt"}), skipped)
     if rewards.step_scorer is not None:
         rewards.step_scorer.tokenizer = tokenizer
     # 3. models, engine, optimizer
     model = load_policy(recipe, device, ranks=ranks)
     # with LoRA, π_ref is the policy with its adapters disabled (grpokit.models.logprobs.reference_logprobs)
-    ref_model = (load_policy(recipe, device, reference=True, ranks=ranks)
-                 if algorithm.needs_reference and m.lora is None else None)
+    ref_model = (
+        load_policy(recipe, device, reference=True, ranks=ranks)
+        if algorithm.needs_reference and m.lora is None
+        else None
+    )
     eos_ids = eos_token_ids(model, tokenizer)
-    engine, eval_engine = build_engines(recipe, model, tokenizer, eos_ids, evaluation=evaluator is not None,
-                                        ranks=ranks)
+    engine, eval_engine = build_engines(
+        recipe, model, tokenizer, eos_ids, evaluation=evaluator is not None, ranks=ranks
+    )
     sampling = SamplingParams.from_config(r)
     optimizer, scheduler = make_optimizer(model, recipe.train)
-    logprobs = LogprobScorer(model, ref_model, temperature=r.temperature,
-                             micro_batch_size=recipe.train.micro_batch_size, autocast_bf16=m.autocast_bf16)
+    logprobs = LogprobScorer(
+        model,
+        ref_model,
+        temperature=r.temperature,
+        micro_batch_size=recipe.train.micro_batch_size,
+        autocast_bf16=m.autocast_bf16,
+    )
     algorithm.bind(logprobs, recipe.train)  # PPO builds its value model here
     out = Path(recipe.train.output_dir)
     if ranks.is_main:
         out.mkdir(parents=True, exist_ok=True)
         n = ranks.world_size
         where = f" on {n} rank{'s' if n > 1 else ''} ({ranks.parallel})" if ranks.active else ""
-        print(f"[grpokit] {len(rows)} prompts ({skipped} skipped as too long) from "
-              f"{dataset_label(d.dataset, d.split)}; "
-              f"model {m.name_or_path} on {device}{where}; β={recipe.algo.beta}; G={r.group_size}", flush=True)
+        print(
+            f"[grpokit] {len(rows)} prompts ({skipped} skipped as too long) from "
+            f"{dataset_label(d.dataset, d.split)}; "
+            f"model {m.name_or_path} on {device}{where}; β={recipe.algo.beta}; G={r.group_size}",
+            flush=True,
+        )
     barrier(ranks)
-    return Run(model=model, ref_model=ref_model, tokenizer=tokenizer, eos_ids=eos_ids, device=device, engine=engine,
-               sampling=sampling, rewards=rewards, algorithm=algorithm, optimizer=optimizer, scheduler=scheduler,
-               state=TrainState(), data=data, evaluator=evaluator, eval_engine=eval_engine, out=out,
-               recipe=recipe, logprobs=logprobs, ranks=ranks)
+    return Run(
+        model=model,
+        ref_model=ref_model,
+        tokenizer=tokenizer,
+        eos_ids=eos_ids,
+        device=device,
+        engine=engine,
+        sampling=sampling,
+        rewards=rewards,
+        algorithm=algorithm,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        state=TrainState(),
+        data=data,
+        evaluator=evaluator,
+        eval_engine=eval_engine,
+        out=out,
+        recipe=recipe,
+        logprobs=logprobs,
+        ranks=ranks,
+    )
 
 
-def build_engines(recipe: Recipe, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, eos_ids: list[int], *,
-                  evaluation: bool, ranks: Ranks = SINGLE) -> tuple[RolloutEngine, RolloutEngine | None]:
+def build_engines(
+    recipe: Recipe,
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    eos_ids: list[int],
+    *,
+    evaluation: bool,
+    ranks: Ranks = SINGLE,
+) -> tuple[RolloutEngine, RolloutEngine | None]:
     """The rollout engine ``rollout.engine`` on ``model`` and, with ``evaluation``, the engine
     held-out evaluation generates with (:class:`Run`'s docstring). With bf16 autocast the trainer
     scores in bf16, so the engine samples from a bf16 copy; ``rollout.vllm`` reaches ``vllm.LLM``;
@@ -276,8 +330,10 @@ def start_ranks(recipe: Recipe, device: torch.device) -> Ranks:
     mode = resolve_parallel(t.parallel, world)
     if world > 1:
         if t.prompts_per_step % world:
-            raise ValueError(f"train.prompts_per_step={t.prompts_per_step} is not divisible by the {world} "
-                             "processes launched: each rank takes whole groups")
+            raise ValueError(
+                f"train.prompts_per_step={t.prompts_per_step} is not divisible by the {world} "
+                "processes launched: each rank takes whole groups"
+            )
         refused = {
             "algo.dynamic_sampling": recipe.algo.dynamic_sampling,
             "rollout.sampler=multinomial": recipe.rollout.sampler == "multinomial",
@@ -285,13 +341,16 @@ def start_ranks(recipe: Recipe, device: torch.device) -> Ranks:
         }
         for key, on in refused.items():
             if on:
-                raise ValueError(f"{key} is not supported with {world} processes yet (train.parallel={mode}); "
-                                 "run it in one process")
+                raise ValueError(
+                    f"{key} is not supported with {world} processes yet (train.parallel={mode}); run it in one process"
+                )
     if mode == "fsdp2" and recipe.algo.estimator == "ppo":  # its value model is a copy of the (sharded) decoder
         raise ValueError("algo.estimator=ppo with train.parallel=fsdp2 is not supported yet; use train.parallel=ddp")
     if mode == "fsdp2" and recipe.model.lora is not None:
         raise ValueError("model.lora with train.parallel=fsdp2 is not supported yet; use train.parallel=ddp")
     if mode == "fsdp2" and recipe.model.autocast_bf16:  # its sampler is a bf16 copy of the whole model
-        raise ValueError("model.autocast_bf16 with train.parallel=fsdp2 is not supported (the sampler would be an "
-                         "unsharded bf16 copy); use model.dtype=bfloat16, or train.parallel=ddp")
+        raise ValueError(
+            "model.autocast_bf16 with train.parallel=fsdp2 is not supported (the sampler would be an "
+            "unsharded bf16 copy); use model.dtype=bfloat16, or train.parallel=ddp"
+        )
     return init_ranks(t.parallel, device)

@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from grpokit.utils.filemodes import honour_umask
 from grpokit.models.lora import base_recorded_as, is_adapter_checkpoint, is_peft_model, load_adapter_weights
+from grpokit.utils.filemodes import honour_umask
 from grpokit.utils.textio import NotUtf8Error, read_utf8
 
 _NAME = re.compile(r"^checkpoint-(\d+)$")
@@ -70,7 +70,8 @@ def list_checkpoints(output_dir: str | Path) -> list[Path]:
     if not out.is_dir():
         return []
     found = [
-        (int(m.group(1)), p) for p in out.iterdir()
+        (int(m.group(1)), p)
+        for p in out.iterdir()
         if (m := _NAME.match(p.name)) and (p / "trainer_state.json").is_file()
     ]
     return [p for _, p in sorted(found)]
@@ -117,12 +118,19 @@ def save_checkpoint(
         # (peft's "auto" would look the base model up on the Hub at every save); the adapter names
         # its base as the recipe does (a hub id or the user's path, not this machine's folder)
         with base_recorded_as(model, (recipe.get("model") or {}).get("name_or_path")):
-            model.save_pretrained(tmp, safe_serialization=True, **({"save_embedding_layers": False}
-                                                                     if is_peft_model(model) else {}),
-                                  **({"state_dict": model_state} if model_state is not None else {}))
+            model.save_pretrained(
+                tmp,
+                safe_serialization=True,
+                **({"save_embedding_layers": False} if is_peft_model(model) else {}),
+                **({"state_dict": model_state} if model_state is not None else {}),
+            )
         tokenizer.save_pretrained(tmp)
-        blob = {"optimizer": optimizer.state_dict() if optimizer_state is None else optimizer_state,
-                "scheduler": scheduler.state_dict(), "rng": rng_state(), "algorithm": algorithm_state or {}}
+        blob = {
+            "optimizer": optimizer.state_dict() if optimizer_state is None else optimizer_state,
+            "scheduler": scheduler.state_dict(),
+            "rng": rng_state(),
+            "algorithm": algorithm_state or {},
+        }
         if rng_ranks is not None:
             blob["rng_ranks"] = rng_ranks
         torch.save(blob, tmp / "training_state.pt")
@@ -191,8 +199,7 @@ def load_training_state(path: str | Path) -> tuple[dict[str, Any], dict[str, Any
     state_file, blob_file = path / "trainer_state.json", path / "training_state.pt"
     state = _read_json(state_file)
     if not isinstance(state, dict) or not all(type(state.get(k)) is int for k in ("step", "epoch", "position")):
-        raise ValueError(f"{state_file}: expected an object with integer step, epoch and position; "
-                         f"{_RESUME_HINT}")
+        raise ValueError(f"{state_file}: expected an object with integer step, epoch and position; {_RESUME_HINT}")
     try:
         blob = torch.load(blob_file, weights_only=True)
     except Exception as e:  # truncated zip, unpickling refused, ...: torch's messages run to many lines
@@ -233,8 +240,10 @@ def find_resume_checkpoint(output_dir: str | Path, resume: str) -> Path | None:
         return found[-1] if found else None
     p = Path(resume)
     if not (p / "trainer_state.json").is_file():
-        raise ValueError(f"train.resume: {resume!r} is not a complete checkpoint folder "
-                         "(no trainer_state.json); use auto, none or a checkpoint-<step> folder")
+        raise ValueError(
+            f"train.resume: {resume!r} is not a complete checkpoint folder "
+            "(no trainer_state.json); use auto, none or a checkpoint-<step> folder"
+        )
     return p
 
 
@@ -252,9 +261,11 @@ def read_model_state(ckpt: str | Path) -> dict[str, torch.Tensor]:
         try:
             state.update(load_file(f))
         except Exception as e:  # noqa: BLE001 - safetensors raises its own error types
-            raise ValueError(f"checkpoint {ckpt}: {f.name} cannot be read ({type(e).__name__}: {e}); "
-                             "resume from another checkpoint (train.resume=<folder>) or start over "
-                             "(train.resume=none)") from e
+            raise ValueError(
+                f"checkpoint {ckpt}: {f.name} cannot be read ({type(e).__name__}: {e}); "
+                "resume from another checkpoint (train.resume=<folder>) or start over "
+                "(train.resume=none)"
+            ) from e
     return state
 
 
@@ -273,8 +284,10 @@ def load_model_weights(model: torch.nn.Module, ckpt: str | Path) -> None:
         load_adapter_weights(model, ckpt)
         return
     if is_adapter_checkpoint(ckpt):
-        raise ValueError(f"checkpoint {ckpt}: holds a LoRA adapter (adapter_config.json) but model.lora is off; "
-                         "resume with the run's model.lora, or start over (train.resume=none)")
+        raise ValueError(
+            f"checkpoint {ckpt}: holds a LoRA adapter (adapter_config.json) but model.lora is off; "
+            "resume with the run's model.lora, or start over (train.resume=none)"
+        )
     state = read_model_state(ckpt)
     missing, unexpected = model.load_state_dict(state, strict=False)
     real_missing = [k for k in missing if not k.endswith("lm_head.weight")]  # tied embeddings

@@ -10,12 +10,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from grpokit.trainer.build import Run
-from grpokit.utils.distributed import Ranks, gather_objects
 from grpokit.experience import Experience
-from grpokit.utils.memory import release_memory
 from grpokit.rewards.pipeline import ScoredRows, reward_metrics
+from grpokit.trainer.build import Run
 from grpokit.trainer.state import next_prompt_indices
+from grpokit.utils.distributed import Ranks, gather_objects
+from grpokit.utils.memory import release_memory
 
 
 @dataclass
@@ -44,12 +44,17 @@ def sample_and_score(run: Run, step: int, n_prompts: int, *, round_: int = 0) ->
     rows = [run.data.rows[i] for i in idx]
     per = n_prompts // ranks.world_size  # this rank samples and scores prompts first … first+per-1
     first = ranks.rank * per
-    mine = idx[first: first + per]
-    exp = run.engine.generate([run.data.prompts[i] for i in mine], g, run.sampling,
-                              seed * 100003 + step + 1000003 * round_, first_prompt=first)
+    mine = idx[first : first + per]
+    exp = run.engine.generate(
+        [run.data.prompts[i] for i in mine],
+        g,
+        run.sampling,
+        seed * 100003 + step + 1000003 * round_,
+        first_prompt=first,
+    )
     release_memory()
     t_reward = time.perf_counter()
-    scored = run.rewards.score_rows(exp, rows[first: first + per], run.data.columns)
+    scored = run.rewards.score_rows(exp, rows[first : first + per], run.data.columns)
     if ranks.active:  # the whole batch on every rank: advantages and metrics as one process has them
         exp, scored = gather_scored(exp, scored, ranks, run.tokenizer.pad_token_id)
     metrics = dict(reward_metrics(exp, scored.per_function), reward_failures=scored.failures)
@@ -86,8 +91,11 @@ def refill_groups_with_signal(run: Run, step: int, first: Collected) -> Collecte
         rounds += 1
         cur = sample_and_score(run, step, b - len(kept_rows), round_=rounds)
         sampled += len(cur.rows)
-    metrics = dict(first.metrics, reward_failures=failures,
-                   **{"dynamic/rounds": rounds, "dynamic/groups_sampled": sampled, "dynamic/groups_kept": len(kept_rows)})
+    metrics = dict(
+        first.metrics,
+        reward_failures=failures,
+        **{"dynamic/rounds": rounds, "dynamic/groups_sampled": sampled, "dynamic/groups_kept": len(kept_rows)},
+    )
     if not kept_rows:
         first.experience.gen_s = gen_s
         return Collected(first.rows, first.experience, metrics, reward_s)

@@ -119,8 +119,12 @@ def _train(run: Run, start: Path | None, progress: bool, changes: list[tuple[str
     """:func:`train` once the run's parts exist: start (or resume), the steps, the end."""
     recipe, main = run.recipe, run.ranks.is_main  # with several ranks only rank 0 writes files and prints
     logger = RunLogger(run.out) if main else NullLogger(run.out)
-    summary: dict[str, Any] = {"output_dir": str(run.out), "rank": run.ranks.rank,
-                               "world_size": run.ranks.world_size, "parallel": run.ranks.parallel}
+    summary: dict[str, Any] = {
+        "output_dir": str(run.out),
+        "rank": run.ranks.rank,
+        "world_size": run.ranks.world_size,
+        "parallel": run.ranks.parallel,
+    }
     memory = LoopMemory()
     _begin(run, start, changes, logger, summary)
     summary["last_metrics"] = _steps(run, logger, memory, summary, progress)
@@ -136,8 +140,9 @@ def _train(run: Run, start: Path | None, progress: bool, changes: list[tuple[str
     return summary
 
 
-def _begin(run: Run, start: Path | None, changes: list[tuple[str, Any, Any]], logger: RunLogger,
-           summary: dict[str, Any]) -> None:
+def _begin(
+    run: Run, start: Path | None, changes: list[tuple[str, Any, Any]], logger: RunLogger, summary: dict[str, Any]
+) -> None:
     """Resume from ``start``, or begin afresh (replacing an earlier run's metrics in the folder) with
     the held-out evaluation before training when the recipe asks for it."""
     if start is not None:
@@ -152,8 +157,7 @@ def _begin(run: Run, start: Path | None, changes: list[tuple[str, Any, Any]], lo
         summary["eval_before"] = evaluate_on_main(run, "before")
 
 
-def _steps(run: Run, logger: RunLogger, memory: LoopMemory, summary: dict[str, Any],
-           progress: bool) -> dict[str, Any]:
+def _steps(run: Run, logger: RunLogger, memory: LoopMemory, summary: dict[str, Any], progress: bool) -> dict[str, Any]:
     """:func:`run_step` until ``train.max_steps`` or a stop signal, checkpointing every
     ``train.save_steps``, at a stop and at the end; returns the last step's metrics ({} if none ran).
 
@@ -162,8 +166,14 @@ def _steps(run: Run, logger: RunLogger, memory: LoopMemory, summary: dict[str, A
     from tqdm.auto import tqdm
 
     t = run.recipe.train
-    bar = tqdm(total=t.max_steps, initial=run.state.step, disable=not (progress and run.ranks.is_main),
-               desc="grpo", unit="step", dynamic_ncols=True)
+    bar = tqdm(
+        total=t.max_steps,
+        initial=run.state.step,
+        disable=not (progress and run.ranks.is_main),
+        desc="grpo",
+        unit="step",
+        dynamic_ncols=True,
+    )
     last: dict[str, Any] = {}
     with StopFlag() as stop:
         while run.state.step < t.max_steps:
@@ -172,9 +182,11 @@ def _steps(run: Run, logger: RunLogger, memory: LoopMemory, summary: dict[str, A
             bar.set_postfix(reward=f"{last['reward_mean'] or 0:.3f}", step_s=f"{last['step_s']:.1f}")
             step = run.state.step
             if run.state.consecutive_skips >= t.max_consecutive_skips:
-                raise RuntimeError(f"{run.state.consecutive_skips} consecutive non-finite updates "
-                                   f"(loss or gradient norm) up to step {step}; stopping "
-                                   f"(train.max_consecutive_skips={t.max_consecutive_skips}). See metrics.jsonl.")
+                raise RuntimeError(
+                    f"{run.state.consecutive_skips} consecutive non-finite updates "
+                    f"(loss or gradient norm) up to step {step}; stopping "
+                    f"(train.max_consecutive_skips={t.max_consecutive_skips}). See metrics.jsonl."
+                )
             stopping = any_rank(stop.requested, run.ranks)  # a signal to any rank stops all after this step
             if (t.save_steps and step % t.save_steps == 0) or stopping or step == t.max_steps:
                 save_run_checkpoint(run, run.recipe)
@@ -187,10 +199,16 @@ def _steps(run: Run, logger: RunLogger, memory: LoopMemory, summary: dict[str, A
 
 def _say_stopped(recipe: Recipe, summary: dict[str, Any]) -> None:
     t = recipe.train
-    again = ("run the same command to continue" if t.resume == "auto" else
-             f"continue with train.resume=auto (this command has train.resume={t.resume})")
-    print(f"[grpokit] stopped at step {summary['stopped_at']} of {t.max_steps}; " + (
-        again if summary["stopped_at"] < t.max_steps else "the evaluation after training was not run"), flush=True)
+    again = (
+        "run the same command to continue"
+        if t.resume == "auto"
+        else f"continue with train.resume=auto (this command has train.resume={t.resume})"
+    )
+    print(
+        f"[grpokit] stopped at step {summary['stopped_at']} of {t.max_steps}; "
+        + (again if summary["stopped_at"] < t.max_steps else "the evaluation after training was not run"),
+        flush=True,
+    )
 
 
 def _after_training(run: Run, logger: RunLogger, memory: LoopMemory, summary: dict[str, Any]) -> None:
@@ -205,9 +223,13 @@ def _after_training(run: Run, logger: RunLogger, memory: LoopMemory, summary: di
             summary["eval_after"] = evaluate_on_main(run, "after")
     if main and logger.metrics_path.exists():
         before = run.out / "eval_before.json"  # also there when this process resumed the run
-        plot_curves(logger.metrics_path, run.out / "curves.png", beta=recipe.algo.beta,
-                    num_iterations=recipe.train.num_iterations,
-                    before=json.loads(before.read_text()) if before.exists() else None)
+        plot_curves(
+            logger.metrics_path,
+            run.out / "curves.png",
+            beta=recipe.algo.beta,
+            num_iterations=recipe.train.num_iterations,
+            before=json.loads(before.read_text()) if before.exists() else None,
+        )
 
 
 def run_step(run: Run, logger: RunLogger, memory: LoopMemory) -> StepResult:
@@ -237,8 +259,9 @@ def run_step(run: Run, logger: RunLogger, memory: LoopMemory) -> StepResult:
         metrics.update(_periodic_eval(run, step, memory))
     logger.log(metrics)
     if ranks.is_main:
-        warn_if_step_did_nothing(metrics, exp.advantages, max_new_tokens=recipe.rollout.max_new_tokens,
-                                 warned_at=memory.warned_at)
+        warn_if_step_did_nothing(
+            metrics, exp.advantages, max_new_tokens=recipe.rollout.max_new_tokens, warned_at=memory.warned_at
+        )
         every = recipe.train.sample_every
         if every and (step % every == 0 or step == 1):
             logger.log_samples(step, sample_lines(batch.rows, exp, run.tokenizer))
@@ -249,13 +272,20 @@ def _step_metrics(run: Run, batch: Any, update: dict[str, Any], *, step_s: float
     """The step's metrics line: the reward metrics, the update's, lengths and the phases' seconds."""
     exp = batch.experience
     lengths = exp.completion_mask.sum(1).float()
-    overlong = ({"overlong_filtered_frac": float(exp.truncated.float().mean())}
-                if run.recipe.algo.overlong_filter else {})
+    overlong = (
+        {"overlong_filtered_frac": float(exp.truncated.float().mean())} if run.recipe.algo.overlong_filter else {}
+    )
     return {
-        "step": run.state.step, **batch.metrics, **overlong, **update,
+        "step": run.state.step,
+        **batch.metrics,
+        **overlong,
+        **update,
         "completion_len_mean": float(lengths.mean()),
         "truncated_frac": float(exp.truncated.float().mean()),
-        "step_s": step_s, "gen_s": exp.gen_s, "reward_s": batch.reward_s, "train_s": train_s,
+        "step_s": step_s,
+        "gen_s": exp.gen_s,
+        "reward_s": batch.reward_s,
+        "train_s": train_s,
         "tokens_per_s": float(lengths.sum()) / step_s,
         "train_minutes": run.state.extra["train_s"] / 60,  # training wall-clock so far, evaluations excluded
     }
@@ -322,10 +352,17 @@ def optimize(run: Run, exp: Experience, *, keep_rows: torch.Tensor | None = None
     aux = run.algorithm.update_auxiliary(exp, loss_mask, t)  # PPO: the value model
     run.engine.sync_weights()
     mu = max(passes, 1)
-    return {**totals.means(mu), "grad_norm": sum(grad_norms) / mu,
-            "lr": sum(lrs) / len(lrs) if lrs else float(run.optimizer.param_groups[0]["lr"]),
-            "skipped_updates": outcomes.count("skipped"), "zero_grad_updates": outcomes.count("zero_grad"),
-            "ref_s": ref_s, "policy_updated": int(passes > 0), **aux, **gap.metrics()}
+    return {
+        **totals.means(mu),
+        "grad_norm": sum(grad_norms) / mu,
+        "lr": sum(lrs) / len(lrs) if lrs else float(run.optimizer.param_groups[0]["lr"]),
+        "skipped_updates": outcomes.count("skipped"),
+        "zero_grad_updates": outcomes.count("zero_grad"),
+        "ref_s": ref_s,
+        "policy_updated": int(passes > 0),
+        **aux,
+        **gap.metrics(),
+    }
 
 
 @dataclass(frozen=True)
@@ -377,7 +414,7 @@ class UpdateTotals:
         summed = sum_over_ranks(values, ranks)
         for p, v in zip(self.passes, summed):
             p.loss = v
-        for (i, k), v in zip(keys, summed[len(self.passes):]):
+        for (i, k), v in zip(keys, summed[len(self.passes) :]):
             self.passes[i].stats[k] = v
         if self.entropy is not None:
             self.entropy = summed[-1]
@@ -401,8 +438,14 @@ def _score_old_and_reference(run: Run, exp: Experience) -> None:
         exp.old_logprobs = run.logprobs.policy(exp)
 
 
-def _gradient_pass(run: Run, exp: Experience, loss_mask: torch.Tensor, counts: BatchCounts, update: UpdateTotals,
-                   gap: LogprobGap | None) -> float:
+def _gradient_pass(
+    run: Run,
+    exp: Experience,
+    loss_mask: torch.Tensor,
+    counts: BatchCounts,
+    update: UpdateTotals,
+    gap: LogprobGap | None,
+) -> float:
     """One pass of step 6 over this rank's micro-batches: each loss normalized by the batch's
     ``counts``, backward into ``.grad``; the pass's loss and token-weighted stats go into a new
     :class:`PassTotals` of ``update``. In pass 0 (``gap`` given: before the first update logp is
@@ -412,8 +455,13 @@ def _gradient_pass(run: Run, exp: Experience, loss_mask: torch.Tensor, counts: B
     for sl, mb in exp.micro_batches(run.recipe.train.micro_batch_size):
         with adapter_dropout(run.model):  # model.lora.dropout: in the gradient passes only (grpokit.models.lora)
             logp, ent = run.logprobs.micro_batch(mb, with_entropy=gap is not None)
-            loss, st = run.algorithm.loss(logp, mb, loss_mask[sl, : mb.completion_ids.shape[1]],
-                                          num_sequences=counts.sequences, num_tokens=counts.loss_tokens)
+            loss, st = run.algorithm.loss(
+                logp,
+                mb,
+                loss_mask[sl, : mb.completion_ids.shape[1]],
+                num_sequences=counts.sequences,
+                num_tokens=counts.loss_tokens,
+            )
             loss.backward()  # inside: a checkpointed layer recomputes with the same dropout
         if gap is not None:
             gap.add(mb.sampler_logprobs, logp, mb.completion_mask)

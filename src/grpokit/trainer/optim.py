@@ -58,11 +58,18 @@ class AdamWStochasticRounding(torch.optim.Optimizer):
         ValueError: lr < 0, eps <= 0, a beta outside [0, 1), or weight_decay < 0.
     """
 
-    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0):
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+    ):
         if lr < 0 or eps <= 0 or weight_decay < 0 or not all(0 <= b < 1 for b in betas):
-            raise ValueError(f"AdamWStochasticRounding: invalid lr={lr}, betas={betas}, eps={eps} or "
-                             f"weight_decay={weight_decay}")
+            raise ValueError(
+                f"AdamWStochasticRounding: invalid lr={lr}, betas={betas}, eps={eps} or weight_decay={weight_decay}"
+            )
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
 
     @torch.no_grad()
@@ -85,8 +92,9 @@ class AdamWStochasticRounding(torch.optim.Optimizer):
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
                 state["step"] += 1
                 work = p if p.is_contiguous() else p.contiguous()  # the chunks are flat views
-                self._update(work, p.grad.contiguous(), state["exp_avg"], state["exp_avg_sq"], int(state["step"]),
-                             group, rng)
+                self._update(
+                    work, p.grad.contiguous(), state["exp_avg"], state["exp_avg_sq"], int(state["step"]), group, rng
+                )
                 if work is not p:
                     p.copy_(work)
         return loss
@@ -189,8 +197,9 @@ def keep_hyperparameters(optimizer: torch.optim.Optimizer, saved: list[dict]) ->
         ValueError: the optimizer has another number of param groups than ``saved``.
     """
     if len(saved) != len(optimizer.param_groups):
-        raise ValueError(f"keep_hyperparameters: {len(saved)} saved param groups for "
-                         f"{len(optimizer.param_groups)} in the optimizer")
+        raise ValueError(
+            f"keep_hyperparameters: {len(saved)} saved param groups for {len(optimizer.param_groups)} in the optimizer"
+        )
     for group, settings in zip(optimizer.param_groups, saved):
         group.update(settings)
 

@@ -13,8 +13,15 @@ import torch
 from grpokit.config import Recipe
 from grpokit.config.resume import check_resume
 from grpokit.trainer.build import Run
-from grpokit.trainer.checkpoint import (load_model_weights, load_training_state, read_checkpoint_recipe,
-                                        read_model_state, rng_state, save_checkpoint, set_rng_state)
+from grpokit.trainer.checkpoint import (
+    load_model_weights,
+    load_training_state,
+    read_checkpoint_recipe,
+    read_model_state,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from grpokit.trainer.optim import hyperparameters, keep_hyperparameters, load_schedule_state
 from grpokit.trainer.state import TrainState
 from grpokit.utils.distributed import full_state, gather_objects, is_sharded, load_full_state
@@ -34,11 +41,25 @@ def save_run_checkpoint(run: Run, recipe: Recipe) -> Path | None:
     if not ranks.is_main:
         return None
     return save_checkpoint(
-        run.out, st.step, model=run.model, tokenizer=run.tokenizer, optimizer=run.optimizer, scheduler=run.scheduler,
-        trainer_state={"epoch": st.epoch, "position": st.position, "consecutive_skips": st.consecutive_skips,
-                       "extra": st.extra, "world_size": ranks.world_size},
-        recipe=recipe.to_dict(), keep=recipe.train.save_total_limit, algorithm_state=run.algorithm.state_dict(),
-        rng_ranks=rng, model_state=model_state, optimizer_state=optimizer_state,
+        run.out,
+        st.step,
+        model=run.model,
+        tokenizer=run.tokenizer,
+        optimizer=run.optimizer,
+        scheduler=run.scheduler,
+        trainer_state={
+            "epoch": st.epoch,
+            "position": st.position,
+            "consecutive_skips": st.consecutive_skips,
+            "extra": st.extra,
+            "world_size": ranks.world_size,
+        },
+        recipe=recipe.to_dict(),
+        keep=recipe.train.save_total_limit,
+        algorithm_state=run.algorithm.state_dict(),
+        rng_ranks=rng,
+        model_state=model_state,
+        optimizer_state=optimizer_state,
     )
 
 
@@ -76,15 +97,24 @@ def resume(run: Run, ckpt: Path, changes: list[tuple[str, Any, Any]] = ()) -> No
         keep_hyperparameters(opt, kept)
     per_rank = blob.get("rng_ranks")
     set_rng_state(per_rank[run.ranks.rank] if per_rank and len(per_rank) == run.ranks.world_size else blob["rng"])
-    run.state = TrainState(step=state["step"], epoch=state["epoch"], position=state["position"],
-                           consecutive_skips=state.get("consecutive_skips", 0), extra=state.get("extra", {}))
+    run.state = TrainState(
+        step=state["step"],
+        epoch=state["epoch"],
+        position=state["position"],
+        consecutive_skips=state.get("consecutive_skips", 0),
+        extra=state.get("extra", {}),
+    )
     if changes:
         run.state.extra["recipe_changes"] = list(run.state.extra.get("recipe_changes", [])) + [
-            {"step": run.state.step, "key": k, "old": old, "new": new} for k, old, new in changes]
+            {"step": run.state.step, "key": k, "old": old, "new": new} for k, old, new in changes
+        ]
         if run.ranks.is_main:
             said = ", ".join(f"{k} {old!r} -> {new!r}" for k, old, new in changes)
-            print(f"[grpokit] resuming {ckpt} with changed keys (the recipe's values apply from step "
-                  f"{run.state.step + 1}): {said}", flush=True)
+            print(
+                f"[grpokit] resuming {ckpt} with changed keys (the recipe's values apply from step "
+                f"{run.state.step + 1}): {said}",
+                flush=True,
+            )
 
 
 def check_resume_recipe(ckpt: Path, recipe: Recipe) -> list[tuple[str, Any, Any]]:

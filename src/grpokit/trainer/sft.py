@@ -29,9 +29,9 @@ from typing import Any
 import torch
 
 from grpokit.data import dataset_label, render_prompts
-from grpokit.utils.filemodes import honour_umask
 from grpokit.data.heldout import drop_questions
 from grpokit.models.loading import encode_prompts
+from grpokit.utils.filemodes import honour_umask
 from grpokit.utils.outputs import check_output_dir
 
 __all__ = ["IGNORE_INDEX", "collate", "completion_rows", "drop_heldout_questions", "encode_rows", "main_sft", "run_sft"]
@@ -73,15 +73,19 @@ def completion_rows(rows: list[dict], completion_template: str) -> tuple[list[di
             continue
         out.append({**row, "completion": text})
     if not out:
-        raise ValueError(f"sft: no row has the fields of completion template {completion_template!r}; "
-                         f"the rows have {sorted(rows[0]) if rows else 'no columns (no rows)'}")
+        raise ValueError(
+            f"sft: no row has the fields of completion template {completion_template!r}; "
+            f"the rows have {sorted(rows[0]) if rows else 'no columns (no rows)'}"
+        )
     return out, skipped
 
 
-def encode_rows(tokenizer: Any, rows: list[dict], *, prompt_template: str,
-                system_prompt: str | None = None) -> list[dict[str, list[int]]]:
+def encode_rows(
+    tokenizer: Any, rows: list[dict], *, prompt_template: str, system_prompt: str | None = None
+) -> list[dict[str, list[int]]]:
     """Token ids and labels of each row: the chat-templated prompt as GRPO sees it
-    (:func:`grpokit.data.render_prompts`, :func:`grpokit.models.loading.encode_prompts`), then the completion and the end-of-turn token.
+    (:func:`grpokit.data.render_prompts`, :func:`grpokit.models.loading.encode_prompts`), then the completion
+    and the end-of-turn token.
 
     Returns:
         One dict per row: ``input_ids`` (P + C + 1 ints) and ``labels`` (``IGNORE_INDEX`` at the P
@@ -93,8 +97,14 @@ def encode_rows(tokenizer: Any, rows: list[dict], *, prompt_template: str,
     eos = getattr(tokenizer, "eos_token_id", None)
     if eos is None:
         raise ValueError("sft: the tokenizer has no eos_token_id, so the completions could not be taught to end")
-    prompts = render_prompts(tokenizer, rows, system_prompt=system_prompt, template=prompt_template, source="sft",
-                             system_key="the system prompt (--system-prompt or data.system_prompt)")
+    prompts = render_prompts(
+        tokenizer,
+        rows,
+        system_prompt=system_prompt,
+        template=prompt_template,
+        source="sft",
+        system_key="the system prompt (--system-prompt or data.system_prompt)",
+    )
     prompt_ids = encode_prompts(tokenizer, prompts)
     completion_ids = tokenizer([r["completion"] for r in rows], add_special_tokens=False)["input_ids"]
     encoded = []
@@ -112,8 +122,10 @@ def collate(features: list[dict[str, list[int]]], pad_token_id: int) -> dict[str
         (1 on real tokens), ``labels`` (B, L) int64 padded with ``IGNORE_INDEX``.
     """
     length = max(len(f["input_ids"]) for f in features)
-    batch = {k: torch.full((len(features), length), fill, dtype=torch.long)
-             for k, fill in (("input_ids", pad_token_id), ("attention_mask", 0), ("labels", IGNORE_INDEX))}
+    batch = {
+        k: torch.full((len(features), length), fill, dtype=torch.long)
+        for k, fill in (("input_ids", pad_token_id), ("attention_mask", 0), ("labels", IGNORE_INDEX))
+    }
     for i, f in enumerate(features):
         n = len(f["input_ids"])
         batch["input_ids"][i, :n] = torch.tensor(f["input_ids"])
@@ -129,9 +141,20 @@ def _check_out(out: str | Path) -> Path:
     return check_output_dir(out, "OUT", empty=True)
 
 
-def run_sft(model: torch.nn.Module, tokenizer: Any, encoded: list[dict[str, list[int]]], out: str | Path, *,
-            epochs: float = 1.0, max_steps: int = -1, learning_rate: float = 2e-5, batch_size: int = 16,
-            warmup_steps: int = 10, seed: int = 0, info: dict[str, Any] | None = None) -> dict[str, Any]:
+def run_sft(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    encoded: list[dict[str, list[int]]],
+    out: str | Path,
+    *,
+    epochs: float = 1.0,
+    max_steps: int = -1,
+    learning_rate: float = 2e-5,
+    batch_size: int = 16,
+    warmup_steps: int = 10,
+    seed: int = 0,
+    info: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Fine-tune ``model`` on ``encoded`` rows with transformers' Trainer and write it (and the
     tokenizer) to ``out`` as a Hugging Face folder that ``model.name_or_path`` can name.
 
@@ -165,20 +188,44 @@ def run_sft(model: torch.nn.Module, tokenizer: Any, encoded: list[dict[str, list
     try:
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         args = TrainingArguments(
-            output_dir=str(tmp / "trainer"), per_device_train_batch_size=batch_size, num_train_epochs=epochs,
-            max_steps=max_steps, learning_rate=learning_rate, lr_scheduler_type="linear", warmup_steps=warmup_steps,
-            weight_decay=0.0, max_grad_norm=1.0, seed=seed, data_seed=seed, logging_steps=10, save_strategy="no",
-            report_to="none", use_cpu=next(model.parameters()).device.type == "cpu", remove_unused_columns=False,
-            dataloader_num_workers=0, disable_tqdm=True)
-        trainer = Trainer(model=model, args=args, train_dataset=encoded,
-                          data_collator=lambda feats: collate(feats, pad))
+            output_dir=str(tmp / "trainer"),
+            per_device_train_batch_size=batch_size,
+            num_train_epochs=epochs,
+            max_steps=max_steps,
+            learning_rate=learning_rate,
+            lr_scheduler_type="linear",
+            warmup_steps=warmup_steps,
+            weight_decay=0.0,
+            max_grad_norm=1.0,
+            seed=seed,
+            data_seed=seed,
+            logging_steps=10,
+            save_strategy="no",
+            report_to="none",
+            use_cpu=next(model.parameters()).device.type == "cpu",
+            remove_unused_columns=False,
+            dataloader_num_workers=0,
+            disable_tqdm=True,
+        )
+        trainer = Trainer(
+            model=model, args=args, train_dataset=encoded, data_collator=lambda feats: collate(feats, pad)
+        )
         start = time.time()
         result = trainer.train()
-        record = {**(info or {}), "rows": len(encoded), "epochs": epochs, "max_steps": max_steps,
-                  "learning_rate": learning_rate, "batch_size": batch_size, "warmup_steps": warmup_steps,
-                  "seed": seed, "steps": result.global_step, "seconds": round(time.time() - start, 1),
-                  "train_loss": result.training_loss,
-                  "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h]}
+        record = {
+            **(info or {}),
+            "rows": len(encoded),
+            "epochs": epochs,
+            "max_steps": max_steps,
+            "learning_rate": learning_rate,
+            "batch_size": batch_size,
+            "warmup_steps": warmup_steps,
+            "seed": seed,
+            "steps": result.global_step,
+            "seconds": round(time.time() - start, 1),
+            "train_loss": result.training_loss,
+            "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
+        }
         shutil.rmtree(tmp / "trainer", ignore_errors=True)
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
@@ -203,10 +250,10 @@ def main_sft(ns: Any, *, default_recipe: str | Path) -> dict[str, Any]:
             (:func:`_check_out`).
         FileNotFoundError: unknown model, dataset file or recipe.
     """
-    from grpokit.trainer.build import resolve_device
     from grpokit.config import RecipeError, load_recipe
-    from grpokit.models.loading import load_model, load_tokenizer, resolve_model_paths
     from grpokit.data.rows import load_data_rows, section_rows
+    from grpokit.models.loading import load_model, load_tokenizer, resolve_model_paths
+    from grpokit.trainer.build import resolve_device
 
     for name in ("epochs", "learning_rate"):
         if getattr(ns, name) <= 0:
@@ -226,21 +273,43 @@ def main_sft(ns: Any, *, default_recipe: str | Path) -> dict[str, Any]:
     if ns.heldout_of:
         rows, dropped = drop_heldout_questions(rows, section_rows(recipe, "eval"))
         if not rows:
-            raise ValueError(f"sft: every row of {dataset_label(ns.dataset, ns.split)} is a held-out problem of "
-                             f"{ns.heldout_of}")
-    print(f"[grpokit] sft: {len(rows)} rows of {dataset_label(ns.dataset, ns.split)}; left out: {no_fields} "
-          "without the fields "
-          f"of {ns.completion_template!r}, {dropped} held-out questions"
-          f"{f' of {ns.heldout_of}' if ns.heldout_of else ' (no --heldout-of: not checked)'}", flush=True)
+            raise ValueError(
+                f"sft: every row of {dataset_label(ns.dataset, ns.split)} is a held-out problem of {ns.heldout_of}"
+            )
+    print(
+        f"[grpokit] sft: {len(rows)} rows of {dataset_label(ns.dataset, ns.split)}; left out: {no_fields} "
+        "without the fields "
+        f"of {ns.completion_template!r}, {dropped} held-out questions"
+        f"{f' of {ns.heldout_of}' if ns.heldout_of else ' (no --heldout-of: not checked)'}",
+        flush=True,
+    )
     device = resolve_device(ns.device)
     resolve_model_paths(ns.model)  # a LoRA adapter folder: its base model too
     tokenizer = load_tokenizer(ns.model)
     encoded = encode_rows(tokenizer, rows, prompt_template=template, system_prompt=system)
     model = load_model(ns.model, device=device)
     model.train()
-    info = {"model": ns.model, "dataset": ns.dataset, "split": ns.split, "completion_template": ns.completion_template,
-            "prompt_template": template, "system_prompt": system, "heldout_of": ns.heldout_of,
-            "heldout_left_out": dropped, "example": rows[0]["completion"]}
-    return run_sft(model, tokenizer, encoded, out, epochs=ns.epochs, max_steps=ns.max_steps,
-                   learning_rate=ns.learning_rate, batch_size=ns.batch_size, warmup_steps=ns.warmup_steps,
-                   seed=ns.seed, info=info)
+    info = {
+        "model": ns.model,
+        "dataset": ns.dataset,
+        "split": ns.split,
+        "completion_template": ns.completion_template,
+        "prompt_template": template,
+        "system_prompt": system,
+        "heldout_of": ns.heldout_of,
+        "heldout_left_out": dropped,
+        "example": rows[0]["completion"],
+    }
+    return run_sft(
+        model,
+        tokenizer,
+        encoded,
+        out,
+        epochs=ns.epochs,
+        max_steps=ns.max_steps,
+        learning_rate=ns.learning_rate,
+        batch_size=ns.batch_size,
+        warmup_steps=ns.warmup_steps,
+        seed=ns.seed,
+        info=info,
+    )

@@ -55,8 +55,9 @@ class StopFlag:
         if self.requested:
             raise StopNow(signum)
         self.requested, self.signum = True, int(signum)
-        print(f"\n[grpokit] signal {signum}: stopping after this step (checkpoint first); "
-              "send again to abort", flush=True)
+        print(
+            f"\n[grpokit] signal {signum}: stopping after this step (checkpoint first); send again to abort", flush=True
+        )
 
     def __exit__(self, *exc):
         for sig, old in self._old.items():
@@ -78,12 +79,21 @@ def nothing_to_do(recipe: Recipe, start: Path | None) -> dict[str, Any] | None:
         return None
     rank = int(os.environ.get("RANK", "0"))
     if rank == 0:
-        where = (f"train.max_steps={max_steps}" if step == max_steps else
-                 f"step {step}, past train.max_steps={max_steps}")
-        print(f"[grpokit] {start} is already at {where}, nothing to do (raise train.max_steps to continue; "
-              "train.resume=none or a new train.output_dir to start over)", flush=True)
-    return {"output_dir": str(recipe.train.output_dir), "rank": rank, "nothing_to_do": True, "step": step,
-            "resumed_from": str(start)}
+        where = (
+            f"train.max_steps={max_steps}" if step == max_steps else f"step {step}, past train.max_steps={max_steps}"
+        )
+        print(
+            f"[grpokit] {start} is already at {where}, nothing to do (raise train.max_steps to continue; "
+            "train.resume=none or a new train.output_dir to start over)",
+            flush=True,
+        )
+    return {
+        "output_dir": str(recipe.train.output_dir),
+        "rank": rank,
+        "nothing_to_do": True,
+        "step": step,
+        "resumed_from": str(start),
+    }
 
 
 def stop_signal(stop: StopFlag, ranks: Ranks) -> int:

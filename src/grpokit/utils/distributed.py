@@ -47,7 +47,6 @@ from typing import Any
 
 import torch
 
-
 #: the values of ``train.parallel``
 PARALLEL = ("auto", "none", "ddp", "fsdp2")
 
@@ -102,8 +101,10 @@ def resolve_parallel(parallel: str, world_size: int) -> str:
     if parallel == "auto":
         return "ddp" if world_size > 1 else "none"
     if parallel == "none" and world_size > 1:
-        raise ValueError(f"train.parallel=none but {world_size} processes were launched (WORLD_SIZE); "
-                         "use ddp or fsdp2, or launch one process")
+        raise ValueError(
+            f"train.parallel=none but {world_size} processes were launched (WORLD_SIZE); "
+            "use ddp or fsdp2, or launch one process"
+        )
     return parallel
 
 
@@ -131,8 +132,9 @@ def init_ranks(parallel: str, device: torch.device) -> Ranks:
         return SINGLE
     if not dist.is_initialized():
         if "RANK" not in os.environ:  # ddp/fsdp2 asked for without torchrun: a group of one
-            os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                              MASTER_PORT=str(_free_port()))
+            os.environ.update(
+                RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port())
+            )
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=TIMEOUT)
         _OWNED.append(True)
     return dataclasses.replace(group_ranks(), parallel=mode)
@@ -159,8 +161,12 @@ def group_ranks() -> Ranks:
 
     if not (dist.is_available() and dist.is_initialized()):
         return SINGLE
-    return Ranks(rank=dist.get_rank(), world_size=dist.get_world_size(),
-                 local_rank=int(os.environ.get("LOCAL_RANK", dist.get_rank())), parallel="ddp")
+    return Ranks(
+        rank=dist.get_rank(),
+        world_size=dist.get_world_size(),
+        local_rank=int(os.environ.get("LOCAL_RANK", dist.get_rank())),
+        parallel="ddp",
+    )
 
 
 def rank_device(device: torch.device, ranks: Ranks) -> torch.device:
@@ -252,7 +258,7 @@ def reduce_gradients(params: Sequence[torch.nn.Parameter], ranks: Ranks) -> None
             dist.all_reduce(flat)
             offset = 0
             for b in bucket:
-                b.copy_(flat[offset: offset + b.numel()].view_as(b))
+                b.copy_(flat[offset : offset + b.numel()].view_as(b))
                 offset += b.numel()
 
 
@@ -337,8 +343,7 @@ def full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) 
     """``(model state dict, optimizer state dict)`` of a sharded model, gathered to full tensors on
     the CPU of rank 0 (other ranks get empty dicts); every rank must call it. The optimizer state
     is keyed by parameter names (``torch.distributed.checkpoint.state_dict``)."""
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                         get_optimizer_state_dict)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
     sd = get_model_state_dict(model, options=opts)
@@ -349,11 +354,11 @@ def full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) 
     return sd, osd
 
 
-def load_full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, model_state: dict,
-                    optimizer_state: dict | None) -> None:
+def load_full_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, model_state: dict, optimizer_state: dict | None
+) -> None:
     """Load full (unsharded) state dicts, present on every rank, into a sharded model and its optimizer."""
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
-                                                         set_optimizer_state_dict)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
 
     opts = StateDictOptions(full_state_dict=True)
     model_state = dict(model_state)

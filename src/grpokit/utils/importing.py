@@ -34,14 +34,16 @@ import importlib.util
 import os
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 __all__ = ["import_object", "require", "install_hint", "warn_missing", "MissingExtraWarning", "SPEC_FORMS"]
 
-SPEC_FORMS = ("accepted forms: 'module:function' (a module on sys.path or in the working directory) "
-              "or 'path/to/file.py:function'")
+SPEC_FORMS = (
+    "accepted forms: 'module:function' (a module on sys.path or in the working directory) or 'path/to/file.py:function'"
+)
 """The end of :func:`import_object`'s messages for a spec that names nothing."""
 
 
@@ -72,11 +74,14 @@ def _import_module(module_name: str, spec: str, what: str) -> ModuleType:
                 _append_path(os.getcwd())
                 importlib.invalidate_caches()
                 continue
-            raise ValueError(f"{what} {spec!r}: cannot import module {module_name!r}: {e} (searched sys.path "
-                             f"and the working directory {os.getcwd()}); {SPEC_FORMS}") from e
+            raise ValueError(
+                f"{what} {spec!r}: cannot import module {module_name!r}: {e} (searched sys.path "
+                f"and the working directory {os.getcwd()}); {SPEC_FORMS}"
+            ) from e
         except Exception as e:  # noqa: BLE001 - the user's module raised while it was imported
-            raise ValueError(f"{what} {spec!r}: importing module {module_name!r} failed: "
-                             f"{type(e).__name__}: {e}") from e
+            raise ValueError(
+                f"{what} {spec!r}: importing module {module_name!r} failed: {type(e).__name__}: {e}"
+            ) from e
     raise AssertionError("unreachable")
 
 

@@ -19,8 +19,8 @@ Imports the standard library only.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 __all__ = ["NotUtf8Error", "read_utf8", "iter_utf8_lines"]
 
@@ -41,9 +41,14 @@ class NotUtf8Error(ValueError):
         self.path, self.line, self.offset, self.byte = path, line, offset, byte
 
     @classmethod
-    def at(cls, path: str | Path, line: int, offset: int, byte: int) -> "NotUtf8Error":
-        return cls(f"{path}: line {line}: not valid UTF-8 (byte 0x{byte:02x} at offset {offset} of the file)",
-                   path=str(path), line=line, offset=offset, byte=byte)
+    def at(cls, path: str | Path, line: int, offset: int, byte: int) -> NotUtf8Error:
+        return cls(
+            f"{path}: line {line}: not valid UTF-8 (byte 0x{byte:02x} at offset {offset} of the file)",
+            path=str(path),
+            line=line,
+            offset=offset,
+            byte=byte,
+        )
 
 
 def _line_breaks(prefix: bytes) -> int:

@@ -9,13 +9,13 @@ import copy
 
 import pytest
 import torch
-from helpers import saved_bytes
+from tests.test_policy_fast import V, _grouped_batch, _loss_and_grads
 
 from grpokit import algo
 from grpokit.backends import backend_of, install_backend
 from grpokit.backends.cpu.fused import apply_fused_ops, fused_head
 from grpokit.models.logprobs import batch_logprobs, completion_logprobs
-from tests.test_policy_fast import V, _grouped_batch, _loss_and_grads
+from helpers import saved_bytes
 
 GQA = dict(vocab_size=V, pad_token_id=0, num_attention_heads=4, num_key_value_heads=2)
 
@@ -74,8 +74,16 @@ def test_embedding_gradient_accumulates_dense_over_micro_batches(make_tiny_model
         model.zero_grad(set_to_none=True)
         for share in (True, False):
             logp, _ = completion_logprobs(model, batch, temperature=1.0, share_prompt=share)
-            loss, _ = algo.policy_loss(logp, logp.detach(), adv, batch.completion_mask, ref_logp=ref_logp, beta=0.04,
-                                       num_sequences=len(batch), num_tokens=int(batch.completion_mask.sum()))
+            loss, _ = algo.policy_loss(
+                logp,
+                logp.detach(),
+                adv,
+                batch.completion_mask,
+                ref_logp=ref_logp,
+                beta=0.04,
+                num_sequences=len(batch),
+                num_tokens=int(batch.completion_mask.sum()),
+            )
             loss.backward()
         grads[name] = model.model.embed_tokens.weight.grad
     assert grads["fused"].layout == torch.strided
@@ -135,8 +143,15 @@ def test_generation_is_unchanged(make_tiny_model, smollm2_tokenizer, smollm2_pro
 
     plain, fused, _ = _pair(make_tiny_model, vocab_size=49152, pad_token_id=2)
     params = SamplingParams(temperature=1.0, max_new_tokens=8)
-    run = lambda m: generate_rollouts(m, smollm2_tokenizer, smollm2_prompts, 3, params,  # noqa: E731
-                                      eos_token_ids=[2, 0], seed=3)
+    run = lambda m: generate_rollouts(
+        m,
+        smollm2_tokenizer,
+        smollm2_prompts,
+        3,
+        params,  # noqa: E731
+        eos_token_ids=[2, 0],
+        seed=3,
+    )
     assert torch.equal(run(fused).completion_ids, run(plain).completion_ids)
 
 
@@ -181,8 +196,9 @@ def test_attention_function_equals_sdpa_with_repeated_heads(q_len, grad):
     mask[1, ..., :4] = False  # left padding of row 1
     module = torch.nn.Module()
     module.num_key_value_groups = h // h_kv
-    want = F.scaled_dot_product_attention(q, key.repeat_interleave(3, 1), value.repeat_interleave(3, 1),
-                                          attn_mask=mask, scale=0.3).transpose(1, 2)
+    want = F.scaled_dot_product_attention(
+        q, key.repeat_interleave(3, 1), value.repeat_interleave(3, 1), attn_mask=mask, scale=0.3
+    ).transpose(1, 2)
     with torch.set_grad_enabled(grad):
         got, _ = grpokit_sdpa_attention(module, q, key, value, mask, scaling=0.3)
         additive = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))

@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import saved_bytes
 
 import grpokit.backends.cpu.ops as ops
 from grpokit.algo import token_entropy, token_logprobs
 from grpokit.backends.cpu.ops import embedding, linear_token_logprobs, rms_norm, swiglu_mlp
+from helpers import saved_bytes
 
 
 def _rand(*shape, dtype=torch.float64, seed=0, grad=True):
@@ -103,8 +103,7 @@ def test_linear_token_logprobs_gradcheck_over_several_vocab_blocks(monkeypatch, 
     monkeypatch.setattr(ops, "_CHUNK_ELEMENTS", 24)  # 6 positions: blocks of 4, 4 and 3 of the 11 columns
     h, w = _rand(2, 3, 8), _rand(11, 8, seed=1)
     ids = torch.randint(0, 11, (2, 3), generator=torch.Generator().manual_seed(2))
-    assert torch.autograd.gradcheck(lambda h, w: linear_token_logprobs(h, w, ids, temperature=temperature)[0],
-                                    (h, w))
+    assert torch.autograd.gradcheck(lambda h, w: linear_token_logprobs(h, w, ids, temperature=temperature)[0], (h, w))
     logp, ent = linear_token_logprobs(h, w, ids, temperature=temperature, with_entropy=True)
     logits = h @ w.t()
     # grpokit.algo's versions compute in float32

@@ -88,16 +88,25 @@ def test_no_switch_when_the_check_fails(make_tiny_model, monkeypatch):
         assert n == 0 and not any("forward" in vars(m) for m in _linears(model))
 
 
-def test_generation_with_packed_weights_samples_the_same_tokens(make_tiny_model, smollm2_tokenizer,
-                                                                 smollm2_prompts, monkeypatch):
+def test_generation_with_packed_weights_samples_the_same_tokens(
+    make_tiny_model, smollm2_tokenizer, smollm2_prompts, monkeypatch
+):
     model = make_tiny_model().to(torch.bfloat16)
     install_backend(model, "cpu", announce=False)  # the backend that packs in generation
     calls = []
     orig = packed_mod._packed_linear
     monkeypatch.setattr(packed_mod, "_packed_linear", lambda *a: calls.append(1) or orig(*a))
     params = SamplingParams(temperature=1.0, max_new_tokens=8)
-    run = lambda packed: generate_rollouts(model, smollm2_tokenizer, smollm2_prompts, 3, params,  # noqa: E731
-                                           eos_token_ids=[2, 0], seed=0, packed_weights=packed)
+    run = lambda packed: generate_rollouts(
+        model,
+        smollm2_tokenizer,
+        smollm2_prompts,
+        3,
+        params,  # noqa: E731
+        eos_token_ids=[2, 0],
+        seed=0,
+        packed_weights=packed,
+    )
     plain = run(False)
     assert not calls
     fast = run(True)

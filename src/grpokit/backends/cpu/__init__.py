@@ -14,10 +14,11 @@ Each piece gives the plain path's numbers (``tests/backends/cpu/test_fused.py``,
 ``tests/test_policy_fast.py``, ``tests/backends/cpu/test_ops.py``). Each steps aside, running the
 stock code, where it could not be exact: a module whose structure is not the one it replaces (a
 projection that is not a plain ``nn.Linear``, e.g. a LoRA wrapper added later), tensors off the
-CPU, autocast (the fused modules), no gradient (the fused modules, which save nothing then). It refuses to run a backward
-in a process group of more than one rank (its gradient aliases add into ``.grad`` past the DDP/FSDP
-hooks, its embedding gradient is sparse), unless the model's gradients are summed after the backward
-(``grpokit.backends.mark_grads_reduced_after_backward``: grpokit's ``train.parallel=ddp``).
+CPU, autocast (the fused modules), no gradient (the fused modules, which save nothing then). It
+refuses to run a backward in a process group of more than one rank (its gradient aliases add into
+``.grad`` past the DDP/FSDP hooks, its embedding gradient is sparse), unless the model's gradients
+are summed after the backward (``grpokit.backends.mark_grads_reduced_after_backward``: grpokit's
+``train.parallel=ddp``).
 """
 
 from __future__ import annotations
@@ -46,8 +47,16 @@ class CpuBackend(Backend):
     def remove(self, model: torch.nn.Module) -> None:
         remove_fused_ops(model)
 
-    def logprobs(self, model: torch.nn.Module, batch: Any, *, temperature: float, with_entropy: bool,
-                 autocast_bf16: bool, share_prompt: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def logprobs(
+        self,
+        model: torch.nn.Module,
+        batch: Any,
+        *,
+        temperature: float,
+        with_entropy: bool,
+        autocast_bf16: bool,
+        share_prompt: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """As the plain path, computed with the shared prompt (``share_prompt``, where a prompt
         repeats) and, without autocast, the fused head (:func:`.ops.linear_token_logprobs`: no
         ``(N, T, V)`` logits kept). Tensors off the CPU take the plain path.
@@ -56,11 +65,19 @@ class CpuBackend(Backend):
             RuntimeError: gradient recording on in a process group of more than one rank.
         """
         if batch.prompt_ids.device.type != "cpu":
-            return super().logprobs(model, batch, temperature=temperature, with_entropy=with_entropy,
-                                    autocast_bf16=autocast_bf16, share_prompt=share_prompt)
+            return super().logprobs(
+                model,
+                batch,
+                temperature=temperature,
+                with_entropy=with_entropy,
+                autocast_bf16=autocast_bf16,
+                share_prompt=share_prompt,
+            )
         if torch.is_grad_enabled() and (n := world_size()) > 1 and not grads_reduced_after_backward(model):
-            raise RuntimeError(f"backend cpu: torch.distributed world size {n}: its gradient aliases bypass the "
-                               "DDP/FSDP hooks; install the plain backend (model.backend=plain or auto)")
+            raise RuntimeError(
+                f"backend cpu: torch.distributed world size {n}: its gradient aliases bypass the "
+                "DDP/FSDP hooks; install the plain backend (model.backend=plain or auto)"
+            )
         head = None if autocast_bf16 else fused_head(model)
         net = model if head is None else head[0]  # with the fused head: the decoder, for hidden states
         out = shared_prompt_forward(model, net, batch, autocast_bf16) if share_prompt else None
@@ -70,8 +87,9 @@ class CpuBackend(Backend):
             weight = head[1]
             if torch.is_grad_enabled() and weight.requires_grad:  # tied to the embedding: see grad_alias
                 weight = grad_alias(weight)
-            return linear_token_logprobs(out, weight, batch.completion_ids, temperature=temperature,
-                                         with_entropy=with_entropy)
+            return linear_token_logprobs(
+                out, weight, batch.completion_ids, temperature=temperature, with_entropy=with_entropy
+            )
         logp = token_logprobs(out, batch.completion_ids, temperature=temperature)
         entropy = token_entropy(out, temperature=temperature) if with_entropy else None
         return logp, entropy
@@ -84,8 +102,9 @@ class CpuBackend(Backend):
 
         return packed_linear_weights(model, rows)
 
-    def prefill(self, model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, *, share: bool, static: bool,
-                max_len: int) -> dict[str, Any]:
+    def prefill(
+        self, model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, *, share: bool, static: bool, max_len: int
+    ) -> dict[str, Any]:
         """The shared and/or static prompt-prefix cache (:func:`.generation.prefix_cache`), under the
         keyword ``model.forward`` takes it by; nothing where it does not apply."""
         from grpokit.backends.cpu.generation import prefix_cache

@@ -57,17 +57,25 @@ def grpokit_sdpa_attention(
 
     groups = getattr(module, "num_key_value_groups", 1)
     if not acts_on(query):
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                      scaling=scaling, is_causal=is_causal, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+        )
     special = any(kwargs.get(k) is not None for k in ("position_bias", "softcap")) or kwargs.get("output_attentions")
-    if (not special and query.shape[2] == 1 and not torch.is_grad_enabled() and not dropout
-            and (attention_mask is None or attention_mask.shape[1] == 1)):
+    if (
+        not special
+        and query.shape[2] == 1
+        and not torch.is_grad_enabled()
+        and not dropout
+        and (attention_mask is None or attention_mask.shape[1] == 1)
+    ):
         return _decode_attention(query, key, value, attention_mask, scaling), None
     if special or attention_mask is None or query.shape[2] == 1 or groups == 1:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                      scaling=scaling, is_causal=is_causal, **kwargs)
-    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
-                                         scale=scaling, enable_gqa=True)  # (B, H, q, d)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+        )
+    out = F.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, enable_gqa=True
+    )  # (B, H, q, d)
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -68,8 +68,9 @@ def _plain_projections(m: torch.nn.Module) -> bool:
 def _mlp_forward(self, x):
     if _plain(x) or not _plain_projections(self):  # checked per call: a wrapper may come later
         return type(self).forward(self, x)
-    return swiglu_mlp(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight,
-                      recompute=getattr(self, _RECOMPUTE, True))
+    return swiglu_mlp(
+        x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight, recompute=getattr(self, _RECOMPUTE, True)
+    )
 
 
 def _embedding_forward(self, input):
@@ -102,8 +103,13 @@ def _densify_hooks(param: torch.Tensor, *, add: bool) -> None:
 def _switch_embedding(model: torch.nn.Module) -> int:
     """The input embedding's backward gives a sparse gradient (:func:`.ops.embedding`)."""
     emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    if (type(emb) is not torch.nn.Embedding or emb.max_norm is not None or emb.scale_grad_by_freq or emb.sparse
-            or "forward" in vars(emb)):
+    if (
+        type(emb) is not torch.nn.Embedding
+        or emb.max_norm is not None
+        or emb.scale_grad_by_freq
+        or emb.sparse
+        or "forward" in vars(emb)
+    ):
         return 0
     emb.forward = types.MethodType(_embedding_forward, emb)
     return 1
@@ -131,8 +137,14 @@ def eligible_norm(m: torch.nn.Module) -> bool:
     on a random input (:func:`_same_as_original`)."""
     w = getattr(m, "weight", None)
     eps = _norm_eps(m)
-    return (isinstance(w, torch.nn.Parameter) and w.dim() == 1 and isinstance(eps, (float, int))
-            and not isinstance(eps, bool) and getattr(m, "bias", None) is None and next(m.children(), None) is None)
+    return (
+        isinstance(w, torch.nn.Parameter)
+        and w.dim() == 1
+        and isinstance(eps, (float, int))
+        and not isinstance(eps, bool)
+        and getattr(m, "bias", None) is None
+        and next(m.children(), None) is None
+    )
 
 
 def _same_as_original(m: torch.nn.Module, new_forward, width: int) -> bool:
@@ -148,8 +160,11 @@ def _same_as_original(m: torch.nn.Module, new_forward, width: int) -> bool:
     except Exception:
         return False
     tol = 1e-5 if p.dtype == torch.float32 else 2e-2
-    return (isinstance(want, torch.Tensor) and want.shape == got.shape
-            and torch.allclose(want.float(), got.float(), rtol=tol, atol=tol))
+    return (
+        isinstance(want, torch.Tensor)
+        and want.shape == got.shape
+        and torch.allclose(want.float(), got.float(), rtol=tol, atol=tol)
+    )
 
 
 def apply_fused_ops(model: torch.nn.Module, *, recompute_mlp: bool = True) -> dict[str, int]:

@@ -22,8 +22,7 @@ from grpokit.backends.base import distinct_rows
 from grpokit.backends.cpu.shared_prompt import cache_kwarg, dynamic_prefix_cache
 
 
-def prefix_cache(model: Any, ids: torch.Tensor, mask: torch.Tensor, *, share: bool, static: bool,
-                 max_len: int) -> Any:
+def prefix_cache(model: Any, ids: torch.Tensor, mask: torch.Tensor, *, share: bool, static: bool, max_len: int) -> Any:
     """The KV cache to hand ``generate`` for the prompt rows ``ids`` ``(n, P)``, or None (then
     ``generate`` prefills all rows into its default ``DynamicCache``).
 
@@ -50,8 +49,14 @@ def prefix_cache(model: Any, ids: torch.Tensor, mask: torch.Tensor, *, share: bo
     prefix = dynamic_prefix_cache(model)
     attn = mask[first, : p - 1].long()
     position_ids = (attn.cumsum(1) - 1).clamp(min=0)  # as generate numbers left-padded rows
-    model(input_ids=ids[first, : p - 1], attention_mask=attn, position_ids=position_ids, use_cache=True,
-          logits_to_keep=1, **{cache_kwarg(model.forward): prefix})  # (U, heads, P-1, d) per layer
+    model(
+        input_ids=ids[first, : p - 1],
+        attention_mask=attn,
+        position_ids=position_ids,
+        use_cache=True,
+        logits_to_keep=1,
+        **{cache_kwarg(model.forward): prefix},
+    )  # (U, heads, P-1, d) per layer
     if not static:
         prefix.batch_select_indices(inverse)  # (U, ...) -> (n, ...)
         return prefix

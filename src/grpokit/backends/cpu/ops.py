@@ -112,8 +112,9 @@ class _SwiGLU(torch.autograd.Function):
         return grad_x, grad_gate, grad_up, grad_down, None
 
 
-def swiglu_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, *,
-               recompute: bool = True) -> torch.Tensor:
+def swiglu_mlp(
+    x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, *, recompute: bool = True
+) -> torch.Tensor:
     """The gated MLP of Llama-family models, ``down(silu(gate(x)) · up(x))`` (Shazeer 2020,
     "GLU Variants Improve Transformer", eq. 6), without biases.
 
@@ -154,8 +155,9 @@ class _Embedding(torch.autograd.Function):
         rows, inverse = torch.unique(ids, return_inverse=True)  # sorted, distinct
         sums = torch.zeros(len(rows), g.shape[1], dtype=_f32(g[:0]).dtype, device=g.device)
         sums.index_add_(0, inverse, _f32(g))
-        grad_w = torch.sparse_coo_tensor(rows[None], sums.to(grad_out.dtype), ctx.weight_shape, is_coalesced=True,
-                                         check_invariants=False)
+        grad_w = torch.sparse_coo_tensor(
+            rows[None], sums.to(grad_out.dtype), ctx.weight_shape, is_coalesced=True, check_invariants=False
+        )
         return None, grad_w, None
 
 
@@ -287,7 +289,11 @@ class _LinearTokenLogprobs(torch.autograd.Function):
 
 
 def linear_token_logprobs(
-    hidden: torch.Tensor, weight: torch.Tensor, token_ids: torch.Tensor, *, temperature: float = 1.0,
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    token_ids: torch.Tensor,
+    *,
+    temperature: float = 1.0,
     with_entropy: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-prob of each chosen token under ``softmax(hidden @ weightᵀ / τ)``, without keeping the
@@ -316,11 +322,15 @@ def linear_token_logprobs(
         ValueError: wrong dimensions or dtypes, or τ <= 0.
     """
     if hidden.dim() != 3 or token_ids.shape != hidden.shape[:2]:
-        raise ValueError(f"linear_token_logprobs: hidden (N, T, H) {tuple(hidden.shape)} and token_ids "
-                         f"(N, T) {tuple(token_ids.shape)} disagree")
+        raise ValueError(
+            f"linear_token_logprobs: hidden (N, T, H) {tuple(hidden.shape)} and token_ids "
+            f"(N, T) {tuple(token_ids.shape)} disagree"
+        )
     if weight.dim() != 2 or weight.shape[1] != hidden.shape[2] or weight.dtype != hidden.dtype:
-        raise ValueError(f"linear_token_logprobs: weight (V, H) {tuple(weight.shape)} {weight.dtype} does not "
-                         f"match hidden {tuple(hidden.shape)} {hidden.dtype}")
+        raise ValueError(
+            f"linear_token_logprobs: weight (V, H) {tuple(weight.shape)} {weight.dtype} does not "
+            f"match hidden {tuple(hidden.shape)} {hidden.dtype}"
+        )
     if not temperature > 0:
         raise ValueError(f"linear_token_logprobs: temperature must be > 0, got {temperature}")
     logp, entropy = _LinearTokenLogprobs.apply(hidden, weight, token_ids, float(temperature), with_entropy)

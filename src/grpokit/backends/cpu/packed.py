@@ -61,8 +61,7 @@ def packing_works(dtype: torch.dtype) -> bool:
 
 def _forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     packed = self._grpokit_packed
-    if (torch.is_grad_enabled() or x.dtype != packed.dtype or x.device.type != "cpu"
-            or torch.is_autocast_enabled("cpu")):
+    if torch.is_grad_enabled() or x.dtype != packed.dtype or x.device.type != "cpu" or torch.is_autocast_enabled("cpu"):
         return type(self).forward(self, x)  # training, autocast (it casts in F.linear), other devices
     return _packed_linear(x, packed, self.bias)
 
@@ -93,8 +92,14 @@ def packed_linear_weights(model: torch.nn.Module, rows: int) -> Iterator[int]:
         with torch.no_grad():
             for m in model.modules():
                 w = getattr(m, "weight", None)
-                if (type(m) is not torch.nn.Linear or "forward" in vars(m) or w is None or w.device.type != "cpu"
-                        or w.numel() == 0 or not packing_works(w.dtype)):
+                if (
+                    type(m) is not torch.nn.Linear
+                    or "forward" in vars(m)
+                    or w is None
+                    or w.device.type != "cpu"
+                    or w.numel() == 0
+                    or not packing_works(w.dtype)
+                ):
                     continue
                 key = (w.data_ptr(), tuple(w.shape), w.stride(), w.dtype)  # views may share a start
                 if key not in packed:

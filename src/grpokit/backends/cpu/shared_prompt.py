@@ -57,8 +57,9 @@ def cache_kwarg(fn) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-def shared_prompt_forward(model: torch.nn.Module, net: torch.nn.Module, batch: Any,
-                          autocast_bf16: bool) -> torch.Tensor | None:
+def shared_prompt_forward(
+    model: torch.nn.Module, net: torch.nn.Module, batch: Any, autocast_bf16: bool
+) -> torch.Tensor | None:
     """The same outputs as :func:`grpokit.backends.base.plain_forward` (run by ``net``: ``model``
     or its decoder), with each distinct prompt run once.
 
@@ -86,14 +87,26 @@ def shared_prompt_forward(model: torch.nn.Module, net: torch.nn.Module, batch: A
     kv = {cache_kwarg(net.forward): cache}
     with autocast_context(autocast_bf16, batch.prompt_ids.device):
         last_positions(
-            _with_own_grad_leaves(net), 1, net is not model, input_ids=batch.prompt_ids[first, : p - 1],
-            attention_mask=attn[first, : p - 1], position_ids=position_ids[first, : p - 1], use_cache=True, **kv,
+            _with_own_grad_leaves(net),
+            1,
+            net is not model,
+            input_ids=batch.prompt_ids[first, : p - 1],
+            attention_mask=attn[first, : p - 1],
+            position_ids=position_ids[first, : p - 1],
+            use_cache=True,
+            **kv,
         )  # fills `cache`: (U, heads, P-1, d) per layer
         cache.batch_select_indices(inverse)  # (N, heads, P-1, d); differentiable gather
         rest = torch.cat([batch.prompt_ids[:, p - 1 :], batch.completion_ids[:, :-1]], dim=1)  # (N, T)
         return last_positions(
-            net, 0, net is not model, input_ids=rest, attention_mask=attn[:, : p - 1 + t],
-            position_ids=position_ids[:, p - 1 : p - 1 + t], use_cache=True, **kv,
+            net,
+            0,
+            net is not model,
+            input_ids=rest,
+            attention_mask=attn[:, : p - 1 + t],
+            position_ids=position_ids[:, p - 1 : p - 1 + t],
+            use_cache=True,
+            **kv,
         )  # (N, T, ·): row position P-1+t predicts completion token t
 
 
