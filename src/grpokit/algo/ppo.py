@@ -62,7 +62,7 @@ def token_rewards(
         raise ValueError(f"{fn}: give both step_rewards and step_ends, or neither")
     mask = completion_mask.bool()
     out = torch.zeros(mask.shape, dtype=torch.float64, device=mask.device)
-    if step_rewards is not None:
+    if step_rewards is not None and step_ends is not None:  # both or neither (checked above)
         check_same_shape(fn, step_rewards=step_rewards, step_ends=step_ends, completion_mask=completion_mask)
         ends = step_ends.bool() & mask
         sr = step_rewards.double()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import importlib
 import re
@@ -124,11 +125,11 @@ def choices_of(f: dataclasses.Field, *, import_registry: bool = True) -> tuple[s
 
 
 def _f(default, help: str, choices: tuple | Registry | None = None, **kw):
-    meta = {"help": help}
+    meta: dict[str, Any] = {"help": help}
     if choices:
         meta["choices"] = choices
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda d=default: type(d)(d), metadata=meta, **kw)
+        return field(default_factory=lambda: copy.copy(default), metadata=meta, **kw)
     return field(default=default, metadata=meta, **kw)
 
 

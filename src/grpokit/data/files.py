@@ -247,6 +247,7 @@ def map_fields(
                     f"{source}: row {i} has no {role} column ({looked});"
                     f" fields present: {sorted(rec)}; set {role}_field to choose one"
                 )
+        assert p_key is not None and a_key is not None  # else the loop above raised
         row = dict(rec)
         value = rec[a_key]
         raw_answer = format_number(value) if isinstance(value, float) else str(value)

@@ -18,6 +18,7 @@ loop calls for every algorithm (``bind(logprobs, train_cfg)``, ``updates_policy`
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -83,7 +84,7 @@ def _ppo():
 
 #: ``algo.estimator`` name -> class built with ``(algo section, max_completion_length)`` (or a
 #: function returning the class: imported when chosen)
-ALGORITHMS = {"grpo": GRPO, "ppo": _ppo}
+ALGORITHMS: dict[str, type | Callable[[], type]] = {"grpo": GRPO, "ppo": _ppo}
 
 
 def load_algorithm(a: Any, max_completion_length: int) -> Algorithm:

@@ -66,6 +66,11 @@ class PPO:
             raise RuntimeError("PPO: bind() the models before use (grpokit.trainer.build.build_run does)")
         return self.critic
 
+    def _optimizer(self) -> torch.optim.Optimizer:
+        """The value model's optimizer; called after :meth:`_bound` (bind() makes the two together)."""
+        assert self.critic_optimizer is not None  # made by bind() with self.critic
+        return self.critic_optimizer
+
     # -- the seam ----------------------------------------------------------------------------
 
     def updates_policy(self, step: int) -> bool:
@@ -139,7 +144,7 @@ class PPO:
 
         Returns ``value_loss`` (mean over passes of the batch loss), ``value_clip_frac``,
         ``critic_grad_norm`` (mean over passes) and ``value_mean`` (V_old over unmasked tokens)."""
-        critic, opt = self._bound(), self.critic_optimizer
+        critic, opt = self._bound(), self._optimizer()
         ranks = group_ranks()  # data parallel: exp is this rank's share; counts, losses, gradients summed
         n_tok = max(int(sum_over_ranks([int(loss_mask.sum())], ranks)[0]), 1)
         losses, fracs, norms = [], [], []
@@ -162,7 +167,9 @@ class PPO:
             gn = float(torch.nn.utils.clip_grad_norm_(critic.parameters(), clip))
             if math.isfinite(gn) and math.isfinite(total) and gn > 0:
                 opt.step()
-            losses.append(total), fracs.append(frac), norms.append(gn)
+            losses.append(total)
+            fracs.append(frac)
+            norms.append(gn)
         opt.zero_grad(set_to_none=True)
         m = exp.completion_mask
         v_sum = torch.where(m, exp.old_values.double(), torch.zeros((), dtype=torch.float64, device=m.device)).sum()
@@ -177,7 +184,7 @@ class PPO:
     def state_dict(self) -> dict[str, Any]:
         """The value model's weights and its optimizer's state."""
         critic = self._bound()
-        return {"critic": critic.state_dict(), "critic_optimizer": self.critic_optimizer.state_dict()}
+        return {"critic": critic.state_dict(), "critic_optimizer": self._optimizer().state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`'s output.
@@ -191,4 +198,4 @@ class PPO:
                 "estimator?); start a new run (train.resume=none)"
             )
         self._bound().load_state_dict(state["critic"])
-        self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+        self._optimizer().load_state_dict(state["critic_optimizer"])

@@ -91,7 +91,9 @@ def evaluate(
     from grpokit.rewards.guard import GuardedReward
 
     if extract_answer is None:
-        from grpokit.rewards.math import extract_answer
+        from grpokit.rewards.math import extract_answer as math_extract_answer
+
+        extract_answer = math_extract_answer
 
     if num_samples < 0 or (num_samples and temperature <= 0):
         raise ValueError(
@@ -101,11 +103,15 @@ def evaluate(
     if len(prompts) != len(rows):
         raise ValueError(f"evaluate: {len(prompts)} prompts for {len(rows)} rows")
     if scorer is None:
-        from grpokit.rewards.math import math_correct as scorer
+        from grpokit.rewards.math import math_correct
+
+        scorer = math_correct
     name = getattr(scorer, "__name__", type(scorer).__name__)
     guard = GuardedReward(f"eval:{name}", scorer, timeout_s=scorer_timeout_s, on_error="none", isolation=isolation)
     t0 = time.perf_counter()
-    greedy, truncated, examples = [], 0, []
+    greedy: list[bool] = []
+    truncated = 0
+    examples: list[dict[str, Any]] = []
     sampled: list[list[bool]] = []
     answers: list[list[str | None]] = []
     per_call = max(1, batch_size // max(num_samples, 1))
@@ -117,6 +123,7 @@ def evaluate(
             chunk_rows, chunk = rows[start : start + batch_size], prompts[start : start + batch_size]
             # greedy draws no random numbers: the seed changes nothing (the engine needs one)
             ro = engine.generate(chunk, 1, greedy_params, seed * 100003 + start)
+            assert ro.truncated is not None  # every engine's generate sets it
             ok = _score(guard, chunk_rows, ro.completions, 1, unscorable)
             greedy += ok
             truncated += int(ro.truncated.sum())
@@ -133,6 +140,7 @@ def evaluate(
             ][: max(0, 5 - len(examples))]
         for start in range(0, len(prompts) if num_samples else 0, per_call):
             chunk_rows, chunk = rows[start : start + per_call], prompts[start : start + per_call]
+            assert sampled_params is not None  # made when num_samples > 0, the only case this loop runs
             ro = engine.generate(chunk, num_samples, sampled_params, seed * 100003 + start)
             ok = _score(guard, chunk_rows, ro.completions, num_samples, unscorable)
             for i in range(len(chunk)):
@@ -247,8 +255,11 @@ class HeldOutEval:
             raise ValueError(
                 f"eval: every held-out problem of {dataset_label(e.dataset, e.split)} is also a training question"
             )
-        self.rows, self.prompts = rows, None
-        self.tokenizer, self.too_long = None, None  # set by prepare, with the prompts
+        self.rows = rows
+        # set by prepare, with the prompts
+        self.prompts: list[str] | None = None
+        self.tokenizer: Any = None
+        self.too_long: int | None = None
         self.note = (
             f"{len(rows)} held-out problems, none a training question ({dropped} left out as "
             f"training questions; data seed {heldout.eval_seed(recipe)})"
@@ -288,6 +299,8 @@ class HeldOutEval:
         from grpokit.data.heldout import answer_extractor
         from grpokit.eval.stats import format_summary
 
+        if self.prompts is None:
+            raise RuntimeError("HeldOutEval.run: prepare() first (grpokit.trainer.build.build_run does)")
         r = self.recipe
         e = r.eval
         res = evaluate(

@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Sequence
 from fractions import Fraction
 from statistics import NormalDist
+from typing import Any
 
 
 def _z(confidence: float) -> float:
@@ -305,7 +306,7 @@ def summarize(
     k = None
     if samples is not None:
         k = _common_k(samples, n, "samples")
-        boot = dict(confidence=confidence, n_resamples=n_resamples, seed=seed)
+        boot: dict[str, Any] = dict(confidence=confidence, n_resamples=n_resamples, seed=seed)
         per = [mean_at_k(s) for s in samples]
         metrics[f"mean@{k}"] = _entry(math.fsum(per) / n, *bootstrap_interval(per, **boot), "bootstrap")
         for j in ks or sorted({2**e for e in range(k.bit_length()) if 2**e <= k} | {k}):

@@ -186,8 +186,11 @@ def load_model(
             model = load_model(base, dtype=dtype, device="cpu", trust_remote_code=trust_remote_code)
         return merged_adapter(model, path).to(device)
     with _clear_load_errors(name_or_path, path, "model"):
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code)
-    return model.to(device)
+        # typed nn.Module: transformers' PreTrainedModel.to is typed through functools.wraps, unbound
+        loaded: torch.nn.Module = AutoModelForCausalLM.from_pretrained(
+            path, dtype=dtype, trust_remote_code=trust_remote_code
+        )
+    return loaded.to(device)
 
 
 @contextlib.contextmanager
@@ -429,7 +432,7 @@ def _build_smollm2(out: Path) -> None:
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file, dtype=torch.float32)
     # The weights are plain float tensors now; drop the GGUF quantizer so it saves as safetensors.
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]  # set by from_pretrained, not declared
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
 

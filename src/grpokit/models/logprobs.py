@@ -10,7 +10,9 @@ and ``tests/backends/cpu/test_fused.py`` check log-probs, loss and gradients aga
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 
@@ -99,10 +101,11 @@ def enable_gradient_checkpointing(model: torch.nn.Module) -> int:
     from transformers.modeling_layers import GradientCheckpointingLayer
 
     kw = {"use_reentrant": False}
+    # cast: nn.Module types its attributes Tensor | Module
     if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x name
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kw)
+        cast(Callable[..., None], model.activation_checkpointing_enable)(activation_checkpointing_kwargs=kw)
     else:  # pragma: no cover - older transformers
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
+        cast(Callable[..., None], model.gradient_checkpointing_enable)(gradient_checkpointing_kwargs=kw)
     n = 0
     for module in model.modules():
         if isinstance(module, GradientCheckpointingLayer) and module.gradient_checkpointing:
@@ -155,7 +158,7 @@ def reference_logprobs(
     Raises:
         ValueError: no ``ref_model`` and ``model`` has no adapters.
     """
-    kw = dict(
+    kw: dict[str, Any] = dict(
         temperature=temperature,
         micro_batch_size=micro_batch_size,
         autocast_bf16=autocast_bf16,

@@ -34,7 +34,7 @@ import sys
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -42,6 +42,10 @@ from grpokit.utils.dtypes import DTYPES
 from grpokit.utils.filemodes import honour_umask
 from grpokit.utils.importing import require
 from grpokit.utils.textio import read_utf8
+
+if TYPE_CHECKING:  # for the casts: a model's static type is nn.Module, whose attributes are Tensor | Module
+    from peft import PeftModel
+    from transformers import PreTrainedModel
 
 __all__ = [
     "ADAPTER_CONFIG",
@@ -148,7 +152,7 @@ def adapters_disabled(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
     """
     if not is_peft_model(model):
         raise ValueError(f"{type(model).__name__} has no LoRA adapters to disable (model.lora is off)")
-    with model.disable_adapter():
+    with cast("PeftModel", model).disable_adapter():
         yield model
 
 
@@ -181,7 +185,7 @@ def merged_copy(model: torch.nn.Module) -> torch.nn.Module:
     without adapters is deep-copied as it is."""
     with torch.inference_mode(False), torch.no_grad():
         dup = copy.deepcopy(model)
-        return dup.merge_and_unload() if is_peft_model(dup) else dup
+        return cast("PeftModel", dup).merge_and_unload() if is_peft_model(dup) else dup
 
 
 def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -192,7 +196,7 @@ def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """
     if not is_peft_model(model):
         return dict(model.state_dict())
-    base = model.get_base_model()
+    base = cast("PeftModel", model).get_base_model()
     out: dict[str, torch.Tensor] = {}
     with torch.no_grad():
         for name, t in base.state_dict().items():
@@ -219,8 +223,9 @@ def base_recorded_as(model: torch.nn.Module, name: str | None) -> Iterator[None]
     if not name or not is_peft_model(model):
         yield
         return
-    base = model.get_base_model()
-    configs = list(model.peft_config.values())
+    peft_model = cast("PeftModel", model)
+    base = cast("PreTrainedModel", peft_model.get_base_model())
+    configs = list(peft_model.peft_config.values())
     old = [c.base_model_name_or_path for c in configs], base.__dict__.get("name_or_path"), base.config.name_or_path
     for c in configs:
         c.base_model_name_or_path = str(name)
@@ -335,7 +340,7 @@ def export_checkpoint(
     tmp = out.parent / f".{out.name}.tmp-export"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        merged.save_pretrained(tmp, safe_serialization=True)
+        cast("PreTrainedModel", merged).save_pretrained(tmp, safe_serialization=True)
         if any((ckpt / f).is_file() for f in _TOKENIZER_FILES):
             AutoTokenizer.from_pretrained(str(ckpt), trust_remote_code=trust).save_pretrained(tmp)
         honour_umask(tmp)  # safetensors writes the weights private (0o600)
@@ -355,7 +360,7 @@ def _base_of(ckpt: Path) -> tuple[str, torch.dtype, bool]:
     """``(model name or path, dtype, trust_remote_code)`` of the base model a checkpoint was trained on."""
     m = _recipe_model(ckpt)
     if m.get("name_or_path"):
-        return m["name_or_path"], DTYPES.get(m.get("dtype"), torch.float32), bool(m.get("trust_remote_code"))
+        return m["name_or_path"], DTYPES.get(m.get("dtype", ""), torch.float32), bool(m.get("trust_remote_code"))
     name = json.loads(read_utf8(ckpt / ADAPTER_CONFIG)).get("base_model_name_or_path")
     if not name:
         raise ValueError(f"{ckpt}: neither recipe.json nor {ADAPTER_CONFIG} names the base model")

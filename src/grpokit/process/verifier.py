@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import operator
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from fractions import Fraction
 from typing import Any, NamedTuple
 
@@ -110,6 +110,7 @@ def _lex(text: str, markdown: bool = True) -> list[_Tok]:
     toks: list[_Tok] = []
     for m in _LEX.finditer(text):
         kind, s = m.lastgroup, m.group()
+        assert kind is not None  # every alternative of _LEX is a named group
         if kind == "WS":
             continue
         if kind == "NUM":
@@ -121,7 +122,7 @@ def _lex(text: str, markdown: bool = True) -> list[_Tok]:
             toks.append(_Tok("NUM", s, m.start(), m.end(), val, dec if not s.endswith("%") else 0))
             continue
         toks.append(_Tok("OTHER" if kind == "OTHER2" else kind, s, m.start(), m.end()))
-    out = []
+    out: list[_Tok] = []
     for i, t in enumerate(toks):  # context-dependent re-reading of a few tokens
         prev = toks[i - 1] if i else None
         nxt = toks[i + 1] if i + 1 < len(toks) else None
@@ -378,9 +379,11 @@ def _claims_in(text: str, markdown: bool = True) -> list[Claim]:
             except ZeroDivisionError:
                 value, err = None, True
             if prev is not None and (err or running is not None):
-                ok = not err and _matches(running, seg, value, continuation=True)
-                if not ok and not err and _literal(prev.node) and not _literal(seg.node):
-                    ok = _matches(value, prev, running, continuation=False)  # "3.33 = 10/3"
+                ok = False
+                if value is not None and running is not None:  # not err (so running is set too)
+                    ok = _matches(running, seg, value, continuation=True)
+                    if not ok and _literal(prev.node) and not _literal(seg.node):
+                        ok = _matches(value, prev, running, continuation=False)  # "3.33 = 10/3"
                 claims.append(Claim(prev.text, seg.text, ok))
             elif err and prev is None:  # "5/0 = 0": the division itself is the wrong claim
                 claims.append(Claim(seg.text, "?", False))
@@ -410,11 +413,17 @@ def _last_number(text: str) -> Fraction | None:
     return nums[-1] if nums else None
 
 
-def _outcomes(prompts, completions, answer) -> list[float | None]:
+def _math_correct() -> Callable[..., list[float | None]] | None:
+    """:func:`grpokit.rewards.math.math_correct`, or None where it cannot be imported."""
     try:
         from grpokit.rewards.math import math_correct
     except ImportError:
-        math_correct = None
+        return None
+    return math_correct
+
+
+def _outcomes(prompts, completions, answer) -> list[float | None]:
+    math_correct = _math_correct()
     rows = [i for i, a in enumerate(answer) if a is not None]
     out: list[float | None] = [None] * len(completions)
     if math_correct is not None and rows:

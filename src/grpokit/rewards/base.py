@@ -189,14 +189,16 @@ def compute_rewards(
 
     total: list[float | None] = []
     for i in range(n):
-        acc: float | None = 0.0
+        acc = 0.0
         for name, values in per_function.items():
             w = float(weights.get(name, 1.0))
             if w == 0.0:
                 continue
-            if values[i] is None:
-                acc = None
+            v = values[i]
+            if v is None:  # one unscorable term: the row is unscorable
+                total.append(None)
                 break
-            acc += w * values[i]
-        total.append(acc)
+            acc += w * v
+        else:
+            total.append(acc)
     return total, per_function

@@ -222,7 +222,7 @@ class RewardCall:
         async def every_row() -> list:
             return await asyncio.gather(*(one(i) for i in range(len(completions))), return_exceptions=True)
 
-        results = []
+        results: list[tuple[str, Any]] = []
         for r in _run(every_row()):
             if isinstance(r, RewardSignatureError):
                 raise r

@@ -34,6 +34,8 @@ import sys
 import traceback
 import warnings
 from collections.abc import Callable
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from typing import Any
 
 from grpokit.rewards.calling import RewardCall, RewardSignatureError, check_signature
@@ -119,7 +121,7 @@ def _portable(e: BaseException) -> BaseException:
     if hasattr(out, "add_note"):  # Python >= 3.11
         out.add_note(note)
     else:
-        out.__notes__ = [*getattr(out, "__notes__", []), note]
+        out.__notes__ = [*getattr(out, "__notes__", []), note]  # type: ignore[attr-defined]  # 3.10 stubs lack it
     return out
 
 
@@ -127,7 +129,9 @@ class _Worker:
     """One forked worker process running one function; restarted after a kill or a crash."""
 
     def __init__(self, fn: RewardCall):
-        self.fn, self.proc, self.conn = fn, None, None
+        self.fn = fn
+        self.proc: BaseProcess | None = None
+        self.conn: Connection | None = None
 
     def start(self) -> None:
         ctx = mp.get_context("fork")
@@ -145,9 +149,11 @@ class _Worker:
         if self.proc is None or not self.proc.is_alive():
             self.close()
             self.start()
+        conn = self.conn
+        assert conn is not None  # set with the process, by start()
         try:
-            self.conn.send((op, args, kwargs))
-            ready = self.conn.poll(timeout_s)
+            conn.send((op, args, kwargs))
+            ready = conn.poll(timeout_s)
         except (BrokenPipeError, OSError) as e:
             code = self._exitcode()
             self.close()
@@ -156,7 +162,7 @@ class _Worker:
             self.close()
             raise RewardTimeout(f"timed out after {timeout_s:g} s")
         try:
-            status, payload = self.conn.recv()
+            status, payload = conn.recv()
         except (EOFError, OSError):
             code = self._exitcode()
             self.close()
@@ -314,7 +320,8 @@ class GuardedReward:
                     raise
                 except Exception as e:  # noqa: BLE001
                     err = e
-            out.append(self._row_failed(i, err, completions))
+            self._row_failed(i, err, completions)
+            out.append(None)
         return out
 
     def _rows_at_once(self, prompts: list[str], completions: list[str], columns: dict) -> list | None:

@@ -253,7 +253,7 @@ def _numbers_equal(pred: Fraction, gold: Fraction) -> bool:
         return True
     if pred.denominator == 1 and gold.denominator == 1:
         return False
-    return abs(pred - gold) <= Fraction(REL_TOL) * max(1, abs(gold))  # exact: a float overflows
+    return abs(pred - gold) <= Fraction(REL_TOL) * max(Fraction(1), abs(gold))  # exact: a float overflows
 
 
 def _in_main_thread() -> bool:

@@ -55,7 +55,13 @@ def reward_function(name: str, rc: Any, device: torch.device | str = "cpu") -> C
 class StepScorer(Protocol):
     """Process supervision's step scorer (``grpokit.process.ProcessScorer``)."""
 
-    failures: int
+    tokenizer: Any
+    """The policy's tokenizer (maps step ends to tokens): set by the build once it is loaded."""
+
+    @property
+    def failures(self) -> int:
+        """Rows scored None after the step reward raised or timed out."""
+        ...
 
     def score(self, exp: Any, prompts: list[str], columns: dict[str, list]) -> tuple[torch.Tensor, torch.Tensor, dict]:
         """``(step_rewards (N, T) float64, step_ends (N, T) bool, metrics)`` for ``exp``'s completions."""

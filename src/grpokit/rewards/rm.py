@@ -24,7 +24,7 @@ positions come from the shared scoring base :class:`grpokit.rewards.scoring.Posi
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -140,7 +140,8 @@ class RewardModel:
         def read(hidden: torch.Tensor) -> torch.Tensor:  # (K, H) -> (K,)
             return self.head(hidden.to(self.head.weight.dtype)).float()[:, label]
 
-        scores = [s[0] for s in self.base.score(rows, read)]
+        # no None: the scorer has no max_length (text_ids cut the texts), so every row is read
+        scores = cast("list[float]", [s[0] for s in self.base.score(rows, read)])
         if self.normalize and len(scores) > 1:
             t = torch.tensor(scores, dtype=torch.float64)
             scores = ((t - t.mean()) / (t.std(unbiased=False) + 1e-8)).tolist()

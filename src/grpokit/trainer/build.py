@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -151,12 +151,8 @@ def load_policy(
 
     if ranks.parallel == "ddp":  # gradients summed from param.grad after the backward: the cpu backend is exact
         mark_grads_reduced_after_backward(model)
-    install_backend(
-        model,
-        m.backend,
-        announce=not reference and ranks.is_main,
-        **({} if reference else {"recompute_mlp": m.recompute_mlp}),
-    )
+    options: dict[str, Any] = {} if reference else {"recompute_mlp": m.recompute_mlp}
+    install_backend(model, m.backend, announce=not reference and ranks.is_main, **options)
     if m.gradient_checkpointing and not reference:
         from grpokit.models.logprobs import enable_gradient_checkpointing
 

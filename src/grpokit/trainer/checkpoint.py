@@ -23,8 +23,9 @@ import os
 import random
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -41,7 +42,8 @@ def rng_state() -> dict[str, Any]:
     """Python, NumPy and torch RNG states (and every CUDA device's, when CUDA is initialized: the
     bf16 optimizer's stochastic rounding draws from the parameters' device) in a form
     ``weights_only`` loading accepts."""
-    np_state = np.random.get_state()
+    # the legacy tuple (get_state's default; numpy's stubs pick the dict overload)
+    np_state = cast("tuple[str, np.ndarray, int, int, float]", np.random.get_state())
     state = {
         "python": random.getstate(),
         "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]],
@@ -118,7 +120,9 @@ def save_checkpoint(
         # (peft's "auto" would look the base model up on the Hub at every save); the adapter names
         # its base as the recipe does (a hub id or the user's path, not this machine's folder)
         with base_recorded_as(model, (recipe.get("model") or {}).get("name_or_path")):
-            model.save_pretrained(
+            # transformers' or peft's save_pretrained (nn.Module types its attributes Tensor | Module)
+            save_pretrained = cast(Callable[..., None], model.save_pretrained)
+            save_pretrained(
                 tmp,
                 safe_serialization=True,
                 **({"save_embedding_layers": False} if is_peft_model(model) else {}),

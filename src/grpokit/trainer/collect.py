@@ -76,7 +76,9 @@ def refill_groups_with_signal(run: Run, step: int, first: Collected) -> Collecte
     most B rows and their groups (advantages are computed after, over the batch trained on).
     """
     b, max_rounds = run.recipe.train.prompts_per_step, run.recipe.algo.max_sampling_rounds
-    kept_rows, parts, rounds, sampled = [], [], 0, len(first.rows)
+    kept_rows: list[dict] = []
+    parts: list[Experience] = []
+    rounds, sampled = 0, len(first.rows)
     cur = first
     gen_s, failures, reward_s = 0.0, 0, 0.0  # over every round, dropped ones included
     while True:

@@ -141,7 +141,11 @@ def _train(run: Run, start: Path | None, progress: bool, changes: list[tuple[str
 
 
 def _begin(
-    run: Run, start: Path | None, changes: list[tuple[str, Any, Any]], logger: RunLogger, summary: dict[str, Any]
+    run: Run,
+    start: Path | None,
+    changes: list[tuple[str, Any, Any]],
+    logger: RunLogger | NullLogger,
+    summary: dict[str, Any],
 ) -> None:
     """Resume from ``start``, or begin afresh (replacing an earlier run's metrics in the folder) with
     the held-out evaluation before training when the recipe asks for it."""
@@ -157,7 +161,9 @@ def _begin(
         summary["eval_before"] = evaluate_on_main(run, "before")
 
 
-def _steps(run: Run, logger: RunLogger, memory: LoopMemory, summary: dict[str, Any], progress: bool) -> dict[str, Any]:
+def _steps(
+    run: Run, logger: RunLogger | NullLogger, memory: LoopMemory, summary: dict[str, Any], progress: bool
+) -> dict[str, Any]:
     """:func:`run_step` until ``train.max_steps`` or a stop signal, checkpointing every
     ``train.save_steps``, at a stop and at the end; returns the last step's metrics ({} if none ran).
 
@@ -211,14 +217,17 @@ def _say_stopped(recipe: Recipe, summary: dict[str, Any]) -> None:
     )
 
 
-def _after_training(run: Run, logger: RunLogger, memory: LoopMemory, summary: dict[str, Any]) -> None:
+def _after_training(run: Run, logger: RunLogger | NullLogger, memory: LoopMemory, summary: dict[str, Any]) -> None:
     """The held-out evaluation after training (the last step's periodic one when it is that step's)
     and ``curves.png``."""
     recipe, main = run.recipe, run.ranks.is_main
     if run.evaluator is not None and recipe.eval.after:
         done = memory.last_eval
         if done is not None and done[0] == run.state.step:
-            summary["eval_after"] = save_eval(run.out, dict(done[1], when="after"), "after") if main else None
+            res = done[1]  # rank 0's result (None on the other ranks)
+            summary["eval_after"] = (
+                save_eval(run.out, dict(res, when="after"), "after") if main and res is not None else None
+            )
         else:
             summary["eval_after"] = evaluate_on_main(run, "after")
     if main and logger.metrics_path.exists():
@@ -232,7 +241,7 @@ def _after_training(run: Run, logger: RunLogger, memory: LoopMemory, summary: di
         )
 
 
-def run_step(run: Run, logger: RunLogger, memory: LoopMemory) -> StepResult:
+def run_step(run: Run, logger: RunLogger | NullLogger, memory: LoopMemory) -> StepResult:
     """One GRPO step, 1-7 of the module docstring. Raises what sampling, scoring and the update raise."""
     recipe, ranks = run.recipe, run.ranks
     t_start = time.perf_counter()
@@ -247,7 +256,10 @@ def run_step(run: Run, logger: RunLogger, memory: LoopMemory) -> StepResult:
     # 5-6. reference and old log-probs, μ gradient passes on this rank's share of the groups
     t_train = time.perf_counter()
     mine = exp.shard(ranks.rank, ranks.world_size) if ranks.world_size > 1 else exp
-    keep = ~mine.truncated if recipe.algo.overlong_filter else None  # DAPO overlong filtering
+    keep = None
+    if recipe.algo.overlong_filter:  # DAPO overlong filtering
+        assert mine.truncated is not None  # every engine's generate sets it
+        keep = ~mine.truncated
     update = optimize(run, mine, keep_rows=keep)
     train_s = time.perf_counter() - t_train
     run.state.step = step
@@ -306,7 +318,11 @@ def evaluate_on_main(run: Run, when: str) -> dict[str, Any] | None:
     run folder; the other ranks return None (under FSDP2 they take part in gathering the model
     first, then wait at their next collective)."""
     with gathered(run.model):
-        return run.evaluator.run(run.eval_engine, run.out, when) if run.ranks.is_main else None
+        if not run.ranks.is_main:
+            return None
+        # the callers check run.evaluator; build_run makes eval_engine with it
+        assert run.evaluator is not None and run.eval_engine is not None
+        return run.evaluator.run(run.eval_engine, run.out, when)
 
 
 def optimize(run: Run, exp: Experience, *, keep_rows: torch.Tensor | None = None) -> dict[str, Any]:
@@ -423,7 +439,7 @@ class UpdateTotals:
         """``loss`` and each stat averaged over the ``mu`` passes (a stat missing in a pass counts
         0), and ``entropy``."""
         keys = sorted({k for p in self.passes for k in p.stats})
-        out = {"loss": sum(p.loss for p in self.passes) / mu}
+        out: dict[str, Any] = {"loss": sum(p.loss for p in self.passes) / mu}
         out.update({k: sum(p.stats.get(k, 0.0) for p in self.passes) / mu for k in keys})
         out["entropy"] = self.entropy
         return out

@@ -117,6 +117,7 @@ class AdamWStochasticRounding(torch.optim.Optimizer):
                 w.mul_(1 - lr * wd)
             w.addcdiv_(m, denom, value=-lr / bc1)
             if sr:
+                assert rng is not None  # step() makes one whenever a bf16 parameter has a gradient
                 noise = _noise(w.numel(), w.device, rng)
                 stochastic_round_to_bf16_(pf, w, noise)
                 stochastic_round_to_bf16_(vf, v, noise.bitwise_xor_(0x5A5A))  # another uniform draw of bits
@@ -156,6 +157,7 @@ def make_optimizer(model: torch.nn.Module, t) -> tuple[torch.optim.Optimizer, to
     """
     params = [p for p in model.parameters() if p.requires_grad]
     kw = dict(lr=t.learning_rate, betas=tuple(t.adam_betas), weight_decay=t.weight_decay)
+    opt: torch.optim.Optimizer
     if t.optimizer == "adamw":
         opt = torch.optim.AdamW(params, **kw, fused=True)
     elif t.optimizer == "adamw_bf16_sr":

@@ -5,6 +5,7 @@ a resumed recipe changed (before anything loads). The files themselves:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +64,7 @@ def save_run_checkpoint(run: Run, recipe: Recipe) -> Path | None:
     )
 
 
-def resume(run: Run, ckpt: Path, changes: list[tuple[str, Any, Any]] = ()) -> None:
+def resume(run: Run, ckpt: Path, changes: Sequence[tuple[str, Any, Any]] = ()) -> None:
     """Load ``ckpt``'s weights, optimizer, schedule, RNG and loop state into ``run`` (on every rank:
     each reads the checkpoint and takes its own RNG state; a checkpoint of another world size
     resumes with rank 0's, and sampling, seeded per row, is unchanged).

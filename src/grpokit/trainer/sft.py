@@ -24,7 +24,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -33,6 +33,9 @@ from grpokit.data.heldout import drop_questions
 from grpokit.models.loading import encode_prompts
 from grpokit.utils.filemodes import honour_umask
 from grpokit.utils.outputs import check_output_dir
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 __all__ = ["IGNORE_INDEX", "collate", "completion_rows", "drop_heldout_questions", "encode_rows", "main_sft", "run_sft"]
 
@@ -227,7 +230,7 @@ def run_sft(
             "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
         }
         shutil.rmtree(tmp / "trainer", ignore_errors=True)
-        model.save_pretrained(tmp)
+        cast("PreTrainedModel", model).save_pretrained(tmp)  # a transformers model (typed nn.Module)
         tokenizer.save_pretrained(tmp)
         (tmp / "sft_info.json").write_text(json.dumps(record, indent=1, default=str))
         honour_umask(tmp)  # mkdtemp made it 0o700 and safetensors the weights 0o600

@@ -35,7 +35,7 @@ def seed_everything(seed: int) -> None:
 def next_prompt_indices(state: TrainState, n_rows: int, b: int, seed: int) -> list[int]:
     """B row indices from the epoch's seeded permutation (``torch.randperm`` seeded
     ``seed·1000 + epoch``); advances ``state``; an epoch that runs out continues in the next one."""
-    out = []
+    out: list[int] = []
     while len(out) < b:
         order = torch.randperm(n_rows, generator=torch.Generator().manual_seed(seed * 1000 + state.epoch))
         take = order[state.position : state.position + b - len(out)].tolist()

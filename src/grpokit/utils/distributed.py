@@ -43,7 +43,7 @@ import socket
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -289,14 +289,14 @@ def shard_model(model: torch.nn.Module) -> torch.nn.Module:
     """Shard ``model`` in place with FSDP2: each decoder layer, then the root (embeddings, final
     norm, head). Gradients are reduce-scattered as sums (divide factor 1: the loss is already
     normalized by the whole batch's counts). Returns ``model``."""
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import FSDPModule, fully_shard
 
     units = [*decoder_layers(model), model]
     for unit in units:
         fully_shard(unit)
-    for unit in units:  # per unit: each reduces its own parameters' gradients
-        unit.set_gradient_divide_factor(1.0)
-        unit.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no PREMUL_SUM)
+    for sharded in cast("list[FSDPModule]", units):  # per unit: each reduces its own parameters' gradients
+        sharded.set_gradient_divide_factor(1.0)
+        sharded.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no PREMUL_SUM)
     return model
 
 
@@ -310,14 +310,15 @@ def gathered(model: torch.nn.Module) -> Iterator[None]:
         return
     from torch.distributed.fsdp import FSDPModule
 
+    root = cast(FSDPModule, model)  # is_sharded
     units = [m for m in model.modules() if isinstance(m, FSDPModule)]  # each layer and the root
     for unit in units:  # here, outside inference mode: the gathered tensors may serve autograd later
         unit.unshard()
-    model.set_reshard_after_forward(False)  # recurses into the layers
+    root.set_reshard_after_forward(False)  # recurses into the layers
     try:
         yield
     finally:
-        model.set_reshard_after_forward(True)
+        root.set_reshard_after_forward(True)
         for unit in units:
             unit.reshard()
 

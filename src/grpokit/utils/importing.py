@@ -93,7 +93,8 @@ def _load_file(file_part: str, spec: str, what: str) -> ModuleType:
         raise ValueError(f"{what} {spec!r}: no file {path}; {SPEC_FORMS}")
     name = path.stem
     known = sys.modules.get(name)
-    if known is not None and getattr(known, "__file__", None) and Path(known.__file__).resolve() == path:
+    known_file = getattr(known, "__file__", None)
+    if known is not None and known_file and Path(known_file).resolve() == path:
         return known
     if not name.isidentifier() or known is not None:  # e.g. math.py: never replace a loaded module
         name = f"_grpokit_file_{hashlib.sha1(str(path).encode()).hexdigest()[:10]}_{name}"

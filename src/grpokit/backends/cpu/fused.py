@@ -27,6 +27,8 @@ for tensors off the CPU.
 from __future__ import annotations
 
 import types
+from collections.abc import Callable
+from typing import Any, cast
 
 import torch
 
@@ -38,6 +40,12 @@ _PLAIN_HEAD_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
 _PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 _MARK = "_grpokit_fused_ops"
 _RECOMPUTE = "_grpokit_recompute_mlp"  # on a switched MLP module: swiglu_mlp(recompute=...)
+
+
+def _method(model: torch.nn.Module, name: str) -> Callable[..., Any]:
+    """``model.<name>``, a method of a transformers model: typed (nn.Module's ``__getattr__`` types
+    every attribute ``Tensor | Module``)."""
+    return cast(Callable[..., Any], getattr(model, name))
 
 
 def _plain(x: torch.Tensor) -> bool:
@@ -102,7 +110,7 @@ def _densify_hooks(param: torch.Tensor, *, add: bool) -> None:
 
 def _switch_embedding(model: torch.nn.Module) -> int:
     """The input embedding's backward gives a sparse gradient (:func:`.ops.embedding`)."""
-    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    emb = _method(model, "get_input_embeddings")() if hasattr(model, "get_input_embeddings") else None
     if (
         type(emb) is not torch.nn.Embedding
         or emb.max_norm is not None
@@ -111,7 +119,7 @@ def _switch_embedding(model: torch.nn.Module) -> int:
         or "forward" in vars(emb)
     ):
         return 0
-    emb.forward = types.MethodType(_embedding_forward, emb)
+    emb.forward = types.MethodType(_embedding_forward, emb)  # type: ignore[method-assign]  # on the instance
     return 1
 
 
@@ -192,9 +200,9 @@ def apply_fused_ops(model: torch.nn.Module, *, recompute_mlp: bool = True) -> di
         if "forward" in vars(m):  # already switched (or replaced by someone else): leave it
             continue
         if eligible_norm(m):
-            new, key, width = _norm_forward, "rms_norm", m.weight.shape[0]
+            new, key, width = _norm_forward, "rms_norm", cast(torch.Tensor, m.weight).shape[0]
         elif eligible_mlp(m):
-            new, key, width = _mlp_forward, "mlp", m.gate_proj.in_features
+            new, key, width = _mlp_forward, "mlp", cast(torch.nn.Linear, m.gate_proj).in_features
         else:
             continue
         if type(m) not in checked:
@@ -210,8 +218,12 @@ def apply_fused_ops(model: torch.nn.Module, *, recompute_mlp: bool = True) -> di
     config = getattr(model, "config", None)
     if getattr(config, "model_type", None) in _PLAIN_HEAD_TYPES:
         counts["embedding"] = _switch_embedding(model)
-    if getattr(config, "_attn_implementation", None) == "sdpa" and hasattr(model, "set_attn_implementation"):
-        model.set_attn_implementation(attention.register())
+    if (
+        config is not None
+        and getattr(config, "_attn_implementation", None) == "sdpa"
+        and hasattr(model, "set_attn_implementation")
+    ):
+        _method(model, "set_attn_implementation")(attention.register())
         counts["attention"] = int(config._attn_implementation == attention.NAME)
     return counts
 
@@ -227,7 +239,7 @@ def fused_head(model: torch.nn.Module, *, mark_required: bool = True):
     if getattr(config, "model_type", None) not in _PLAIN_HEAD_TYPES:
         return None
     decoder = getattr(model, getattr(model, "base_model_prefix", "model"), None)
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    head = _method(model, "get_output_embeddings")() if hasattr(model, "get_output_embeddings") else None
     if not isinstance(decoder, torch.nn.Module) or type(head) is not torch.nn.Linear or head.bias is not None:
         return None
     return decoder, head.weight
@@ -248,4 +260,4 @@ def remove_fused_ops(model: torch.nn.Module) -> None:
         delattr(model, _MARK)
     config = getattr(model, "config", None)
     if getattr(config, "_attn_implementation", None) == attention.NAME:
-        model.set_attn_implementation("sdpa")
+        _method(model, "set_attn_implementation")("sdpa")

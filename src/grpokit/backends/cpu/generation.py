@@ -14,7 +14,7 @@ Neither changes the sampled tokens (``tests/test_policy_fast.py``).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -60,6 +60,6 @@ def prefix_cache(model: Any, ids: torch.Tensor, mask: torch.Tensor, *, share: bo
     if not static:
         prefix.batch_select_indices(inverse)  # (U, ...) -> (n, ...)
         return prefix
-    for layer, src in zip(out.layers, prefix.layers):
-        layer.update(src.keys[inverse], src.values[inverse])  # written in place at positions 0 … P-2
+    for layer, src in zip(out.layers, prefix.layers):  # each a StaticLayer (checked above)
+        cast(StaticLayer, layer).update(src.keys[inverse], src.values[inverse])  # written in place at positions 0 … P-2
     return out

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import types
 from collections.abc import Iterator
+from typing import cast
 
 import torch
 
@@ -60,7 +61,7 @@ def packing_works(dtype: torch.dtype) -> bool:
 
 
 def _forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    packed = self._grpokit_packed
+    packed = cast(torch.Tensor, self._grpokit_packed)  # set by packed_linear_weights
     if torch.is_grad_enabled() or x.dtype != packed.dtype or x.device.type != "cpu" or torch.is_autocast_enabled("cpu"):
         return type(self).forward(self, x)  # training, autocast (it casts in F.linear), other devices
     return _packed_linear(x, packed, self.bias)
@@ -105,7 +106,7 @@ def packed_linear_weights(model: torch.nn.Module, rows: int) -> Iterator[int]:
                 if key not in packed:
                     packed[key] = _pack(w, max(int(rows), 1))
                 m._grpokit_packed = packed[key]
-                m.forward = types.MethodType(_forward, m)
+                m.forward = types.MethodType(_forward, m)  # type: ignore[method-assign]  # on the instance
                 switched.append(m)
         yield len(switched)
     finally:

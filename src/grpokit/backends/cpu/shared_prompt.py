@@ -134,6 +134,7 @@ def grad_alias(param: torch.Tensor) -> torch.Tensor:
 
 def _add_grad_into(param: torch.Tensor, alias: torch.Tensor) -> None:
     grad = alias.grad  # sparse for an embedding (ops.embedding): kept dense in param.grad
+    assert grad is not None  # a post-accumulate hook runs once the gradient is accumulated
     if param.grad is None:
         param.grad = grad if grad.layout == torch.strided else grad.to_dense()
     else:
