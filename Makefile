@@ -35,14 +35,13 @@ demo: $(STAMP)
 	$(BIN)/grpokit train recipes/demo.yaml train.resume=none
 
 # Recipe (b), word problems (docs/efficacy.md): a supervised warm-up on ASDiv's written equations
-# (skipped when runs/long-sft exists), GRPO on MAWPS from it (its own evaluations pair the SFT model
+# (the recipe's sft section; skipped when runs/long-sft, its model.name_or_path, exists), GRPO on MAWPS from it (its own evaluations pair the SFT model
 # with each checkpoint), then the base model paired with the last checkpoint on the same problems.
 LONG_SFT := runs/long-sft
 # LONG_LAST: the run folder; grpokit eval takes its newest complete checkpoint
 LONG_LAST := runs/long
 long: $(STAMP)
-	test -f $(LONG_SFT)/sft_info.json || $(BIN)/grpokit sft smollm2-135m-instruct $(LONG_SFT) --dataset asdiv \
-	  --split test --completion-template '{equation}' --heldout-of recipes/long.yaml
+	test -f $(LONG_SFT)/sft_info.json || $(BIN)/grpokit sft recipes/long.yaml
 	$(BIN)/grpokit train recipes/long.yaml
 	$(BIN)/grpokit eval smollm2-135m-instruct --against $(LONG_LAST) --heldout-of recipes/long.yaml --output runs/long/eval_base_vs_last.json
 

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from grpokit.cli.main import DEFAULT_RECIPE
+from grpokit.cli.recipe_args import DEFAULT_RECIPE
 from grpokit.config import (
     Recipe,
     RecipeError,

@@ -165,8 +165,24 @@ def test_heldout_of_a_recipe_evaluates_the_runs_heldout_problems(tiny_model_dir,
     assert r["total"] == 2 and res["dataset"] == str(data)
     printed = capsys.readouterr().out
     assert "2 held-out problems" in printed and "(1 left out as training questions" in printed
-    assert main(["eval", tiny_model_dir, "--heldout-of", str(recipe), "--dataset", "mawps"]) == 2
-    assert "one of them" in capsys.readouterr().err
+    # the flags and section.key=value words change the recipe's eval section (flags last)
+    for extra, total, left_out in (
+        (["--limit", "2"], 1, 1),  # rows 0-1: "2 + 2" is a training question
+        (["eval.limit=1"], 1, 0),
+        (["eval.limit=1", "--limit", "3"], 2, 1),
+    ):
+        cmd = ["eval", tiny_model_dir, "--heldout-of", str(recipe), *extra, "--output", str(out), "--overwrite"]
+        assert main(cmd) == 0
+        assert json.loads(out.read_text())["models"][tiny_model_dir]["total"] == total
+        assert f"({left_out} left out as training questions" in capsys.readouterr().out
+    for extra, msg in (
+        (["--skip", "1"], "--skip: not with --heldout-of"),
+        (["--limit", "0"], "--limit: eval.limit: must be > 0"),
+        (["eval.limitt=1"], "unknown recipe key eval.limitt"),
+        (["stray"], "unexpected argument 'stray'"),
+    ):
+        assert main(["eval", tiny_model_dir, "--heldout-of", str(recipe), *extra, "--output", str(out)]) == 2
+        assert msg in capsys.readouterr().err
     assert main(["eval", tiny_model_dir, "--heldout-of", str(tmp_path / "none.yaml")]) == 2
     assert "none.yaml" in capsys.readouterr().err
 

@@ -1,5 +1,14 @@
 """``grpokit eval MODEL --dataset NAME``: held-out accuracy of one model, or two paired (``--against``).
 
+Configured by a recipe's ``eval`` section (:class:`grpokit.config.EvalConfig`: defaults, help and
+checks): ``--heldout-of RECIPE``'s, else the demo recipe's (its prompts; it has no ``eval`` section).
+Each of :data:`FLAG_KEYS`' flags is an override of one recipe key (``--limit`` is ``eval.limit``,
+``--samples`` ``eval.num_samples``), as are ``section.key=value`` words after MODEL: the schema's
+defaults, then the recipe, then the overrides, then the flags. With ``--heldout-of`` the rows are the
+recipe run's held-out problems (:class:`grpokit.eval.evaluate.HeldOutEval`, with the overrides); the
+other flags (``--against``, ``--output``, ``--skip``, the seeds, ``--temperature``) belong to this
+command alone.
+
 Called by :func:`grpokit.cli.main.main`; its errors follow the rule of that module's docstring."""
 
 from __future__ import annotations
@@ -14,21 +23,45 @@ import yaml
 from grpokit.cli.errors import USER_ERRORS, finite_float
 from grpokit.cli.errors import one_line as _one_line
 from grpokit.cli.errors import show_traceback as _show_traceback
-from grpokit.cli.recipe_args import DEFAULT_RECIPE, find_recipe
+from grpokit.cli.recipe_args import DEFAULT_RECIPE, command_recipe, find_recipe, split_overrides
 from grpokit.data import dataset_label
+
+#: flag (argparse dest) -> the recipe key it overrides
+FLAG_KEYS = {
+    "dataset": "eval.dataset",
+    "split": "eval.split",
+    "limit": "eval.limit",
+    "samples": "eval.num_samples",
+    "scorer": "eval.scorer",
+    "max_new_tokens": "eval.max_new_tokens",
+    "batch_size": "eval.batch_size",
+    "data_options": "eval.options",
+    "prompt_template": "data.prompt_template",
+    "system_prompt": "data.system_prompt",
+    "device": "model.device",
+}
+
+#: the longest completion without a recipe that sets one (eval.max_new_tokens)
+DEFAULT_MAX_NEW_TOKENS = 256
+
+#: the seed of generated data without --heldout-of: a run's held-out seed with train.seed=0 (train.seed + 10^9)
+DEFAULT_DATA_SEED = 10**9
 
 
 def _eval_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="grpokit eval",
         description="Held-out accuracy: greedy, and mean@k / pass@k / maj@k over k samples, "
-        "each with a 95 % interval; --against compares two models on the same problems (exact McNemar test).",
+        "each with a 95 % interval; --against compares two models on the same problems (exact McNemar test). "
+        "Flags marked with a recipe key set that key of --heldout-of's recipe (else of the demo recipe), as a "
+        "section.key=value word does.",
     )
     p.add_argument(
         "model",
         help="model path, hub name or alias (smollm2-135m-instruct), or a run's output folder "
         "(its newest complete checkpoint)",
     )
+    p.add_argument("overrides", nargs="*", metavar="section.key=value", help="recipe keys, e.g. eval.limit=50")
     p.add_argument(
         "--against",
         default=None,
@@ -37,35 +70,37 @@ def _eval_args(argv: list[str]) -> argparse.Namespace:
         "output folder) scored on "
         "the same problems; prints the paired difference with its interval and the McNemar p-value",
     )
-    p.add_argument("--dataset", default=None, help="required unless --heldout-of names a recipe")
+    p.add_argument("--dataset", default=None, help="eval.dataset (required unless --heldout-of names a recipe)")
     p.add_argument(
         "--heldout-of",
         default=None,
         metavar="RECIPE.yaml",
         help="the held-out problems of this "
         "recipe's run, exactly as its evaluations use them (eval section, its prompt template and "
-        "scorer; training questions left out); replaces --dataset/--split/--limit/--skip/--shuffle-seed",
+        "scorer; training questions left out); the eval flags and overrides change its eval section",
     )
-    p.add_argument("--split", default="test")
-    p.add_argument("--limit", type=int, default=100)
+    p.add_argument("--split", default=None, help="eval.split (default test)")
+    p.add_argument("--limit", type=int, default=None, help="eval.limit (default 100)")
     p.add_argument(
         "--skip",
         type=int,
-        default=0,
+        default=None,
         help="start at row N of the split (as data.skip does); the "
-        "packaged recipes hold out rows 0-99 and train from row 100, so evaluate them with --limit 100",
+        "packaged recipes hold out rows 0-99 and train from row 100, so evaluate them with --limit 100 "
+        "(not with --heldout-of)",
     )
     p.add_argument(
         "--data-options",
         default=None,
-        help="dataset options as YAML, e.g. reasoning_gym's '{size: 500, max_digits: 2}'",
+        help="eval.options, as YAML, e.g. reasoning_gym's '{size: 500, max_digits: 2}'",
     )
     p.add_argument(
         "--data-seed",
         type=int,
-        default=10**9,
-        help="seed of generated data (reasoning_gym); the "
-        "default is the held-out seed of a run with train.seed=0 (train.seed + 10^9): never its training set",
+        default=None,
+        help="seed of generated data (reasoning_gym); the default, 10^9, "
+        "is the held-out seed of a run with train.seed=0 (train.seed + 10^9): never its training set "
+        "(not with --heldout-of)",
     )
     p.add_argument(
         "--shuffle-seed",
@@ -73,21 +108,28 @@ def _eval_args(argv: list[str]) -> argparse.Namespace:
         default=None,
         help="shuffle the rows with this seed before --skip "
         "and --limit, as a recipe's data.shuffle_seed does (the held-out rows of a run with "
-        "data.shuffle_seed=S are --shuffle-seed S --limit <eval.limit>)",
+        "data.shuffle_seed=S are --shuffle-seed S --limit <eval.limit>; not with --heldout-of)",
     )
     p.add_argument(
         "--scorer",
         default=None,
-        help="reward function deciding correctness (default: reasoning_gym for reasoning_gym: data, else math_correct)",
+        help="eval.scorer: the reward function deciding correctness (default: reasoning_gym for "
+        "reasoning_gym: data, else math_correct)",
     )
-    p.add_argument("--samples", type=int, default=None, metavar="K", help="also sample K completions per problem")
+    p.add_argument("--samples", type=int, default=None, metavar="K", help="eval.num_samples: also sample K completions")
     p.add_argument("--temperature", type=finite_float, default=1.0, help="sampling temperature for --samples")
     p.add_argument("--seed", type=int, default=0, help="sampling seed for --samples")
-    p.add_argument("--max-new-tokens", type=int, default=None, help="default 256, or the --heldout-of recipe's")
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (as model.device)")
-    p.add_argument("--prompt-template", default=None, help="default: the demo recipe's")
-    p.add_argument("--system-prompt", default=None)
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help=f"eval.max_new_tokens (default: the --heldout-of recipe's rollout.max_new_tokens, else "
+        f"{DEFAULT_MAX_NEW_TOKENS})",
+    )
+    p.add_argument("--batch-size", type=int, default=None, help="eval.batch_size (default 16)")
+    p.add_argument("--device", default=None, help="model.device: cpu, cuda, cuda:N or auto (default cpu)")
+    p.add_argument("--prompt-template", default=None, help="data.prompt_template (default: the recipe's)")
+    p.add_argument("--system-prompt", default=None, help="data.system_prompt")
     p.add_argument(
         "--output",
         default=None,
@@ -96,21 +138,63 @@ def _eval_args(argv: list[str]) -> argparse.Namespace:
         "loads unless --overwrite",
     )
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
-    return p.parse_args(argv)
+    return p.parse_intermixed_args(argv)
 
 
-def _heldout_of(ns: argparse.Namespace):
-    """The held-out rows of the recipe ``ns.heldout_of`` (:class:`grpokit.eval.evaluate.HeldOutEval`);
-    sets ``ns.dataset``/``ns.split``/``ns.skip``/``ns.limit`` to what they came from."""
-    from grpokit.config import load_recipe
+def _eval_recipe(ns: argparse.Namespace):
+    """The recipe ``ns`` means (:func:`grpokit.cli.recipe_args.command_recipe`) and, with
+    ``--heldout-of``, its held-out rows (:class:`grpokit.eval.evaluate.HeldOutEval`, or None); sets
+    ``ns``'s eval fields (dataset, split, limit, samples, scorer, max_new_tokens, batch_size, device,
+    skip, data_seed) to the values that run.
+
+    Raises:
+        RecipeError: a recipe not found or not valid, a flag or override out of range (named), a word
+            after MODEL that is not ``section.key=value``, a row flag with ``--heldout-of``, neither
+            ``--dataset`` nor ``--heldout-of``.
+        ValueError: ``--data-options`` not a YAML mapping; what :class:`HeldOutEval` raises.
+    """
+    from grpokit.config import RecipeError
     from grpokit.data.rows import section_rows
     from grpokit.eval.evaluate import HeldOutEval
 
-    recipe = load_recipe(find_recipe(ns.heldout_of))
-    held = HeldOutEval(recipe, section_rows(recipe, "data"))
-    ns.dataset, ns.split, ns.skip, ns.limit = recipe.eval.dataset, recipe.eval.split, 0, len(held.rows)
-    print(f"[grpokit] eval: {held.note}", flush=True)
-    return held
+    words, overrides = split_overrides(ns.overrides)
+    if words:
+        raise RecipeError(f"unexpected argument {words[0]!r} after MODEL: recipe keys are written section.key=value")
+    if ns.heldout_of:
+        for flag, value in (("--skip", ns.skip), ("--data-seed", ns.data_seed), ("--shuffle-seed", ns.shuffle_seed)):
+            if value is not None:
+                raise RecipeError(
+                    f"{flag}: not with --heldout-of, whose recipe decides the held-out rows (set eval.limit, "
+                    "eval.dataset, data.shuffle_seed there or as overrides)"
+                )
+    options = _data_options(ns.data_options) if ns.data_options is not None else None
+    flags = {
+        f"--{dest.replace('_', '-')}": (key, options if dest == "data_options" else getattr(ns, dest))
+        for dest, key in FLAG_KEYS.items()
+    }
+    path = DEFAULT_RECIPE
+    try:
+        if ns.heldout_of:
+            path = find_recipe(ns.heldout_of)
+        recipe = command_recipe(path, overrides, flags)
+        held = HeldOutEval(recipe, section_rows(recipe, "data")) if ns.heldout_of else None
+    except (RecipeError, ValueError, OSError) as err:  # the recipe's own fault: named by the recipe
+        if not ns.heldout_of or str(err).startswith("--"):  # a flag's value: the message names the flag
+            raise
+        raise RecipeError(f"--heldout-of {ns.heldout_of}: {err}") from None
+    e = recipe.eval
+    if held is not None:
+        print(f"[grpokit] eval: {held.note}", flush=True)
+    elif e.dataset is None:
+        raise RecipeError("give --dataset NAME (eval.dataset) or --heldout-of RECIPE.yaml")
+    ns.dataset, ns.split, ns.scorer, ns.batch_size = e.dataset, e.split, e.scorer, e.batch_size
+    ns.limit = len(held.rows) if held else e.limit
+    ns.samples = e.num_samples or None
+    ns.max_new_tokens = held.max_new_tokens if held else (e.max_new_tokens or DEFAULT_MAX_NEW_TOKENS)
+    ns.device, ns.data_options = recipe.model.device, e.options
+    ns.skip = 0 if ns.skip is None else ns.skip
+    ns.data_seed = DEFAULT_DATA_SEED if ns.data_seed is None else ns.data_seed
+    return recipe, held
 
 
 def _newest_checkpoint_of_run(model: str) -> str:
@@ -137,7 +221,7 @@ def _newest_checkpoint_of_run(model: str) -> str:
 
 def eval_command(argv: list[str]) -> int:
     ns = _eval_args(argv)
-    from grpokit.config import RecipeError, load_recipe
+    from grpokit.config import RecipeError
     from grpokit.data.heldout import check_scorer, default_scorer
     from grpokit.data.rows import load_data_rows, load_prompts
     from grpokit.eval.evaluate import default_output_name
@@ -153,15 +237,12 @@ def eval_command(argv: list[str]) -> int:
     # every check that needs no model comes first
     if ns.samples is not None and ns.samples < 1:
         return fail(f"--samples must be >= 1 (k completions per problem), got {ns.samples}")
+    try:
+        recipe, held = _eval_recipe(ns)
+    except (RecipeError, *USER_ERRORS) as e:
+        return fail(_one_line(e))
     if ns.samples and ns.temperature <= 0:
         return fail(f"--temperature must be > 0 with --samples, got {ns.temperature}")
-    if (ns.dataset is None) == (ns.heldout_of is None):
-        return fail("give --dataset NAME or --heldout-of RECIPE.yaml (one of them)")
-    try:
-        held = _heldout_of(ns) if ns.heldout_of else None
-    except (RecipeError, *USER_ERRORS) as e:
-        return fail(f"--heldout-of {ns.heldout_of}: {_one_line(e)}")
-    ns.max_new_tokens = ns.max_new_tokens or (held.max_new_tokens if held else 256)
     scorer_name = ns.scorer or (held.scorer if held else default_scorer(ns.dataset))
     try:
         out_path = check_output_file(ns.output or default_output_name(ns.dataset, ns.split), "--output")
@@ -177,12 +258,6 @@ def eval_command(argv: list[str]) -> int:
         models = [ns.model] + ([ns.against] if ns.against else [])
         for m in models:
             resolve_model_paths(m)  # a LoRA adapter's base model too
-        recipe = held.recipe if held else load_recipe(DEFAULT_RECIPE)
-        options = _data_options(ns.data_options)
-        if ns.prompt_template is not None:
-            recipe.data.prompt_template = ns.prompt_template
-        if ns.system_prompt is not None:
-            recipe.data.system_prompt = ns.system_prompt
         device = resolve_device(ns.device)
         tok = load_tokenizer(ns.model)
         limit = None if ns.limit is None else ns.skip + ns.limit
@@ -195,7 +270,7 @@ def eval_command(argv: list[str]) -> int:
                 split=ns.split,
                 limit=limit,
                 seed=ns.data_seed,
-                options=options,
+                options=ns.data_options or {},
                 shuffle_seed=ns.shuffle_seed,
             )[ns.skip :]
         )

@@ -1,6 +1,7 @@
 """``grpokit train [RECIPE] [section.key=value ...]``, ``grpokit eval MODEL --dataset NAME`` and
-``grpokit export CHECKPOINT OUT [--merge]`` and ``grpokit sft MODEL OUT --dataset NAME
---completion-template T`` (a supervised warm-up, :mod:`grpokit.trainer.sft`).
+``grpokit export CHECKPOINT OUT [--merge]`` and ``grpokit sft RECIPE`` (a supervised warm-up,
+:mod:`grpokit.cli.sft`). ``grpokit sft`` and ``grpokit eval`` read a recipe too (its ``sft`` and
+``eval`` sections): their flags are overrides of its keys.
 
 RECIPE is a YAML file, or the name of a packaged recipe (``arith``, ``arith.yaml`` or
 ``recipes/arith.yaml`` from any folder; a file of that name in the working folder comes first;
@@ -56,10 +57,10 @@ import os
 import signal
 import sys
 
-from grpokit.cli.errors import USER_ERRORS, finite_float
+from grpokit.cli.errors import USER_ERRORS
 from grpokit.cli.errors import one_line as _one_line
 from grpokit.cli.errors import show_traceback as _show_traceback
-from grpokit.cli.recipe_args import DEFAULT_RECIPE, RecipeArgs, find_recipe, packaged_recipes
+from grpokit.cli.recipe_args import RecipeArgs, packaged_recipes
 
 
 def _train(argv: list[str]) -> int:
@@ -198,57 +199,9 @@ def _export(argv: list[str]) -> int:
 
 
 def _sft(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(
-        prog="grpokit sft",
-        description="Supervised warm-up before GRPO: fine-tune MODEL to write each row's "
-        "--completion-template after its chat-templated prompt (the loss on completion tokens only; transformers' "
-        "Trainer), and write it to OUT, a folder that a recipe's model.name_or_path can name.",
-    )
-    p.add_argument("model", help="model path, hub name or alias (smollm2-135m-instruct)")
-    p.add_argument("out", help="the folder to write (must not exist, or be empty)")
-    p.add_argument("--dataset", required=True)
-    p.add_argument("--split", default="test")
-    p.add_argument("--limit", type=int, default=None, help="the first N rows (after --shuffle-seed)")
-    p.add_argument("--shuffle-seed", type=int, default=None, help="shuffle the rows with this seed first")
-    p.add_argument(
-        "--completion-template",
-        required=True,
-        help="the text to learn, from the row's columns, e.g. "
-        "'{equation}' (asdiv) or '{solution}' (gsm8k); rows missing a field are left out",
-    )
-    p.add_argument("--prompt-template", default=None, help="default: the --heldout-of recipe's, else the demo's")
-    p.add_argument("--system-prompt", default=None)
-    p.add_argument(
-        "--heldout-of",
-        default=None,
-        metavar="RECIPE.yaml",
-        help="leave out every row whose question "
-        "is one of this recipe's held-out (eval) problems, compared without case and spaces",
-    )
-    p.add_argument("--epochs", type=finite_float, default=1.0)
-    p.add_argument("--max-steps", type=int, default=-1, help="optimizer steps (overrides --epochs when > 0)")
-    p.add_argument("--learning-rate", type=finite_float, default=2e-5)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--warmup-steps", type=int, default=10)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (as model.device)")
-    ns = p.parse_args(argv)
-    from grpokit.trainer.sft import main_sft
+    from grpokit.cli.sft import sft_command
 
-    try:
-        if ns.heldout_of:
-            ns.heldout_of = str(find_recipe(ns.heldout_of))
-        record = main_sft(ns, default_recipe=DEFAULT_RECIPE)
-    except USER_ERRORS as e:
-        if _show_traceback():
-            raise
-        print(f"grpokit sft: error: {_one_line(e)}", file=sys.stderr)
-        return 1
-    print(
-        f"-> {ns.out} ({record['rows']} rows, {record['steps']} steps, {record['seconds']:.0f} s, "
-        f"mean loss {record['train_loss']:.4f})"
-    )
-    return 0
+    return sft_command(argv)
 
 
 def _eval(argv: list[str]) -> int:
@@ -264,9 +217,9 @@ def main(argv: list[str] | None = None) -> int:
         print(
             "usage: grpokit {train,eval,export,sft} ...\n  train [RECIPE] [key=value ...]  run GRPO "
             f"(RECIPE: a file or a packaged name: {', '.join(packaged_recipes())}; none: the demo)\n"
-            "  eval MODEL --dataset NAME [--split test --limit N]\n"
+            "  eval MODEL --dataset NAME | --heldout-of RECIPE [--limit N] [eval.key=value ...]\n"
             "  export CHECKPOINT OUT [--merge]  the model of a checkpoint (LoRA: --merge = a full model)\n"
-            "  sft MODEL OUT --dataset NAME --completion-template T  supervised warm-up before GRPO"
+            "  sft RECIPE | MODEL OUT --dataset NAME --completion-template T  supervised warm-up before GRPO"
         )
         return 0
     cmd, rest = argv[0], argv[1:]

@@ -13,8 +13,10 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -30,8 +32,10 @@ __all__ = [
     "RecipeArgs",
     "demo_raw",
     "find_recipe",
+    "command_recipe",
     "packaged_recipes",
     "source_note",
+    "split_overrides",
 ]
 
 PACKAGED_RECIPES = Path(__file__).resolve().parents[1] / "recipes"
@@ -157,7 +161,7 @@ class RecipeArgs:
         return out
 
 
-_NAMED_KEY = re.compile(r"\b(model|data|rollout|rewards|algo|train|eval)\.([a-z0-9_]+)(=?)")
+_NAMED_KEY = re.compile(r"\b(model|data|rollout|rewards|algo|train|eval|sft)\.([a-z0-9_]+)(=?)")
 
 
 def source_note(message: str, sources: dict[str, tuple[str, str]], recipe: Recipe | None = None) -> str:
@@ -185,3 +189,36 @@ def source_note(message: str, sources: dict[str, tuple[str, str]], recipe: Recip
         origin, named = sources.get(key, ("defaults", key))
         groups.setdefault(origin, []).append(named)
     return f" ({'; '.join(f'{o}: ' + ', '.join(n) for o, n in groups.items())})" if groups else ""
+
+
+_OVERRIDE_ARG = re.compile(r"[a-z_]+\.[a-z0-9_]+=")
+
+
+def split_overrides(words: Sequence[str]) -> tuple[list[str], list[str]]:
+    """A command line's bare words as ``(positional arguments, section.key=value overrides)``.
+
+    >>> split_overrides(["long", "sft.epochs=2", "runs/x"])
+    (['long', 'runs/x'], ['sft.epochs=2'])
+    """
+    overrides = [w for w in words if _OVERRIDE_ARG.match(w)]
+    return [w for w in words if not _OVERRIDE_ARG.match(w)], overrides
+
+
+def command_recipe(path: Path, overrides: Sequence[str], flags: Mapping[str, tuple[str, Any]]) -> Recipe:
+    """The recipe of a ``grpokit sft`` or ``grpokit eval`` command line: the file at ``path``, then the
+    ``section.key=value`` overrides, then the flags given (``flags``: ``"--flag" -> ("section.key", value)``,
+    value None where the flag was not given). A flag is the same key as the override, so the schema's
+    defaults, help and checks are the command's.
+
+    Raises:
+        RecipeError: as :func:`grpokit.config.load_recipe`; a message about a key a flag set starts
+            with that flag (``--learning-rate: sft.learning_rate: must be > 0, got 0.0``).
+    """
+    given = {flag: (key, v) for flag, (key, v) in flags.items() if v is not None}
+    try:
+        return load_recipe(path, list(overrides), values={key: v for key, v in given.values()})
+    except RecipeError as e:
+        for flag, (key, _) in given.items():
+            if str(e).startswith(f"{key}:"):
+                raise RecipeError(f"{flag}: {e}") from None
+        raise

@@ -1,7 +1,8 @@
 """The recipe: typed dataclasses that are the one source of defaults, help text and validation.
 
 A recipe is a YAML file with the sections below (``model``, ``data``, ``rollout``, ``rewards``,
-``algo``, ``train``, ``eval``); ``grpokit train RECIPE.yaml key.sub=value ...`` overrides single keys.
+``algo``, ``train``, ``eval``, and ``sft``, the settings of ``grpokit sft``); ``grpokit train RECIPE.yaml
+key.sub=value ...`` overrides single keys (``grpokit sft`` and ``grpokit eval`` take the same overrides).
 Each field's ``help`` metadata is what ``grpokit train --help`` prints.
 
 Modules: :mod:`grpokit.config.schema` (the sections and their fields), :mod:`grpokit.config.checks`
@@ -25,6 +26,7 @@ from grpokit.config.schema import (
     Registry,
     RewardsConfig,
     RolloutConfig,
+    SftConfig,
     TrainConfig,
     choices_of,
     lora_options,
@@ -42,6 +44,7 @@ __all__ = [
     "Registry",
     "RewardsConfig",
     "RolloutConfig",
+    "SftConfig",
     "TrainConfig",
     "choices_of",
     "help_text",

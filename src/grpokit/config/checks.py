@@ -7,7 +7,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from grpokit.config.schema import Recipe, RecipeError, _walk, check_elements, choices_of, lora_options
+from grpokit.config.schema import Recipe, RecipeError, SftConfig, _walk, check_elements, choices_of, lora_options
 
 
 def validate(recipe: Recipe) -> None:
@@ -21,6 +21,7 @@ def validate(recipe: Recipe) -> None:
     _check_values(recipe)
     _check_combinations(recipe)
     _check_more_values(recipe)
+    _check_sft(recipe.sft)
 
 
 def number(key: str, value: Any) -> float:
@@ -222,15 +223,34 @@ def _check_more_values(recipe: Recipe) -> None:
                 f"computed for a policy that did not sample. Leave rollout.{key}={off} (off); "
                 "rollout.temperature is applied to both sides and may be set."
             )
-    tpl = recipe.data.prompt_template
+    _check_prompt_template("data.prompt_template", recipe.data.prompt_template)
+
+
+def _check_prompt_template(key: str, tpl: str) -> None:
+    """``tpl`` formats with ``{question}`` alone and uses it."""
     try:
         filled = tpl.format(question="\0")
     except (KeyError, IndexError, ValueError) as e:
         raise RecipeError(
-            f"data.prompt_template: {tpl!r} may use only the field {{question}} "
-            f"(write literal braces as {{{{ }}}}): {e!r}"
+            f"{key}: {tpl!r} may use only the field {{question}} (write literal braces as {{{{ }}}}): {e!r}"
         ) from None
     if "\0" not in filled:
-        raise RecipeError(
-            f"data.prompt_template: {tpl!r} has no {{question}} field, so every prompt would be the same text"
-        )
+        raise RecipeError(f"{key}: {tpl!r} has no {{question}} field, so every prompt would be the same text")
+
+
+def _check_sft(s: SftConfig) -> None:
+    """The ``sft`` section's ranges (``grpokit sft``; the columns of ``sft.completion_template`` are
+    checked against the rows when they load)."""
+    for key, v in {"epochs": s.epochs, "learning_rate": s.learning_rate, "batch_size": s.batch_size}.items():
+        if v <= 0:
+            raise RecipeError(f"sft.{key}: must be > 0, got {v}")
+    if s.warmup_steps < 0:
+        raise RecipeError(f"sft.warmup_steps: must be >= 0, got {s.warmup_steps}")
+    if s.max_steps <= 0 and s.max_steps != -1:
+        raise RecipeError(f"sft.max_steps: must be > 0, or -1 (train for sft.epochs), got {s.max_steps}")
+    if s.limit is not None and s.limit <= 0:
+        raise RecipeError(f"sft.limit: must be > 0 or null, got {s.limit}")
+    if s.prompt_template is not None:
+        _check_prompt_template("sft.prompt_template", s.prompt_template)
+    if s.completion_template is not None and not s.completion_template.strip():
+        raise RecipeError("sft.completion_template: empty; name the columns to learn, e.g. '{equation}'")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -122,8 +123,11 @@ def _yaml_problem(e: yaml.YAMLError) -> str:
     return " ".join(str(e).split())
 
 
-def load_recipe(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> Recipe:
-    """Read a YAML recipe (or the defaults when ``path`` is None), apply dotted overrides, validate.
+def load_recipe(
+    path: str | Path | None = None, overrides: list[str] | tuple = (), values: Mapping[str, Any] | None = None
+) -> Recipe:
+    """Read a YAML recipe (or the defaults when ``path`` is None), apply dotted overrides, then
+    ``values`` (``{"section.key": value}``, already typed: a command's flags), validate.
 
     The file is read as UTF-8 whatever the locale.
 
@@ -149,7 +153,15 @@ def load_recipe(path: str | Path | None = None, overrides: list[str] | tuple = (
             raise RecipeError(f"recipe {path}: not valid YAML: {_yaml_problem(e)}") from None
         if not isinstance(raw, dict):
             raise RecipeError(f"recipe {path}: expected a mapping of sections")
-    return recipe_from_dict(apply_overrides(raw, overrides))
+    raw = apply_overrides(raw, overrides)
+    for dotted, value in (values or {}).items():
+        sec, key = dotted.split(".")
+        if raw.get(sec) is None:  # absent, or an empty section ("sft:")
+            raw[sec] = {}
+        if not isinstance(raw[sec], dict):
+            raise RecipeError(f"{sec}: expected a mapping")
+        raw[sec][key] = value
+    return recipe_from_dict(raw)
 
 
 def apply_overrides(raw: dict, overrides: list[str] | tuple = ()) -> dict:
@@ -168,16 +180,19 @@ def apply_overrides(raw: dict, overrides: list[str] | tuple = ()) -> dict:
     return raw
 
 
-def help_text(other: dict | None = None, label: str = "demo") -> str:
-    """Every recipe key with its type, default and help, for ``grpokit train --help``.
+def help_text(other: dict | None = None, label: str = "demo", sections: tuple[str, ...] | None = None) -> str:
+    """Every recipe key (of ``sections``; None: all) with its type, default and help, for
+    ``grpokit train --help`` (and ``grpokit sft --help``).
 
     ``other``: a recipe's nested dicts (the demo recipe's); a key it sets to another value than the
     default is shown with ``(label: value)`` after the default."""
     lines = []
     for key, value, f in _walk(Recipe()):
+        sec, name = key.split(".")
+        if sections is not None and sec not in sections:
+            continue
         choices = choices_of(f, import_registry=False)
         extra = f" [{' | '.join(choices)}]" if choices else ""
-        sec, name = key.split(".")
         section = (other or {}).get(sec) or {}
         if name in section and section[name] != value:
             extra += f"  ({label}: {section[name]!r})"

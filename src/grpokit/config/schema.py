@@ -462,6 +462,35 @@ class EvalConfig:
 
 
 @dataclass
+class SftConfig:
+    """``grpokit sft RECIPE``: the supervised warm-up that writes this recipe's model (``model.name_or_path``)
+    before GRPO trains it. ``grpokit train`` reads none of these keys."""
+
+    model: str | None = _f(
+        None,
+        "the model fine-tuned (path, hub name or alias such as smollm2-135m-instruct); the result is "
+        "written to model.name_or_path, the model this recipe trains",
+    )
+    dataset: str | None = _f(None, "the rows learned from (a packaged name, a local file or hub:NAME)")
+    split: str = _f("test", "split of sft.dataset")
+    limit: int | None = _f(None, "the first N rows (after sft.shuffle_seed)")
+    shuffle_seed: int | None = _f(None, "shuffle the rows with this seed first")
+    completion_template: str | None = _f(
+        None,
+        "the text learned, from the row's columns, e.g. '{equation}' (asdiv) or '{solution}' (gsm8k); "
+        "rows missing a field are left out",
+    )
+    prompt_template: str | None = _f(None, "the prompt's user message (default: data.prompt_template)")
+    system_prompt: str | None = _f(None, "system message (default: data.system_prompt)")
+    epochs: float = _f(1.0, "passes over the rows (> 0)")
+    max_steps: int = _f(-1, "optimizer steps; overrides sft.epochs when > 0 (-1 = by epochs)")
+    learning_rate: float = _f(2e-5, "peak learning rate (linear warm-up, then linear decay)")
+    batch_size: int = _f(16, "rows per optimizer step")
+    warmup_steps: int = _f(10, "optimizer steps of linear warm-up")
+    seed: int = _f(0, "seed of the row order and the initialisation")
+
+
+@dataclass
 class Recipe:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -470,6 +499,7 @@ class Recipe:
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    sft: SftConfig = field(default_factory=SftConfig)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

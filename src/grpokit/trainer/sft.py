@@ -37,6 +37,8 @@ from grpokit.utils.outputs import check_output_dir
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
+    from grpokit.config import Recipe
+
 __all__ = ["IGNORE_INDEX", "collate", "completion_rows", "drop_heldout_questions", "encode_rows", "main_sft", "run_sft"]
 
 IGNORE_INDEX = -100
@@ -242,77 +244,71 @@ def run_sft(
     return record
 
 
-def main_sft(ns: Any, *, default_recipe: str | Path) -> dict[str, Any]:
-    """``grpokit sft``: rows, held-out check, model, :func:`run_sft` (``ns``: the parsed arguments,
-    see ``grpokit sft --help``). Every check that needs no model runs before the model loads.
+def main_sft(recipe: Recipe, *, model: str, out: str | Path, heldout_of: str | None) -> dict[str, Any]:
+    """``grpokit sft`` (:mod:`grpokit.cli.sft`): the rows of ``recipe.sft``, the held-out check, the
+    model, :func:`run_sft`. ``heldout_of``: the recipe file whose held-out (eval) problems ``recipe``
+    holds; its rows' questions are left out (None: no row is). Every check that needs no model runs
+    before the model loads.
 
     Raises:
-        ValueError: bad arguments, data or template (the message names the argument or dataset);
-            no row left after the held-out questions are left out.
-        OSError: ``ns.out`` is a file, a non-empty folder, below a file or not writable
-            (:func:`_check_out`).
-        FileNotFoundError: unknown model, dataset file or recipe.
+        ValueError: bad data or template (the message names the dataset or the key); no row left after
+            the held-out questions are left out; ``sft.dataset`` or ``sft.completion_template`` not set.
+        OSError: ``out`` is a file, a non-empty folder, below a file or not writable (:func:`_check_out`).
+        FileNotFoundError: unknown model or dataset file.
     """
-    from grpokit.config import RecipeError, load_recipe
     from grpokit.data.rows import load_data_rows, section_rows
     from grpokit.models.loading import load_model, load_tokenizer, resolve_model_paths
     from grpokit.trainer.build import resolve_device
 
-    for name in ("epochs", "learning_rate"):
-        if getattr(ns, name) <= 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(ns, name)}")
-    if ns.batch_size < 1 or ns.warmup_steps < 0:
-        raise ValueError(f"--batch-size must be >= 1 and --warmup-steps >= 0, got {ns.batch_size}, {ns.warmup_steps}")
-    out = _check_out(ns.out)
-    try:
-        recipe = load_recipe(ns.heldout_of or default_recipe)
-    except RecipeError as e:
-        raise ValueError(f"--heldout-of {ns.heldout_of}: {e}") from e
-    template = recipe.data.prompt_template if ns.prompt_template is None else ns.prompt_template
-    system = recipe.data.system_prompt if ns.system_prompt is None else ns.system_prompt
-    rows = load_data_rows(recipe, dataset=ns.dataset, split=ns.split, limit=ns.limit, shuffle_seed=ns.shuffle_seed)
-    rows, no_fields = completion_rows(rows, ns.completion_template)
+    s = recipe.sft
+    if s.dataset is None or s.completion_template is None:
+        raise ValueError("sft: set sft.dataset and sft.completion_template (--dataset, --completion-template)")
+    checked_out = _check_out(out)
+    template = recipe.data.prompt_template if s.prompt_template is None else s.prompt_template
+    system = recipe.data.system_prompt if s.system_prompt is None else s.system_prompt
+    rows = load_data_rows(recipe, dataset=s.dataset, split=s.split, limit=s.limit, shuffle_seed=s.shuffle_seed)
+    rows, no_fields = completion_rows(rows, s.completion_template)
     dropped = 0
-    if ns.heldout_of:
+    if heldout_of:
         rows, dropped = drop_heldout_questions(rows, section_rows(recipe, "eval"))
         if not rows:
             raise ValueError(
-                f"sft: every row of {dataset_label(ns.dataset, ns.split)} is a held-out problem of {ns.heldout_of}"
+                f"sft: every row of {dataset_label(s.dataset, s.split)} is a held-out problem of {heldout_of}"
             )
     print(
-        f"[grpokit] sft: {len(rows)} rows of {dataset_label(ns.dataset, ns.split)}; left out: {no_fields} "
+        f"[grpokit] sft: {len(rows)} rows of {dataset_label(s.dataset, s.split)}; left out: {no_fields} "
         "without the fields "
-        f"of {ns.completion_template!r}, {dropped} held-out questions"
-        f"{f' of {ns.heldout_of}' if ns.heldout_of else ' (no --heldout-of: not checked)'}",
+        f"of {s.completion_template!r}, {dropped} held-out questions"
+        f"{f' of {heldout_of}' if heldout_of else ' (no --heldout-of: not checked)'}",
         flush=True,
     )
-    device = resolve_device(ns.device)
-    resolve_model_paths(ns.model)  # a LoRA adapter folder: its base model too
-    tokenizer = load_tokenizer(ns.model)
+    device = resolve_device(recipe.model.device)
+    resolve_model_paths(model)  # a LoRA adapter folder: its base model too
+    tokenizer = load_tokenizer(model)
     encoded = encode_rows(tokenizer, rows, prompt_template=template, system_prompt=system)
-    model = load_model(ns.model, device=device)
-    model.train()
+    policy = load_model(model, device=device)
+    policy.train()
     info = {
-        "model": ns.model,
-        "dataset": ns.dataset,
-        "split": ns.split,
-        "completion_template": ns.completion_template,
+        "model": model,
+        "dataset": s.dataset,
+        "split": s.split,
+        "completion_template": s.completion_template,
         "prompt_template": template,
         "system_prompt": system,
-        "heldout_of": ns.heldout_of,
+        "heldout_of": heldout_of,
         "heldout_left_out": dropped,
         "example": rows[0]["completion"],
     }
     return run_sft(
-        model,
+        policy,
         tokenizer,
         encoded,
-        out,
-        epochs=ns.epochs,
-        max_steps=ns.max_steps,
-        learning_rate=ns.learning_rate,
-        batch_size=ns.batch_size,
-        warmup_steps=ns.warmup_steps,
-        seed=ns.seed,
+        checked_out,
+        epochs=s.epochs,
+        max_steps=s.max_steps,
+        learning_rate=s.learning_rate,
+        batch_size=s.batch_size,
+        warmup_steps=s.warmup_steps,
+        seed=s.seed,
         info=info,
     )
