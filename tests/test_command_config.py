@@ -182,3 +182,13 @@ def test_eval_flags_and_overrides_set_the_eval_section():
         _eval_recipe(ns)
     with pytest.raises(RecipeError, match="give --dataset NAME"):
         _eval_recipe(_eval_args(["m", "eval.limit=5"]))
+
+
+def test_eval_heldout_of_a_recipe_without_an_eval_dataset_says_so(tmp_path, capsys, rows_file):
+    path = write_recipe(tmp_path, f"data: {{dataset: {rows_file}}}\n")
+    assert main(["eval", "m", "--heldout-of", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"--heldout-of {path}: eval.dataset: not set" in err and err.count("\n") == 1
+    assert main(["eval", "m", "--heldout-of", str(path), f"eval.dataset={rows_file}", "eval.split=x"]) == 2
+    # set by the override, it gets to the held-out rows: the same file's rows are all training rows
+    assert "every held-out problem of" in capsys.readouterr().err

@@ -16,7 +16,10 @@ overlapping them.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from grpokit.config import Recipe
 
 EVAL_SEED_OFFSET = 10**9
 """Generated held-out data uses ``train.seed + EVAL_SEED_OFFSET`` (module docstring)."""
@@ -27,18 +30,18 @@ def is_generated(dataset: str | None) -> bool:
     return str(dataset).startswith("reasoning_gym:")
 
 
-def eval_seed(recipe: Any) -> int:
+def eval_seed(recipe: Recipe) -> int:
     """The data seed of the held-out rows (module docstring)."""
     return recipe.train.seed + (EVAL_SEED_OFFSET if is_generated(recipe.eval.dataset) else 0)
 
 
-def same_rows(recipe: Any) -> bool:
+def same_rows(recipe: Recipe) -> bool:
     """Whether the eval section reads the training data's file and split (held out by position)."""
     e, d = recipe.eval, recipe.data
     return not is_generated(e.dataset) and e.dataset == d.dataset and e.split == d.split
 
 
-def shuffle_seed(recipe: Any, section: str) -> int | None:
+def shuffle_seed(recipe: Recipe, section: str) -> int | None:
     """The seed that orders ``section``'s rows: ``data.shuffle_seed`` for the training rows, and for
     held-out rows read from the same file and split (one order, so that rows ``0..eval.limit-1``
     and the rows from ``data.skip`` on stay apart); ``None`` (file order) otherwise."""
@@ -47,7 +50,7 @@ def shuffle_seed(recipe: Any, section: str) -> int | None:
     return None
 
 
-def eval_options(recipe: Any) -> dict:
+def eval_options(recipe: Recipe) -> dict:
     """``eval.options``, else ``data.options`` when eval and data name the same dataset, else none."""
     e, d = recipe.eval, recipe.data
     if e.options is not None:
@@ -84,7 +87,7 @@ def check_scorer(scorer: str, dataset: str) -> None:
         )
 
 
-def check_ranges(recipe: Any) -> None:
+def check_ranges(recipe: Recipe) -> None:
     """Raise ``ValueError`` when held-out and training rows are the same rows of one file/split.
 
     >>> from grpokit.config import Recipe

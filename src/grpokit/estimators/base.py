@@ -26,6 +26,7 @@ import torch
 from grpokit.estimators.grpo import GRPO
 
 if TYPE_CHECKING:
+    from grpokit.config import AlgoConfig, TrainConfig
     from grpokit.experience import Experience
     from grpokit.models.logprobs import LogprobScorer
 
@@ -53,7 +54,7 @@ class Algorithm(Protocol):
         ``loss_mask`` tokens, plus ``num_tokens`` (the weight); the loop logs every stat."""
         ...
 
-    def bind(self, logprobs: LogprobScorer, train_cfg: Any) -> None:
+    def bind(self, logprobs: LogprobScorer, train_cfg: TrainConfig) -> None:
         """Called once the models are loaded (the builder), with the run's log-prob scorer (the
         policy, π_ref and the run's constants) and the ``train`` section: PPO builds its value
         model here."""
@@ -63,7 +64,7 @@ class Algorithm(Protocol):
         """Whether step ``step`` (1-based) updates the policy (False during PPO's critic warm-up)."""
         ...
 
-    def update_auxiliary(self, exp: Experience, loss_mask: torch.Tensor, train_cfg: Any) -> dict[str, float]:
+    def update_auxiliary(self, exp: Experience, loss_mask: torch.Tensor, train_cfg: TrainConfig) -> dict[str, float]:
         """The algorithm's own updates after the policy's (PPO: the value model); their metrics."""
         ...
 
@@ -87,7 +88,7 @@ def _ppo():
 ALGORITHMS: dict[str, type | Callable[[], type]] = {"grpo": GRPO, "ppo": _ppo}
 
 
-def load_algorithm(a: Any, max_completion_length: int) -> Algorithm:
+def load_algorithm(a: AlgoConfig, max_completion_length: int) -> Algorithm:
     """The algorithm ``a.estimator`` names.
 
     Raises:

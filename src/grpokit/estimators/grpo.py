@@ -6,18 +6,23 @@ surrogate with β·KL (eq. 3). All math is in :mod:`grpokit.algo`; this class bi
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from grpokit import algo
+
+if TYPE_CHECKING:
+    from grpokit.config import AlgoConfig, TrainConfig
+    from grpokit.experience import Experience
+    from grpokit.models.logprobs import LogprobScorer
 
 
 class GRPO:
     """GRPO from the recipe's ``algo`` section ``a`` and the longest completion (tokens, for
     ``seq_mean_token_sum_norm``)."""
 
-    def __init__(self, a: Any, max_completion_length: int):
+    def __init__(self, a: AlgoConfig, max_completion_length: int):
         self.cfg, self.max_completion_length = a, max_completion_length
         self.needs_reference = a.beta > 0
 
@@ -74,14 +79,14 @@ class GRPO:
             tis_cap=a.tis_cap,
         )
 
-    def bind(self, logprobs: Any, train_cfg: Any) -> None:
+    def bind(self, logprobs: LogprobScorer, train_cfg: TrainConfig) -> None:
         """Nothing to build."""
 
     def updates_policy(self, step: int) -> bool:
         """Always."""
         return True
 
-    def update_auxiliary(self, exp: Any, loss_mask: torch.Tensor, train_cfg: Any) -> dict[str, float]:
+    def update_auxiliary(self, exp: Experience, loss_mask: torch.Tensor, train_cfg: TrainConfig) -> dict[str, float]:
         """Nothing beyond the policy."""
         return {}
 

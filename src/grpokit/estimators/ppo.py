@@ -26,7 +26,7 @@ scalar head; it and its optimizer are in every checkpoint (``state_dict``).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -35,11 +35,15 @@ from grpokit.estimators.value import ValueModel
 from grpokit.models.logprobs import LogprobScorer
 from grpokit.utils.distributed import group_ranks, reduce_gradients, sum_over_ranks
 
+if TYPE_CHECKING:
+    from grpokit.config import AlgoConfig, TrainConfig
+    from grpokit.experience import Experience
+
 
 class PPO:
     """PPO from the recipe's ``algo`` section ``a`` (module docstring)."""
 
-    def __init__(self, a: Any, max_completion_length: int):
+    def __init__(self, a: AlgoConfig, max_completion_length: int):
         self.cfg, self.max_completion_length = a, max_completion_length
         self.needs_reference = a.beta > 0
         self.critic: ValueModel | None = None
@@ -47,7 +51,7 @@ class PPO:
 
     # -- set-up ------------------------------------------------------------------------------
 
-    def bind(self, logprobs: LogprobScorer, train_cfg: Any) -> None:
+    def bind(self, logprobs: LogprobScorer, train_cfg: TrainConfig) -> None:
         """Build the value model from the policy's decoder (``logprobs.model``) and its AdamW
         (``train.critic_learning_rate``, ``train.adam_betas``, ``train.weight_decay``)."""
         self.logprobs = logprobs
@@ -139,12 +143,14 @@ class PPO:
             num_tokens=num_tokens,
         )
 
-    def update_auxiliary(self, exp: Any, loss_mask: torch.Tensor, train_cfg: Any) -> dict[str, float]:
+    def update_auxiliary(self, exp: Experience, loss_mask: torch.Tensor, train_cfg: TrainConfig) -> dict[str, float]:
         """``train.num_iterations`` passes of the clipped value loss (module docstring, step 3).
 
         Returns ``value_loss`` (mean over passes of the batch loss), ``value_clip_frac``,
         ``critic_grad_norm`` (mean over passes) and ``value_mean`` (V_old over unmasked tokens)."""
         critic, opt = self._bound(), self._optimizer()
+        if exp.old_values is None or exp.returns is None:
+            raise RuntimeError("PPO.update_auxiliary: the batch has no old values or returns; call prepare() first")
         ranks = group_ranks()  # data parallel: exp is this rank's share; counts, losses, gradients summed
         n_tok = max(int(sum_over_ranks([int(loss_mask.sum())], ranks)[0]), 1)
         losses, fracs, norms = [], [], []
@@ -155,6 +161,7 @@ class PPO:
             for sl, mb in exp.micro_batches(train_cfg.micro_batch_size):
                 v = critic.values(mb, autocast_bf16=self.autocast_bf16)
                 m = loss_mask[sl, : v.shape[1]]
+                assert mb.old_values is not None and mb.returns is not None  # a slice of exp's (checked above)
                 loss, f = algo.value_loss(
                     v, mb.old_values, mb.returns, m, clip_eps=self.cfg.value_clip_eps, num_tokens=n_tok
                 )

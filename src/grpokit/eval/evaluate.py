@@ -22,10 +22,13 @@ import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from grpokit.data import dataset_label
 from grpokit.rollout.engine import RolloutEngine, SamplingParams
+
+if TYPE_CHECKING:
+    from grpokit.config import Recipe
 
 
 def _score(guard, rows: list[dict], completions: list[str], per_row: int, unscorable: list[int]) -> list[bool]:
@@ -237,13 +240,18 @@ class HeldOutEval:
             cannot score the data, or no held-out row left once training questions are left out.
     """
 
-    def __init__(self, recipe: Any, train_rows: list[dict]):
+    def __init__(self, recipe: Recipe, train_rows: list[dict]):
         from grpokit.data import heldout
         from grpokit.data.rows import section_rows
         from grpokit.rewards import get_reward_function
 
         self.recipe, e = recipe, recipe.eval
+        if e.dataset is None:
+            raise ValueError(
+                "eval.dataset: not set; the held-out problems are eval.dataset's (the recipe's eval section)"
+            )
         heldout.check_ranges(recipe)
+        self.dataset: str = e.dataset
         self.scorer = e.scorer or heldout.default_scorer(e.dataset)
         try:
             heldout.check_scorer(self.scorer, e.dataset)
@@ -279,7 +287,7 @@ class HeldOutEval:
         self.rows, self.prompts, self.too_long = load_prompts(
             self.recipe,
             tokenizer,
-            dataset=e.dataset,
+            dataset=self.dataset,
             split=e.split,
             limit=e.limit,
             rows=self.rows,
@@ -317,12 +325,12 @@ class HeldOutEval:
             seed=r.train.seed,
             extract_answer=answer_extractor(self.scorer),
         )
-        res.update(dataset=e.dataset, split=e.split, when=when, scorer=self.scorer, held_out=self.note)
+        res.update(dataset=self.dataset, split=e.split, when=when, scorer=self.scorer, held_out=self.note)
         # the prompts as the model got them: with the budget and the sampling, what the numbers depend on
         res["settings"].update(prompt_settings(r.data, self.tokenizer, self.too_long), batch_size=e.batch_size)
         save_eval(out, res, when)
         print(
-            f"[grpokit] eval {when}: {dataset_label(e.dataset, e.split)} accuracy {res['accuracy']:.3f} "
+            f"[grpokit] eval {when}: {dataset_label(self.dataset, e.split)} accuracy {res['accuracy']:.3f} "
             f"({res['correct']}/{res['total']}, greedy; {self.note}; scorer {self.scorer})\n"
             f"{format_summary(res['metrics'])}",
             flush=True,

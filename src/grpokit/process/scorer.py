@@ -9,12 +9,15 @@ the step scores into token advantages is the algorithm's job (``grpokit.estimato
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from grpokit.process.steps import scatter_step_rewards, split_steps, step_end_masks, step_texts
 from grpokit.rewards.pipeline import step_metrics
+
+if TYPE_CHECKING:
+    from grpokit.config import Recipe
 
 
 class ProcessScorer:
@@ -31,7 +34,7 @@ class ProcessScorer:
         self.reward, self.step_rule, self.tokenizer = reward, step_rule, tokenizer
 
     @classmethod
-    def from_config(cls, recipe: Any) -> ProcessScorer:
+    def from_config(cls, recipe: Recipe) -> ProcessScorer:
         """From ``algo.process_reward``/``algo.step_rule`` and the ``rewards`` section's time limit and
         fault policy.
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -23,8 +23,11 @@ from grpokit.rewards.remote import RemoteReward, is_remote
 from grpokit.rewards.rm import RM_PREFIX
 from grpokit.utils.dtypes import dtype_of
 
+if TYPE_CHECKING:
+    from grpokit.config import RewardsConfig
 
-def reward_function(name: str, rc: Any, device: torch.device | str = "cpu") -> Callable:
+
+def reward_function(name: str, rc: RewardsConfig, device: torch.device | str = "cpu") -> Callable:
     """The reward function a ``rewards.functions`` entry names: ``http(s)://...`` a
     :class:`~grpokit.rewards.remote.RemoteReward` (``rc.timeout_s``, ``rc.remote_retries``,
     ``rc.remote_backoff_s``); ``rm:PATH`` a loaded :class:`~grpokit.rewards.rm.RewardModel`

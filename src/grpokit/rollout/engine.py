@@ -21,6 +21,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from grpokit.config import RolloutConfig
     from grpokit.experience import Experience
 
 
@@ -57,14 +58,14 @@ class SamplingParams:
         self.validate()
 
     @classmethod
-    def from_config(cls, r: Any) -> SamplingParams:
+    def from_config(cls, r: RolloutConfig) -> SamplingParams:
         """From the recipe's ``rollout`` section ``r`` (``temperature``, ``top_p``, ``top_k``,
         ``min_p``, ``max_new_tokens``, ``sampler``; no repetition penalty).
 
         Raises:
             ValueError: a value out of range; the message names the recipe key (``rollout.top_p``).
         """
-        fields = dict(
+        fields: dict[str, Any] = dict(
             temperature=r.temperature,
             top_p=r.top_p,
             top_k=r.top_k,
