@@ -13,7 +13,14 @@
   ``(N, T)`` float32; ``old_logprobs``/``ref_logprobs`` ``(N, T)`` float32; with a value model
   (PPO) ``old_values``/``returns`` ``(N, T)`` float32 (its estimates at sampling, the GAE targets);
 - set by rollout engines that report them (``vllm``): ``sampler_logprobs`` ``(N, T)`` float32, the
-  sampler's own log-probs of the sampled tokens at the sampling temperature (0 on masked tokens).
+  sampler's own log-probs of the sampled tokens at the sampling temperature (0 on masked tokens);
+- set by multi-turn rollouts (:mod:`grpokit.rollout.multiturn`): ``attention_mask`` ``(N, T)`` bool,
+  every completion token the model attends to: its own tokens (``completion_mask``) and the
+  environment's (tool results, feedback), which are context but never trained on. None: the
+  completion is the model's alone (``completion_mask``). :attr:`Experience.completion_attention`
+  is the one to build the forward pass's attention from; every loss, KL, ratio and statistic
+  reads ``completion_mask``. ``env_counts``: per-row counts of the episode (``turns``,
+  ``tool_calls``, ``env_tokens``, ...), ``{name: (N,) long}``.
 
 Slicing (:meth:`Experience.rows`) cuts the columns that are padding in every selected row, per-token
 fields along with the ids, so a micro-batch carries exactly the width it needs. Imports only torch.
@@ -36,6 +43,7 @@ TOKEN_FIELDS = (
     "old_values",
     "returns",
     "sampler_logprobs",
+    "attention_mask",
 )
 
 
@@ -60,6 +68,8 @@ class Experience:
     old_values: torch.Tensor | None = None
     returns: torch.Tensor | None = None
     sampler_logprobs: torch.Tensor | None = None
+    attention_mask: torch.Tensor | None = None
+    env_counts: dict[str, torch.Tensor] | None = None
     gen_s: float = 0.0
     """Wall-clock seconds the rollout engine spent generating these rows."""
 
@@ -82,6 +92,12 @@ class Experience:
             v = getattr(self, name)
             if v is not None and tuple(v.shape) != (n, t):
                 raise ValueError(f"Experience.{name}: shape {tuple(v.shape)}, expected (N, T) = {(n, t)}")
+        for name, v in (self.env_counts or {}).items():
+            if tuple(v.shape) != (n,):
+                raise ValueError(f"Experience.env_counts[{name!r}]: shape {tuple(v.shape)}, expected ({n},)")
+        am = self.attention_mask
+        if am is not None and am.device.type != "meta" and bool((self.completion_mask & ~am.bool()).any()):
+            raise ValueError("Experience.attention_mask: False on a token that completion_mask trains on")
         if self.completions and len(self.completions) != n:
             raise ValueError(f"Experience.completions: {len(self.completions)} texts for {n} rows")
         if self.group_size < 1 or n % self.group_size:
@@ -106,6 +122,11 @@ class Experience:
         return self.completion_ids.shape[0]
 
     @property
+    def completion_attention(self) -> torch.Tensor:
+        """``(N, T)`` bool: the completion tokens attended to (``attention_mask``, else ``completion_mask``)."""
+        return self.completion_mask if self.attention_mask is None else self.attention_mask
+
+    @property
     def num_groups(self) -> int:
         """``N / group_size``."""
         return len(self) // self.group_size
@@ -121,13 +142,14 @@ class Experience:
 
     def to(self, device: torch.device | str) -> Experience:
         """Every tensor moved to ``device`` (a copy; tensors already there are shared)."""
-        return self.replace(
-            **{
-                f.name: v.to(device)
-                for f in dataclasses.fields(self)
-                if isinstance(v := getattr(self, f.name), torch.Tensor)
-            }
-        )
+        moved: dict = {
+            f.name: v.to(device)
+            for f in dataclasses.fields(self)
+            if isinstance(v := getattr(self, f.name), torch.Tensor)
+        }
+        if self.env_counts is not None:
+            moved["env_counts"] = {k: v.to(device) for k, v in self.env_counts.items()}
+        return self.replace(**moved)
 
     def rows(self, idx: slice | torch.Tensor) -> Experience:
         """Rows ``idx`` (a slice, an index tensor or a bool mask), with the prompt columns that are
@@ -142,7 +164,7 @@ class Experience:
         pm, cm = self.prompt_mask[idx], self.completion_mask[idx]
         p_used = pm.any(0).nonzero()
         p0 = int(p_used[0]) if len(p_used) else pm.shape[1] - 1
-        c_used = cm.any(0).nonzero()
+        c_used = self.completion_attention[idx].any(0).nonzero()
         t1 = int(c_used[-1]) + 1 if len(c_used) else 1
         sel = range(len(self))[idx] if isinstance(idx, slice) else idx.tolist()
 
@@ -164,6 +186,7 @@ class Experience:
             completions=[self.completions[i] for i in sel] if self.completions else [],
             rewards=row(self.rewards),
             advantages=None if adv is None else (adv[idx] if adv.dim() == 1 else tok(adv)),
+            env_counts=None if self.env_counts is None else {k: v[idx] for k, v in self.env_counts.items()},
             gen_s=self.gen_s,
             **{name: tok(getattr(self, name)) for name in TOKEN_FIELDS},
         )
@@ -205,6 +228,8 @@ class Experience:
             if isinstance(v, torch.Tensor):
                 out[name] = v[idx]
         out["completions"] = [self.completions[i] for i in sel] if self.completions else []
+        if self.env_counts is not None:
+            out["env_counts"] = {k: v[idx] for k, v in self.env_counts.items()}
         out["group_index"] = torch.arange(len(groups), device=self.device).repeat_interleave(g)
         return Experience(**out)
 
@@ -274,4 +299,18 @@ class Experience:
             old_logprobs=cat("old_logprobs", t),
             ref_logprobs=cat("ref_logprobs", t),
             sampler_logprobs=cat("sampler_logprobs", t),
+            env_counts=_concat_counts([e.env_counts for e in parts], [len(e) for e in parts]),
+            attention_mask=None
+            if all(e.attention_mask is None for e in parts)
+            else torch.cat([pad(e.completion_attention, t, False, False) for e in parts]),
         )
+
+
+def _concat_counts(parts: list[dict[str, torch.Tensor] | None], sizes: list[int]) -> dict[str, torch.Tensor] | None:
+    """The parts' ``env_counts`` in order (a count a part lacks is 0 on its rows); None if none has any."""
+    if all(c is None for c in parts):
+        return None
+    names = sorted({k for c in parts for k in (c or {})})
+    return {
+        k: torch.cat([(c or {}).get(k, torch.zeros(n, dtype=torch.long)) for c, n in zip(parts, sizes)]) for k in names
+    }

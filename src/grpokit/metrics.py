@@ -172,7 +172,9 @@ def sample_lines(rows: list[dict[str, Any]], exp: Any, tokenizer: Any) -> list[d
       system prompt, chat template and BOS as the model saw them; padding left out);
     - ``completion``, ``reward`` (None: unscorable), ``truncated`` (no EOS within the limit);
     - ``advantage``: the completion's advantage; under process supervision (token advantages
-      ``(N, T)``) that of its first token, the sum of its normalized step rewards.
+      ``(N, T)``) that of its first token, the sum of its normalized step rewards;
+    - ``turns`` (multi-turn rollouts only): the transcript as its model and environment turns
+      (:func:`transcript_turns`).
     """
     adv = exp.advantages
     if adv is not None and adv.dim() == 2:
@@ -188,7 +190,7 @@ def sample_lines(rows: list[dict[str, Any]], exp: Any, tokenizer: Any) -> list[d
     def num(v: float) -> float | None:
         return float(v) if math.isfinite(v) else None
 
-    return [
+    lines = [
         {
             "prompt": rows[b]["prompt"],
             "answer": rows[b].get("answer"),
@@ -200,6 +202,36 @@ def sample_lines(rows: list[dict[str, Any]], exp: Any, tokenizer: Any) -> list[d
         }
         for i, (b, text, r) in enumerate(zip(group, exp.completions, exp.rewards.tolist()))
     ]
+    if getattr(exp, "attention_mask", None) is not None:
+        for i, line in enumerate(lines):
+            line["turns"] = transcript_turns(exp, i, tokenizer)
+    return lines
+
+
+def env_metrics(exp: Any) -> dict[str, float]:
+    """A multi-turn step's ``env/<count>`` metrics: the mean over rows of each of ``exp.env_counts``
+    (``env/turns``, ``env/tool_calls``, ``env/tool_errors``, ``env/tool_timeouts``, ``env/env_tokens``;
+    ``env/budget_cut``: the fraction of rows cut by ``rollout.max_total_tokens``); {} for a single-turn
+    experience."""
+    counts = getattr(exp, "env_counts", None)
+    if not counts:
+        return {}
+    return {f"env/{k}": float(v.double().mean()) for k, v in sorted(counts.items())}
+
+
+def transcript_turns(exp: Any, row: int, tokenizer: Any) -> list[dict[str, str]]:
+    """Row ``row`` of a multi-turn experience as its turns, ``[{"by": "model" | "env", "text": ...}]``
+    (runs of ``completion_mask`` within the attended tokens, decoded with special tokens kept)."""
+    attended = int(exp.attention_mask[row].sum())
+    ids, by_model = exp.completion_ids[row, :attended].tolist(), exp.completion_mask[row, :attended].tolist()
+    turns: list[dict[str, str]] = []
+    start = 0
+    for i in range(1, attended + 1):
+        if i == attended or by_model[i] != by_model[start]:
+            text = tokenizer.decode(ids[start:i], skip_special_tokens=False)
+            turns.append({"by": "model" if by_model[start] else "env", "text": text})
+            start = i
+    return turns
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

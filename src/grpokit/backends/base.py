@@ -73,7 +73,7 @@ def plain_forward(model: torch.nn.Module, net: torch.nn.Module, batch: Any, auto
     Position ids are counted over unmasked tokens, as ``generate`` counts them with left padding.
     """
     ids = torch.cat([batch.prompt_ids, batch.completion_ids], dim=1)  # (N, P+T)
-    attn = torch.cat([batch.prompt_mask, batch.completion_mask], dim=1).long()
+    attn = torch.cat([batch.prompt_mask, attended(batch)], dim=1).long()
     position_ids = (attn.cumsum(1) - 1).clamp(min=0)
     t = batch.completion_ids.shape[1]
     with autocast_context(autocast_bf16, ids.device):
@@ -81,6 +81,14 @@ def plain_forward(model: torch.nn.Module, net: torch.nn.Module, batch: Any, auto
             net, t + 1, net is not model, input_ids=ids, attention_mask=attn, position_ids=position_ids, use_cache=False
         )
     return out[:, :-1]  # position P-1+t predicts completion token t
+
+
+def attended(batch: Any) -> torch.Tensor:
+    """``(N, T)`` bool: the completion tokens of ``batch`` the forward attends to: its
+    ``completion_attention`` (an :class:`~grpokit.experience.Experience`: the model's tokens and a
+    multi-turn row's environment tokens), else its ``completion_mask``."""
+    mask = getattr(batch, "completion_attention", None)
+    return batch.completion_mask if mask is None else mask
 
 
 def checkpointing_active(model: torch.nn.Module) -> bool:

@@ -239,6 +239,7 @@ def eval_command(argv: list[str]) -> int:
         return fail(f"--samples must be >= 1 (k completions per problem), got {ns.samples}")
     try:
         recipe, held = _eval_recipe(ns)
+        env = _environment(recipe)  # the tools the models train with, checked before any model loads
     except (RecipeError, *USER_ERRORS) as e:
         return fail(_one_line(e))
     if ns.samples and ns.temperature <= 0:
@@ -293,7 +294,7 @@ def eval_command(argv: list[str]) -> int:
             raise
         return fail(_one_line(e))
     try:
-        return _eval_models(ns, models, device, tok, prompts, rows, scorer, scorer_name, out_path, settings)
+        return _eval_models(ns, models, device, tok, prompts, rows, scorer, scorer_name, out_path, settings, env)
     except USER_ERRORS as e:  # a model that does not load, a fault while evaluating
         if _show_traceback():
             raise
@@ -325,6 +326,18 @@ def _eval_settings(ns: argparse.Namespace, recipe, tok, skipped: int) -> dict:
     }
 
 
+def _environment(recipe) -> dict | None:
+    """The recipe's multi-turn environment as :class:`~grpokit.rollout.multiturn.MultiTurnEngine`
+    arguments (``rollout.env``, its options, ``max_turns``, ``max_total_tokens``), or None: models are
+    evaluated with the tools they are trained with."""
+    from grpokit.envs import load_env
+
+    r = recipe.rollout
+    if r.env is None:
+        return None
+    return dict(env=load_env(r.env, r.env_options), max_turns=r.max_turns, max_total_tokens=r.max_total_tokens)
+
+
 def _shortest_context(models: list[str]) -> int | None:
     """The fewest positions (prompt + new tokens) of ``models``' configs (None: none states any), so
     that every prompt kept fits each model compared."""
@@ -354,7 +367,9 @@ def _data_options(text: str | None) -> dict:
     return value
 
 
-def _eval_models(ns, models, device, tok, prompts, rows, scorer, scorer_name, out_path: Path, settings: dict) -> int:
+def _eval_models(
+    ns, models, device, tok, prompts, rows, scorer, scorer_name, out_path: Path, settings: dict, env=None
+) -> int:
     """``grpokit eval`` after its checks: each model loaded and scored (what measured little said on
     stderr, :func:`grpokit.eval.evaluate.measured_little`), the paired comparison, the JSON (with
     ``settings``)."""
@@ -365,12 +380,14 @@ def _eval_models(ns, models, device, tok, prompts, rows, scorer, scorer_name, ou
     from grpokit.eval.stats import format_summary
     from grpokit.models.loading import eos_token_ids, load_model
     from grpokit.rollout.engine import load_engine
+    from grpokit.rollout.multiturn import MultiTurnEngine
 
     results = {}
     for m in models:
         model = load_model(m, device=device).eval()
         install_backend(model, "auto", announce=False)  # the fast generation path where it is exact
-        engine = load_engine("hf", model=model, tokenizer=tok, eos_token_ids=eos_token_ids(model, tok))
+        on_model = dict(model=model, tokenizer=tok, eos_token_ids=eos_token_ids(model, tok))
+        engine = load_engine("hf", **on_model) if env is None else MultiTurnEngine(**on_model, **env)
         results[m] = evaluate(
             engine,
             prompts,

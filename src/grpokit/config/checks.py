@@ -22,6 +22,7 @@ def validate(recipe: Recipe) -> None:
     _check_combinations(recipe)
     _check_more_values(recipe)
     _check_sft(recipe.sft)
+    _check_env(recipe)
 
 
 def number(key: str, value: Any) -> float:
@@ -236,6 +237,29 @@ def _check_prompt_template(key: str, tpl: str) -> None:
         ) from None
     if "\0" not in filled:
         raise RecipeError(f"{key}: {tpl!r} has no {{question}} field, so every prompt would be the same text")
+
+
+def _check_env(recipe: Recipe) -> None:
+    """Multi-turn rollouts (``rollout.env``): their limits, and what they do not run with yet."""
+    r, a = recipe.rollout, recipe.algo
+    if r.max_turns < 1:
+        raise RecipeError(f"rollout.max_turns: must be >= 1, got {r.max_turns}")
+    if r.max_total_tokens is not None and r.max_total_tokens < 1:
+        raise RecipeError(f"rollout.max_total_tokens: must be > 0 or null, got {r.max_total_tokens}")
+    if r.env is None:
+        if r.env_options:
+            raise RecipeError(f"rollout.env_options: set, but rollout.env is not ({r.env_options})")
+        return
+    if not r.env.strip():
+        raise RecipeError("rollout.env: empty; tools, module:Class, or null (one completion per row)")
+    not_yet = {
+        "rollout.engine=vllm": r.engine == "vllm",
+        "algo.estimator=ppo": a.estimator == "ppo",
+        "algo.supervision=process": a.supervision == "process",
+    }
+    for key, on in not_yet.items():
+        if on:
+            raise RecipeError(f"rollout.env={r.env}: multi-turn rollouts do not run with {key} yet")
 
 
 def _check_sft(s: SftConfig) -> None:

@@ -286,6 +286,18 @@ class RolloutConfig:
         "enable_sleep_mode: true} (sleep mode: vLLM's weights and KV cache leave the GPU between "
         "generations)",
     )
+    env: str | None = _f(
+        None,
+        "multi-turn rollouts with an environment (grpokit.envs; docs/tools.md): tools (a calculator and "
+        "users' own tools, called as <calc>12*7+3</calc>), or module:Class; None = one completion per row",
+    )
+    env_options: dict = _f({}, "keyword arguments of rollout.env's class (tools: tools, result_template, ...)")
+    max_turns: int = _f(4, "with rollout.env: the most model turns per row (rollout.max_new_tokens each)")
+    max_total_tokens: int | None = _f(
+        None,
+        "with rollout.env: the most tokens per row, the model's and the environment's "
+        "(None = rollout.max_turns · rollout.max_new_tokens)",
+    )
     engine: str = _f(
         "hf",
         "rollout engine (grpokit.rollout.engine): hf = Hugging Face generate on the "

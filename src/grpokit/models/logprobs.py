@@ -46,7 +46,7 @@ def completion_logprobs(
     ``batch``: an :class:`~grpokit.experience.Experience` (or a micro-batch of one, ``exp.rows``);
     only its ids and masks are read. Rows of a group are contiguous.
 
-    The input is ``[prompt ; completion]`` with ``attention_mask = [prompt_mask ; completion_mask]``
+    The input is ``[prompt ; completion]`` with ``attention_mask = [prompt_mask ; completion_attention]``
     and position ids counted over unmasked tokens (as ``generate`` counts them with left padding).
     Logits are divided by ``temperature`` and normalized over the **full vocabulary**: this is the
     distribution the sampler drew from when it sampled with that temperature and no truncating

@@ -58,7 +58,7 @@ import contextlib
 import time
 import warnings
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -287,11 +287,13 @@ def _generate_chunks(
     static_cache: bool,
     sampler_dtype: torch.dtype | None,
     packed_weights: bool,
+    stopping: Callable[[int], Any] | None = None,
 ) -> list[torch.Tensor]:
     """The new tokens of ``generate`` over consecutive chunks of ``rows`` rows: ``(n, T_chunk)`` each,
     under the model's backend (its prefill and generation context), a fresh sampler per chunk
-    holding the chunk's rows of ``uniforms``."""
-    from transformers import LogitsProcessorList
+    holding the chunk's rows of ``uniforms``. ``stopping``: ``(prompt width) -> StoppingCriteria``
+    ending a row early (a multi-turn rollout's stop strings), or None."""
+    from transformers import LogitsProcessorList, StoppingCriteriaList
 
     N, P = prompt_ids.shape
     backend = get_backend(model)  # the sampler copy runs under the policy's backend
@@ -307,7 +309,9 @@ def _generate_chunks(
                 )
                 # a fresh sampler per generate call (it counts its calls: decode steps), with its rows' uniforms
                 processors = sampling_processors(params, None if uniforms is None else uniforms[start : start + rows])
-                extra_gen = {"logits_processor": LogitsProcessorList(processors)} if processors else {}
+                extra_gen: dict[str, Any] = {"logits_processor": LogitsProcessorList(processors)} if processors else {}
+                if stopping is not None:
+                    extra_gen["stopping_criteria"] = StoppingCriteriaList([stopping(P)])
                 # synced_gpus=False: transformers would step every rank in lockstep for an FSDP
                 # model; here its weights are gathered (grpokit.utils.distributed.gathered), so each rank
                 # (or rank 0 alone, evaluating) decodes on its own

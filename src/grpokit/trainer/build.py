@@ -9,7 +9,9 @@ rule, data and held-out rows come first. Nothing here imports the loop (:mod:`gr
 
 from __future__ import annotations
 
+import functools
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -297,13 +299,20 @@ def build_engines(
     from grpokit.rollout.engine import load_engine
 
     m, r = recipe.model, recipe.rollout
-    on_model = dict(model=model, tokenizer=tokenizer, eos_token_ids=eos_ids)
+    on_model: dict[str, Any] = dict(model=model, tokenizer=tokenizer, eos_token_ids=eos_ids)
     options = dict(chunk_size=r.chunk_size, sampler_dtype=torch.bfloat16 if m.autocast_bf16 else None)
     extra = {"llm_kwargs": r.vllm} if r.engine == "vllm" and r.vllm else {}
-    engine = load_engine(r.engine, **on_model, **options, **extra)
+    make: Callable[..., RolloutEngine] = functools.partial(load_engine, r.engine)
+    if r.env is not None:  # multi-turn: the hf engine's generation with the environment between turns
+        from grpokit.envs import load_env
+        from grpokit.rollout.multiturn import MultiTurnEngine
+
+        on_model.update(env=load_env(r.env, r.env_options), max_turns=r.max_turns, max_total_tokens=r.max_total_tokens)
+        make = MultiTurnEngine
+    engine = make(**on_model, **options, **extra)
     eval_engine = None
-    if evaluation:
-        eval_engine = engine if all(v is None for v in options.values()) else load_engine(r.engine, **on_model)
+    if evaluation:  # the same environment (its tools) in held-out evaluation
+        eval_engine = engine if all(v is None for v in options.values()) else make(**on_model)
     if ranks.parallel == "fsdp2":
         engine = GatheredEngine(engine, model)
     return engine, eval_engine

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpokit.experience import Experience
+from grpokit.metrics import env_metrics
 from grpokit.rewards.pipeline import ScoredRows, reward_metrics
 from grpokit.trainer.build import Run
 from grpokit.trainer.state import next_prompt_indices
@@ -45,19 +46,22 @@ def sample_and_score(run: Run, step: int, n_prompts: int, *, round_: int = 0) ->
     per = n_prompts // ranks.world_size  # this rank samples and scores prompts first … first+per-1
     first = ranks.rank * per
     mine = idx[first : first + per]
+    # a multi-turn engine's environment sees each row's columns
+    extra = {"rows": [run.data.rows[i] for i in mine]} if getattr(run.engine, "wants_rows", False) else {}
     exp = run.engine.generate(
         [run.data.prompts[i] for i in mine],
         g,
         run.sampling,
         seed * 100003 + step + 1000003 * round_,
         first_prompt=first,
+        **extra,
     )
     release_memory()
     t_reward = time.perf_counter()
     scored = run.rewards.score_rows(exp, rows[first : first + per], run.data.columns)
     if ranks.active:  # the whole batch on every rank: advantages and metrics as one process has them
         exp, scored = gather_scored(exp, scored, ranks, run.tokenizer.pad_token_id)
-    metrics = dict(reward_metrics(exp, scored.per_function), reward_failures=scored.failures)
+    metrics = dict(reward_metrics(exp, scored.per_function), reward_failures=scored.failures, **env_metrics(exp))
     return Collected(rows, exp, metrics, time.perf_counter() - t_reward)
 
 

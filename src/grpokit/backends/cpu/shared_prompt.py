@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from grpokit.backends.base import autocast_context, checkpointing_active, distinct_rows, last_positions
+from grpokit.backends.base import attended, autocast_context, checkpointing_active, distinct_rows, last_positions
 
 
 def dynamic_prefix_cache(model: torch.nn.Module):
@@ -82,7 +82,7 @@ def shared_prompt_forward(
     cache = dynamic_prefix_cache(model)
     if cache is None:
         return None
-    attn = torch.cat([batch.prompt_mask, batch.completion_mask], dim=1).long()  # (N, P+T)
+    attn = torch.cat([batch.prompt_mask, attended(batch)], dim=1).long()  # (N, P+T)
     position_ids = (attn.cumsum(1) - 1).clamp(min=0)
     kv = {cache_kwarg(net.forward): cache}
     with autocast_context(autocast_bf16, batch.prompt_ids.device):

@@ -1,0 +1,181 @@
+"""The ``tools`` environment: the model calls a tool by writing ``<calc>12*7+3</calc>``; the rollout
+pauses at the closing tag, the tool runs on the text between the tags, and ``<result>87</result>``
+is appended before the model goes on.
+
+Tools (``rollout.env_options.tools``, a list; default ``[calculator]``):
+
+- ``calculator`` (tag ``calc``): exact rational arithmetic, :func:`grpokit.envs.calculator.calculate`;
+- ``python`` (tag ``python``): the code run in a separate, limited process, sandboxed where the
+  machine allows (:mod:`grpokit.envs.python_tool`; its limits: ``rollout.env_options.python``);
+- ``module:function`` or ``path/to/file.py:function``: a user's ``str -> str`` function, tag = the
+  function's name. It runs in a thread with ``timeout_s``; an exception, a non-string result or a
+  timeout becomes an ``error: ...`` result the model reads, counted in ``tool_errors`` /
+  ``tool_timeouts``, never an exception of the rollout. (A timed-out call's thread cannot be
+  stopped in Python: it runs on in the background, so a user's tool should bound its own work.)
+
+Results longer than ``max_output_chars`` are cut (``… [cut at N characters]``). A turn that ends
+without a call (an EOS, or no closing tag) ends the episode. A closing tag without its opening
+tag in the turn gets an ``error:`` result.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from grpokit.envs.base import Observation
+from grpokit.envs.calculator import calculate
+
+__all__ = ["BUILTIN_TOOLS", "ToolEnv"]
+
+#: built-in tool name -> tag
+BUILTIN_TOOLS: dict[str, str] = {"calculator": "calc", "python": "python"}
+
+
+def _builtin(name: str, python: Mapping[str, Any]) -> Callable[[str], tuple[str, dict[str, int]]]:
+    """A built-in tool as ``text -> (output, counts)``."""
+    if name == "python":
+        from grpokit.envs.python_tool import PythonLimits, run_python
+
+        try:
+            limits = PythonLimits(**python)
+        except TypeError as e:
+            raise ValueError(f"rollout.env_options.python: {e}") from None
+        return functools.partial(run_python, limits=limits)
+
+    def calc(text: str) -> tuple[str, dict[str, int]]:
+        out = calculate(text)
+        return out, {"tool_calls": 1, "tool_errors": int(out.startswith("error:")), "tool_timeouts": 0}
+
+    return calc
+
+
+def _tool(spec: str) -> tuple[str, Callable[[str], Any]]:
+    if ":" not in spec:
+        raise ValueError(
+            f"rollout.env_options.tools: unknown tool {spec!r}; built-ins: {', '.join(BUILTIN_TOOLS)}, "
+            "or module:function"
+        )
+    from grpokit.utils.importing import import_object
+
+    fn = import_object(spec, what="rollout.env_options.tools")
+    return getattr(fn, "__name__", spec.rpartition(":")[2]), fn
+
+
+class ToolEnv:
+    """Tool calls written as tags (module docstring).
+
+    Args:
+        tools: tool names (built-ins or ``module:function``).
+        python: the ``python`` tool's limits (:class:`grpokit.envs.python_tool.PythonLimits` fields).
+        result_template: the text appended after a call; ``{output}`` is the tool's output.
+        max_output_chars: the longest output appended (>= 1).
+        timeout_s: a user tool's time limit per call, seconds (> 0).
+
+    Raises:
+        ValueError: no tools, an unknown tool, two tools with one tag, a template without
+            ``{output}``, a limit out of range (each names the ``rollout.env_options`` key).
+        ImportError: a ``module:function`` tool that cannot be imported.
+    """
+
+    def __init__(
+        self,
+        tools: Sequence[str] = ("calculator",),
+        result_template: str = "<result>{output}</result>",
+        max_output_chars: int = 1000,
+        timeout_s: float = 10.0,
+        python: Mapping[str, Any] | None = None,
+    ):
+        if isinstance(tools, str) or not tools:
+            raise ValueError(f"rollout.env_options.tools: a list of tool names, got {tools!r}")
+        self.tools: dict[str, Callable[[str], Any]] = {}
+        self.builtin: set[str] = set()  # tags of built-ins: bounded, they return (output, counts)
+        for spec in map(str, tools):
+            if spec in BUILTIN_TOOLS:
+                tag, fn = BUILTIN_TOOLS[spec], _builtin(spec, python or {})
+                self.builtin.add(tag)
+            else:
+                tag, fn = _tool(spec)
+            if tag in self.tools:
+                raise ValueError(f"rollout.env_options.tools: two tools with the tag <{tag}>")
+            self.tools[tag] = fn
+        if python is not None and "python" not in self.builtin:
+            raise ValueError("rollout.env_options.python: set, but python is not one of rollout.env_options.tools")
+        try:
+            ok = "\0" in result_template.format(output="\0")
+        except (KeyError, IndexError, ValueError):
+            ok = False
+        if not ok:
+            raise ValueError(
+                f"rollout.env_options.result_template: {result_template!r} must use {{output}} and no other field"
+            )
+        if max_output_chars < 1 or not timeout_s > 0:
+            raise ValueError(
+                f"rollout.env_options: max_output_chars must be >= 1 and timeout_s > 0, got "
+                f"{max_output_chars}, {timeout_s}"
+            )
+        self.result_template, self.max_output_chars, self.timeout_s = result_template, max_output_chars, timeout_s
+        self.stop_strings = [f"</{tag}>" for tag in self.tools]
+
+    def start(self, row: Mapping[str, Any]) -> _ToolEpisode:
+        """A new episode (tools see only the call's text, not the row)."""
+        return _ToolEpisode(self)
+
+    def run(self, tag: str, text: str) -> tuple[str, dict[str, int]]:
+        """``(output, counts)`` of tool ``tag`` on ``text``: the output cut to ``max_output_chars``;
+        ``counts``: ``tool_calls`` 1, ``tool_errors`` 1 for an ``error:`` output, ``tool_timeouts``."""
+        fn = self.tools[tag]
+        if tag in self.builtin:  # bounded, and never raises
+            out, counts = fn(text)
+        else:
+            counts = {"tool_calls": 1, "tool_errors": 0, "tool_timeouts": 0}
+            out = self._guarded(fn, text, counts)
+            counts["tool_errors"] = int(out.startswith("error:"))
+        if len(out) > self.max_output_chars:
+            out = out[: self.max_output_chars] + f"… [cut at {self.max_output_chars} characters]"
+        return out, counts
+
+    def _guarded(self, fn: Callable[[str], Any], text: str, counts: dict[str, int]) -> str:
+        box: dict[str, Any] = {}
+
+        def call() -> None:
+            try:
+                box["out"] = fn(text)
+            except BaseException as e:  # noqa: BLE001 - a user tool's fault is the model's observation
+                box["err"] = e
+
+        worker = threading.Thread(target=call, daemon=True)
+        worker.start()
+        worker.join(self.timeout_s)
+        if worker.is_alive():
+            counts["tool_timeouts"] = 1
+            return f"error: the tool timed out after {self.timeout_s:g} s"
+        if "err" in box:
+            e = box["err"]
+            return f"error: the tool raised {type(e).__name__}: {e}"
+        out = box.get("out")
+        if not isinstance(out, str):
+            return f"error: the tool returned {type(out).__name__}, not text"
+        return out
+
+
+class _ToolEpisode:
+    def __init__(self, env: ToolEnv):
+        self.env = env
+
+    def step(self, turn: str, *, ended_by_eos: bool) -> Observation:
+        if ended_by_eos:
+            return Observation(done=True)
+        ends = [(turn.rfind(stop), tag) for tag, stop in zip(self.env.tools, self.env.stop_strings)]
+        at, tag = max(ends)
+        if at < 0:  # the turn stopped without a call: the token limit
+            return Observation(done=True)
+        opening = f"<{tag}>"
+        start = turn.rfind(opening, 0, at)
+        if start < 0:
+            out, counts = f"error: </{tag}> without {opening}", {"tool_calls": 1, "tool_errors": 1}
+        else:
+            out, counts = self.env.run(tag, turn[start + len(opening) : at])
+        return Observation(text=self.env.result_template.format(output=out), counts=counts)

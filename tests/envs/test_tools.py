@@ -1,0 +1,120 @@
+"""The ``tools`` environment: a call between tags runs its tool; anything a tool does wrong is a
+result the model reads, counted, never an exception of the rollout."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from grpokit.envs import load_env
+from grpokit.envs.base import Environment, Observation
+from grpokit.envs.tools import ToolEnv
+
+
+def shout(text: str) -> str:
+    return text.upper()
+
+
+def raises(text: str) -> str:
+    raise KeyError(text)
+
+
+def not_text(text: str):
+    return 42
+
+
+def sleeps(text: str) -> str:
+    time.sleep(5)
+    return "late"
+
+
+def huge(text: str) -> str:
+    return "x" * 10_000
+
+
+def step(env, turn: str, eos: bool = False) -> Observation:
+    return env.start({"question": "q"}).step(turn, ended_by_eos=eos)
+
+
+def test_a_calculator_call_gets_its_result():
+    env = load_env("tools")
+    assert isinstance(env, Environment) and env.stop_strings == ["</calc>"]
+    obs = step(env, "First 12 apples times 7 plus 3: <calc>12*7+3</calc>")
+    assert obs == Observation(
+        text="<result>87</result>", done=False, counts={"tool_calls": 1, "tool_errors": 0, "tool_timeouts": 0}
+    )
+    assert step(env, "<calc>1/0</calc>").text == "<result>error: division by zero</result>"
+    assert step(env, "<calc>1/0</calc>").counts["tool_errors"] == 1
+    # the last call of the turn counts (the turn stopped at its closing tag)
+    assert step(env, "<calc>1+1</calc> then <calc>2+3</calc>").text == "<result>5</result>"
+
+
+def test_a_turn_without_a_call_ends_the_episode():
+    env = ToolEnv()
+    assert step(env, "The answer is 87.", eos=True).done
+    assert step(env, "<calc>1+1</calc>", eos=True).done  # an EOS ends it whatever came before
+    assert step(env, "no call, cut by the token limit").done
+    obs = step(env, "oops 2+2</calc>")
+    assert not obs.done and obs.text == "<result>error: </calc> without <calc></result>"
+
+
+def test_user_tools_faults_become_results():
+    mod = __name__
+    env = ToolEnv(
+        tools=["calculator", f"{mod}:shout", f"{mod}:raises", f"{mod}:not_text", f"{mod}:sleeps", f"{mod}:huge"],
+        timeout_s=0.2,
+        max_output_chars=50,
+    )
+    assert set(env.stop_strings) == {"</calc>", "</shout>", "</raises>", "</not_text>", "</sleeps>", "</huge>"}
+    assert step(env, "<shout>hi</shout>").text == "<result>HI</result>"
+    assert step(env, "<raises>k</raises>").text == "<result>error: the tool raised KeyError: 'k'</result>"
+    assert step(env, "<not_text>k</not_text>").text == "<result>error: the tool returned int, not text</result>"
+    t0 = time.perf_counter()
+    obs = step(env, "<sleeps>k</sleeps>")
+    assert time.perf_counter() - t0 < 2 and obs.counts == {"tool_calls": 1, "tool_errors": 1, "tool_timeouts": 1}
+    assert obs.text == "<result>error: the tool timed out after 0.2 s</result>"
+    assert step(env, "<huge>k</huge>").text == "<result>" + "x" * 50 + "… [cut at 50 characters]</result>"
+
+
+@pytest.mark.parametrize(
+    "kwargs, msg",
+    [
+        ({"tools": []}, "a list of tool names"),
+        ({"tools": "calculator"}, "a list of tool names"),
+        ({"tools": ["abacus"]}, "unknown tool 'abacus'; built-ins: calculator"),
+        ({"tools": ["calculator", "calculator"]}, "two tools with the tag <calc>"),
+        ({"result_template": "no field"}, "result_template"),
+        ({"result_template": "{output} {other}"}, "no other field"),
+        ({"max_output_chars": 0}, "max_output_chars must be >= 1"),
+        ({"timeout_s": 0}, "timeout_s > 0"),
+    ],
+)
+def test_bad_options_are_named(kwargs, msg):
+    with pytest.raises(ValueError, match=msg):
+        ToolEnv(**kwargs)
+
+
+def test_load_env_names_what_is_wrong():
+    with pytest.raises(ValueError, match="unknown environment 'chess'; built-ins: tools"):
+        load_env("chess")
+    with pytest.raises(ValueError, match="rollout.env_options do not fit"):
+        load_env("tools", {"colour": "red"})
+    with pytest.raises(ValueError, match="no start"):
+        load_env(f"{__name__}:Observation")
+    assert isinstance(load_env(f"{__name__}:StubEnv", {"answer": "x"}), StubEnv)
+
+
+class StubEnv:
+    """A user's environment: every turn gets ``answer`` back until the third."""
+
+    stop_strings = ("!",)
+
+    def __init__(self, answer: str):
+        self.answer = answer
+
+    def start(self, row):
+        return self
+
+    def step(self, turn, *, ended_by_eos):
+        return Observation(text=self.answer)

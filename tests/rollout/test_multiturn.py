@@ -1,0 +1,251 @@
+"""Multi-turn rollouts (``grpokit.rollout.multiturn``) on a tiny random Llama with the real SmolLM2
+tokenizer and a stub environment whose stop string is "e" (a random model writes one within a few
+tokens): transcripts, masks (environment tokens attended to, never trained on), the trainer's
+log-probs equal to the sampler's over several turns, per-row seeds across turns, the token budget."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import grpokit.rollout.sampling as sampling
+from grpokit.backends import install_backend
+from grpokit.envs.base import Observation
+from grpokit.experience import Experience
+from grpokit.models.logprobs import completion_logprobs
+from grpokit.rollout import SamplingParams, generate_rollouts
+from grpokit.rollout.multiturn import generate_multiturn
+
+PROMPTS = ["The cat sat on", "A dog ran to", "My hat is on"]
+EOS = [2, 0]
+G = 2
+OBS = " <r>ok</r> "
+
+
+class StubEnv:
+    """Stops a turn at "e"; answers OBS (and its turn number) until ``done_after`` turns; ends at an EOS."""
+
+    def __init__(self, stops=("e",), done_after: int = 99):
+        self.stop_strings, self.done_after = list(stops), done_after
+        self.seen: list[tuple[dict, str, bool]] = []
+
+    def start(self, row):
+        env, turns = self, []
+
+        class Episode:
+            def step(self, turn, *, ended_by_eos):
+                env.seen.append((row, turn, ended_by_eos))
+                turns.append(turn)
+                if ended_by_eos or len(turns) >= env.done_after:
+                    return Observation(done=True)
+                return Observation(text=OBS, counts={"tool_calls": 1})
+
+        return Episode()
+
+
+def _model(tiny_model, backend="plain"):
+    model = copy.deepcopy(tiny_model)
+    install_backend(model, backend, announce=False)
+    return model
+
+
+def _rows():
+    return [{"question": p, "answer": str(i)} for i, p in enumerate(PROMPTS)]
+
+
+def _runs(mask_row: torch.Tensor) -> list[list[int]]:
+    """The positions of each run of True in a 1-D mask: the model's turns."""
+    runs, cur = [], []
+    for i, v in enumerate(mask_row.tolist()):
+        if v:
+            cur.append(i)
+        elif cur:
+            runs.append(cur)
+            cur = []
+    return runs + ([cur] if cur else [])
+
+
+def _multiturn(model, tok, env, params, **kw):
+    kw.setdefault("max_turns", 3)
+    return generate_multiturn(
+        model, tok, PROMPTS, G, params, env=env, rows=_rows(), eos_token_ids=EOS, seed=kw.pop("seed", 11), **kw
+    )
+
+
+def test_a_transcript_holds_the_turns_and_the_environments_tokens(tiny_model, smollm2_tokenizer):
+    env = StubEnv()
+    exp = _multiturn(_model(tiny_model), smollm2_tokenizer, env, SamplingParams(temperature=1.0, max_new_tokens=6))
+    obs_ids = smollm2_tokenizer(OBS, add_special_tokens=False)["input_ids"]
+    counts = exp.env_counts
+    assert counts is not None and exp.attention_mask is not None
+    multi = 0
+    for r in range(len(exp)):
+        n = int(exp.attention_mask[r].sum())
+        assert bool(exp.attention_mask[r, :n].all()) and not bool(exp.attention_mask[r, n:].any())
+        env_pos = (exp.attention_mask[r] & ~exp.completion_mask[r]).nonzero().flatten().tolist()
+        turns = _runs(exp.completion_mask[r])
+        assert len(turns) == int(counts["turns"][r]) <= 3
+        assert len(env_pos) == int(counts["env_tokens"][r]) == (len(turns) - 1) * len(obs_ids)
+        for k in range(len(turns) - 1):  # between two model turns: the observation, tokenized once
+            between = exp.completion_ids[r, turns[k][-1] + 1 : turns[k + 1][0]].tolist()
+            assert between == obs_ids
+        multi += len(turns) > 1
+    assert multi >= 3  # the stop string fired in most rows
+    assert [row["answer"] for row, _, _ in env.seen[:G]] == ["0"] * G  # each episode sees its own row
+    # the transcript's text (what rewards read) holds the model's turns and each observation
+    for r, text in enumerate(exp.completions):
+        assert text.count("<r>ok</r>") >= int(counts["turns"][r]) - 1
+    assert all("e" in turn for _, turn, eos in env.seen if not eos)  # a turn stopped at its stop string
+
+
+@pytest.mark.parametrize("backend", ["plain", "cpu"])
+def test_trainer_logprobs_equal_the_samplers_over_turns(tiny_model, smollm2_tokenizer, monkeypatch, backend):
+    """Each model token's log-prob from the trainer's one teacher-forced pass over [prompt ; transcript]
+    equals the sampler's at the turn it was drawn in (a fresh generate call per turn, re-reading the
+    environment's tokens as context)."""
+    model = _model(tiny_model, backend)
+    calls: list[list[torch.Tensor]] = []  # per generate call (= per turn), per decode step: (n_active,)
+    real_sample, real_init = sampling.sample_inverse_cdf, sampling.InverseCDFSampler.__init__
+
+    def spy(scores, generator=None, u=None):
+        tokens = real_sample(scores, generator, u)
+        calls[-1].append(torch.log_softmax(scores.float(), -1).gather(1, tokens[:, None]).squeeze(1))
+        return tokens
+
+    def init(self, **kw):
+        calls.append([])
+        real_init(self, **kw)
+
+    monkeypatch.setattr(sampling, "sample_inverse_cdf", spy)
+    monkeypatch.setattr(sampling.InverseCDFSampler, "__init__", init)
+    exp = _multiturn(model, smollm2_tokenizer, StubEnv(), SamplingParams(temperature=1.0, max_new_tokens=6))
+    with torch.no_grad():
+        logp, _ = completion_logprobs(model, exp, temperature=1.0)
+    turns = [_runs(exp.completion_mask[r]) for r in range(len(exp))]
+    assert max(len(t) for t in turns) == len(calls) >= 2
+    checked = 0
+    for k, steps in enumerate(calls):
+        active = [r for r in range(len(exp)) if len(turns[r]) > k]  # rows sampled in turn k, in order
+        for i, r in enumerate(active):
+            for j, pos in enumerate(turns[r][k]):
+                torch.testing.assert_close(logp[r, pos], steps[j][i], rtol=1e-4, atol=1e-4)
+                checked += 1
+    assert checked == int(exp.completion_mask.sum())
+
+
+def test_a_rows_turns_depend_on_its_seed_alone(tiny_model, smollm2_tokenizer):
+    model, params = _model(tiny_model, "cpu"), SamplingParams(temperature=1.0, max_new_tokens=5)
+    whole = _multiturn(model, smollm2_tokenizer, StubEnv(), params)
+    for first in range(len(PROMPTS)):
+        one = generate_multiturn(
+            model,
+            smollm2_tokenizer,
+            PROMPTS[first : first + 1],
+            G,
+            params,
+            env=StubEnv(),
+            rows=_rows()[first : first + 1],
+            eos_token_ids=EOS,
+            max_turns=3,
+            seed=11,
+            first_prompt=first,
+        )
+        for g in range(G):
+            r = first * G + g
+            n = int(whole.attention_mask[r].sum())
+            assert one.completion_ids[g, :n].tolist() == whole.completion_ids[r, :n].tolist()
+            assert torch.equal(one.completion_mask[g, :n], whole.completion_mask[r, :n])
+
+
+def test_without_a_stop_string_it_samples_what_the_single_turn_engine_samples(tiny_model, smollm2_tokenizer):
+    model, params = _model(tiny_model, "cpu"), SamplingParams(temperature=1.0, max_new_tokens=6)
+    exp = _multiturn(model, smollm2_tokenizer, StubEnv(stops=(), done_after=1), params)
+    ref = generate_rollouts(model, smollm2_tokenizer, PROMPTS, G, params, eos_token_ids=EOS, seed=11)
+    t = ref.completion_ids.shape[1]
+    assert torch.equal(exp.completion_mask[:, :t], ref.completion_mask)
+    assert torch.equal(
+        exp.completion_ids.masked_fill(~exp.completion_mask, -1)[:, :t],
+        ref.completion_ids.masked_fill(~ref.completion_mask, -1),
+    )
+    assert torch.equal(exp.truncated, ref.truncated) and exp.completions == ref.completions
+
+
+def test_the_budget_and_max_turns_end_rows(tiny_model, smollm2_tokenizer):
+    model = _model(tiny_model)
+    params = SamplingParams(temperature=1.0, max_new_tokens=4)
+    exp = _multiturn(model, smollm2_tokenizer, StubEnv(), params, max_total_tokens=9)
+    lengths = exp.attention_mask.sum(1)
+    assert int(lengths.max()) <= 9
+    cut = exp.env_counts["budget_cut"].bool()
+    assert bool(cut.any()) and bool(exp.truncated[cut].all())
+    one = _multiturn(model, smollm2_tokenizer, StubEnv(), params, max_turns=1)
+    assert int(one.env_counts["turns"].max()) == 1 and int(one.env_counts["env_tokens"].sum()) == 0
+    assert bool((one.attention_mask == one.completion_mask).all())
+    with pytest.raises(ValueError, match="max_turns must be >= 1"):
+        _multiturn(model, smollm2_tokenizer, StubEnv(), params, max_turns=0)
+    with pytest.raises(ValueError, match="3 rows for"):
+        generate_multiturn(
+            model,
+            smollm2_tokenizer,
+            PROMPTS[:2],
+            G,
+            params,
+            env=StubEnv(),
+            rows=_rows(),
+            eos_token_ids=EOS,
+            max_turns=2,
+        )
+
+
+def test_experience_keeps_environment_tokens_in_attention_only():
+    """A hand-built transcript: prompt [5, 6]; model 7 8, environment 9 9, model 10 EOS."""
+    ids = torch.tensor([[7, 8, 9, 9, 10, 2], [7, 2, 0, 0, 0, 0]])
+    model_tok = torch.tensor([[1, 1, 0, 0, 1, 1], [1, 1, 0, 0, 0, 0]]).bool()
+    attn = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 0, 0, 0, 0]]).bool()
+    p = torch.tensor([[5, 6], [5, 6]])
+    exp = Experience.grouped(
+        p, torch.ones_like(p).bool(), ids, model_tok, 2, attention_mask=attn, env_counts={"turns": torch.tensor([2, 1])}
+    )
+    assert torch.equal(exp.completion_attention, attn)
+    tail = exp.rows(torch.tensor([1]))
+    assert tail.completion_ids.shape[1] == 2 and tail.env_counts["turns"].tolist() == [1]
+    both = Experience.concat(
+        [exp, Experience.grouped(p, torch.ones_like(p).bool(), ids[:, :2], model_tok[:, :2], 2)], pad_id=0
+    )
+    assert both.attention_mask is not None
+    assert both.attention_mask[2:].tolist() == [[True, True] + [False] * 4] * 2  # the part without: its own mask
+    assert both.env_counts["turns"].tolist() == [2, 1, 0, 0]
+    with pytest.raises(ValueError, match="attention_mask: False on a token"):
+        Experience.grouped(p, torch.ones_like(p).bool(), ids, model_tok, 2, attention_mask=model_tok & False)
+
+
+def test_the_docs_feedback_environment_gives_another_turn_after_an_eos(tiny_model, smollm2_tokenizer):
+    from fake_envs import Feedback
+
+    many_eos = list(range(0, 49152, 4))  # a turn ends at an EOS within a few tokens
+    rows = [{"answer": "never written 123"} for _ in PROMPTS]
+    exp = generate_multiturn(
+        _model(tiny_model),
+        smollm2_tokenizer,
+        PROMPTS,
+        G,
+        SamplingParams(temperature=1.0, max_new_tokens=8),
+        env=Feedback(tries=2),
+        rows=rows,
+        eos_token_ids=many_eos,
+        max_turns=3,
+        seed=3,
+    )
+    fb = smollm2_tokenizer("That is not right, try again.", add_special_tokens=False)["input_ids"]
+    for r in range(len(exp)):
+        turns = _runs(exp.completion_mask[r])
+        first_end = int(exp.completion_ids[r, turns[0][-1]])
+        if first_end in many_eos:  # the first answer ended: told to retry, then a second (last) turn
+            assert len(turns) == 2 and int(exp.env_counts["retries"][r]) == 1
+            assert exp.completion_ids[r, turns[0][-1] + 1 : turns[1][0]].tolist() == fb
+            assert not bool(exp.truncated[r]) or int(exp.completion_ids[r, turns[1][-1]]) not in many_eos
+        else:  # cut by the token limit: no feedback
+            assert len(turns) == 1 and bool(exp.truncated[r])
+    assert int(exp.env_counts["retries"].sum()) >= 2
