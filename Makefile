@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup lock demo long long-arith process test lint typecheck bench efficacy-vs-trl ppo ppo-vs-grpo vllm-check clean
+.PHONY: setup lock demo long long-arith tools process test lint typecheck bench efficacy-vs-trl ppo ppo-vs-grpo vllm-check clean
 
 # pyproject.toml states ranges (a library must not replace its user's torch); the demo and the tests
 # run on the exact versions of requirements/lock.txt (`make lock` rewrites it from .venv), with
@@ -44,6 +44,13 @@ long: $(STAMP)
 	test -f $(LONG_SFT)/sft_info.json || $(BIN)/grpokit sft recipes/long.yaml
 	$(BIN)/grpokit train recipes/long.yaml
 	$(BIN)/grpokit eval smollm2-135m-instruct --against $(LONG_LAST) --heldout-of recipes/long.yaml --output runs/long/eval_base_vs_last.json
+
+# Tools (docs/tools.md; a pilot, its target not yet measured): the call-format warm-up (the recipe's
+# sft section; skipped when runs/tools-sft exists), then GRPO with the calculator on 3-4 term arithmetic.
+TOOLS_SFT := runs/tools-sft
+tools: $(STAMP)
+	test -f $(TOOLS_SFT)/sft_info.json || $(BIN)/grpokit sft recipes/tools.yaml
+	$(BIN)/grpokit train recipes/tools.yaml
 
 long-arith: $(STAMP)
 	$(BIN)/grpokit train recipes/arith.yaml

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from grpokit.cli.recipe_args import DEFAULT_RECIPE
+from grpokit.cli.recipe_args import DEFAULT_RECIPE, packaged_recipes
 from grpokit.config import (
     Recipe,
     RecipeError,
@@ -482,3 +482,15 @@ def test_yaml_merge_keys_and_anchors_are_not_duplicates():
         _yaml_load("a: [{k: 1}, {k: 1, k: 2}]")
     with pytest.raises(RecipeError, match="data.options=.*: value is not valid YAML: k is written twice"):
         parse_override("data.options={k: 1, k: 2}")
+
+
+@pytest.mark.parametrize("name", packaged_recipes())
+def test_every_packaged_recipe_loads_and_its_sft_section_is_complete(name):
+    from grpokit.cli.recipe_args import find_recipe
+    from grpokit.cli.sft import sft_job
+
+    path = find_recipe(name)
+    recipe = load_recipe(path)
+    if recipe.sft.model is not None:  # `grpokit sft RECIPE` can run it: model, data and template set
+        job = sft_job([str(path)])
+        assert job.out == recipe.model.name_or_path and job.recipe.sft.completion_template

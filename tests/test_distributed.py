@@ -505,3 +505,20 @@ def test_two_nodes_by_rendezvous_train_as_one_process(one_process, recipe_file, 
     assert any("on 2 ranks (ddp)" in log for log in logs)
     _assert_same_run(one_process, out)
     _assert_only_rank0_wrote(out)
+
+
+@pytest.mark.slow
+def test_two_ranks_with_an_environment_train_as_one_process(tiny_model_dir, recipe_file, tmp_path):
+    """Multi-turn rollouts under ddp (each rank samples its prompts' turns, seeded per row and turn;
+    the transcripts, their masks and the episodes' counts gathered): the one-process run, bit for bit."""
+    env = {"env": "fake_envs:StopAtE", "max_turns": 3, "max_new_tokens": 6}
+    _run1(tiny_model_dir, tmp_path / "one", rollout=env)
+    _run2(
+        recipe_file,
+        f"train.output_dir={tmp_path / 'two'}",
+        "rollout.env=fake_envs:StopAtE",
+        "rollout.max_turns=3",
+        "rollout.max_new_tokens=6",
+    )
+    assert all(m["env/turns"] > 1 for m in _metrics(tmp_path / "one"))
+    _assert_same_run(tmp_path / "one", tmp_path / "two")

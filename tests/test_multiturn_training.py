@@ -4,6 +4,7 @@ counts, writes the turns to samples.jsonl, resumes exactly, and refuses what it 
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -71,7 +72,7 @@ def test_env_metrics_and_turns_of_a_hand_built_row(smollm2_tokenizer):
     [
         ({"engine": "vllm"}, {}, "do not run with rollout.engine=vllm yet"),
         ({}, {"estimator": "ppo"}, "do not run with algo.estimator=ppo yet"),
-        ({}, {"supervision": "process"}, "do not run with algo.supervision=process yet"),
+        ({"env": None}, {"step_rule": "turns"}, "algo.step_rule=turns: steps are the model turns"),
         ({"max_turns": 0}, {}, "rollout.max_turns: must be >= 1"),
         ({"max_total_tokens": 0}, {}, "rollout.max_total_tokens: must be > 0"),
         ({"env": " "}, {}, "rollout.env: empty"),
@@ -120,3 +121,43 @@ def test_grpokit_eval_uses_the_recipes_environment(tiny_model_dir, tmp_path, cap
     assert any(OBS.strip() in e["completion"] for e in examples)  # the transcripts hold the observations
     bad = ["eval", tiny_model_dir, "--heldout-of", str(recipe), "rollout.env_options={text: 1, x: 2}"]
     assert main([*bad, "--output", str(out)]) == 2 and "rollout.env_options do not fit" in capsys.readouterr().err
+
+
+def test_process_supervision_with_turns_as_steps(tiny_model, smollm2_tokenizer, tiny_model_dir, tmp_path):
+    """``algo.step_rule=turns``: each model turn is a step ending on its last token, the step reward
+    sees the turns' texts, and a run with it trains."""
+    from fake_envs import StopAtE
+    from grpokit.process.scorer import turn_steps
+    from grpokit.rollout import SamplingParams
+    from grpokit.rollout.multiturn import generate_multiturn
+
+    prompts = ["The cat sat on", "A dog ran to"]
+    exp = generate_multiturn(
+        tiny_model,
+        smollm2_tokenizer,
+        prompts,
+        2,
+        SamplingParams(max_new_tokens=6),
+        env=StopAtE(),
+        rows=[{}, {}],
+        eos_token_ids=[2, 0],
+        max_turns=3,
+        seed=5,
+    )
+    ends, steps = turn_steps(exp, smollm2_tokenizer)
+    for r in range(len(exp)):
+        model = exp.completion_mask[r].tolist()
+        last = [i for i, on in enumerate(model) if on and (i + 1 == len(model) or not model[i + 1])]
+        assert ends[r].nonzero().flatten().tolist() == last
+        assert len(steps[r]) == len(last) == int(exp.env_counts["turns"][r])
+    assert max(len(s) for s in steps) > 1
+    out = tmp_path / "run"
+    recipe = tiny_recipe(
+        tiny_model_dir,
+        out,
+        rollout=ENV,
+        algo={"supervision": "process", "step_rule": "turns", "process_reward": "fake_rewards:process_length_reward"},
+    )
+    train(recipe, progress=False)
+    for m in read_metrics(out / "metrics.jsonl"):
+        assert m["step_count_mean"] == pytest.approx(m["env/turns"]) and math.isfinite(m["loss"])

@@ -246,6 +246,8 @@ def _check_env(recipe: Recipe) -> None:
         raise RecipeError(f"rollout.max_turns: must be >= 1, got {r.max_turns}")
     if r.max_total_tokens is not None and r.max_total_tokens < 1:
         raise RecipeError(f"rollout.max_total_tokens: must be > 0 or null, got {r.max_total_tokens}")
+    if a.step_rule == "turns" and r.env is None:
+        raise RecipeError("algo.step_rule=turns: steps are the model turns of a multi-turn rollout; set rollout.env")
     if r.env is None:
         if r.env_options:
             raise RecipeError(f"rollout.env_options: set, but rollout.env is not ({r.env_options})")
@@ -255,7 +257,6 @@ def _check_env(recipe: Recipe) -> None:
     not_yet = {
         "rollout.engine=vllm": r.engine == "vllm",
         "algo.estimator=ppo": a.estimator == "ppo",
-        "algo.supervision=process": a.supervision == "process",
     }
     for key, on in not_yet.items():
         if on:

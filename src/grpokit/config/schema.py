@@ -381,7 +381,8 @@ class AlgoConfig:
     advantage_eps: float = _f(1e-4, "eps added to the std")
     step_rule: str = _f(
         "lines",
-        "process supervision: how a completion splits into steps (lines, paragraphs, regex:PATTERN, tag:STRING)",
+        "process supervision: how a completion splits into steps (lines, paragraphs, regex:PATTERN, tag:STRING; "
+        "turns: each model turn of a multi-turn rollout, rollout.env)",
     )
     process_advantage: str = _f(
         "sum",

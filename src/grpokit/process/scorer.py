@@ -20,13 +20,49 @@ if TYPE_CHECKING:
     from grpokit.config import Recipe
 
 
+#: ``algo.step_rule`` whose steps are the model turns of a multi-turn rollout
+TURNS = "turns"
+
+
+def turn_steps(exp: Any, tokenizer: Any) -> tuple[torch.Tensor, list[list[str]]]:
+    """Steps of a multi-turn experience: each model turn (a run of ``completion_mask``) is a step,
+    ending on its last token. Returns ``(step_ends (N, T) bool on the CPU, the turns' texts per row)``
+    (decoded without special tokens); a single-turn row is one step.
+
+    >>> import torch
+    >>> from types import SimpleNamespace
+    >>> tok = SimpleNamespace(decode=lambda ids, **k: "".join(map(str, ids)))
+    >>> exp = SimpleNamespace(completion_ids=torch.tensor([[1, 2, 7, 3, 0]]),
+    ...                       completion_mask=torch.tensor([[1, 1, 0, 1, 0]]).bool())
+    >>> ends, steps = turn_steps(exp, tok)
+    >>> ends.int().tolist(), steps
+    ([[0, 1, 0, 1, 0]], [['12', '3']])
+    """
+    mask = exp.completion_mask.cpu().bool()
+    ids = exp.completion_ids.cpu()
+    nxt = torch.nn.functional.pad(mask[:, 1:], (0, 1), value=False)
+    ends = mask & ~nxt  # the last token of each run of model tokens
+    steps: list[list[str]] = []
+    for r in range(mask.shape[0]):
+        row, start, texts = mask[r].tolist(), None, []
+        for i, on in enumerate(row + [False]):
+            if on and start is None:
+                start = i
+            elif not on and start is not None:
+                texts.append(tokenizer.decode(ids[r, start:i].tolist(), skip_special_tokens=True))
+                start = None
+        steps.append(texts)
+    return ends, steps
+
+
 class ProcessScorer:
     """Split each completion with ``step_rule`` and score the steps with ``reward``.
 
     Args:
         reward: ``(prompts, completions, steps, **columns) -> list[list[float | None] | None]``,
             usually guarded (:func:`grpokit.process.wiring.resolve_process_reward`).
-        step_rule: ``lines``, ``paragraphs``, ``regex:PATTERN`` or ``tag:STRING``.
+        step_rule: ``lines``, ``paragraphs``, ``regex:PATTERN``, ``tag:STRING``, or ``turns`` (the model
+            turns of a multi-turn rollout: :func:`turn_steps`).
         tokenizer: the policy's tokenizer (maps step ends to tokens); may be set after construction.
     """
 
@@ -44,10 +80,11 @@ class ProcessScorer:
         from grpokit.process.wiring import resolve_process_reward
 
         reward = resolve_process_reward(recipe)
-        try:
-            split_steps("a\nb", recipe.algo.step_rule)
-        except ValueError as e:
-            raise ValueError(f"algo.step_rule: {e}") from None
+        if recipe.algo.step_rule != TURNS:
+            try:
+                split_steps("a\nb", recipe.algo.step_rule)
+            except ValueError as e:
+                raise ValueError(f"algo.step_rule: {e}") from None
         return cls(reward, recipe.algo.step_rule)
 
     @property
@@ -73,8 +110,11 @@ class ProcessScorer:
             ValueError: a row of scores is not None and not one score per step (names the row).
         """
         ids, mask = exp.completion_ids.cpu(), exp.completion_mask.cpu()
-        ends, spans = step_end_masks(ids, mask, exp.completions, self.step_rule, self.tokenizer)
-        steps = [step_texts(text, sp) for text, sp in zip(exp.completions, spans)]
+        if self.step_rule == TURNS:
+            ends, steps = turn_steps(exp, self.tokenizer)
+        else:
+            ends, spans = step_end_masks(ids, mask, exp.completions, self.step_rule, self.tokenizer)
+            steps = [step_texts(text, sp) for text, sp in zip(exp.completions, spans)]
         scores = self.reward(prompts, exp.completions, steps=steps, **columns)
         step_rewards, _ = scatter_step_rewards(scores, ends, dtype=torch.float64)
         metrics = step_metrics(step_rewards, ends)

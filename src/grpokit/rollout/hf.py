@@ -384,12 +384,23 @@ def left_padded_prompts(tokenizer: Any, prompts: Sequence[str], pad_id: int) -> 
     for i, x in enumerate(encoded):
         if not x:
             raise ValueError(f"prompts[{i}] tokenizes to no tokens")
-    p = max(len(x) for x in encoded)
-    ids = torch.full((len(encoded), p), int(pad_id), dtype=torch.long)
-    mask = torch.zeros((len(encoded), p), dtype=torch.bool)
-    for i, x in enumerate(encoded):
-        ids[i, p - len(x) :] = torch.tensor(x, dtype=torch.long)
-        mask[i, p - len(x) :] = True
+    return left_padded(encoded, pad_id)
+
+
+def left_padded(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids, mask)``, both ``(n, L)`` (``L`` the longest of ``seqs``): the id lists left-padded with
+    ``pad_id``; ``mask`` (bool) True on real tokens.
+
+    >>> ids, mask = left_padded([[5, 6], [7]], 0)
+    >>> ids.tolist(), mask.tolist()
+    ([[5, 6], [0, 7]], [[True, True], [False, True]])
+    """
+    width = max(len(x) for x in seqs)
+    ids = torch.full((len(seqs), width), int(pad_id), dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.bool)
+    for i, x in enumerate(seqs):
+        ids[i, width - len(x) :] = torch.tensor(list(x), dtype=torch.long)
+        mask[i, width - len(x) :] = True
     return ids, mask
 
 

@@ -176,13 +176,7 @@ def generate_multiturn(
             break
         limits = {r: min(params.max_new_tokens, budget - len(rows_t[r].ids)) for r in active}
         turn_params = replace(params, max_new_tokens=max(limits.values()))
-        contexts = [prompt_lists[r // G] + rows_t[r].ids for r in active]
-        width = max(len(c) for c in contexts)
-        ids = torch.full((len(active), width), int(pad_id), dtype=torch.long)
-        mask = torch.zeros((len(active), width), dtype=torch.bool)
-        for i, c in enumerate(contexts):
-            ids[i, width - len(c) :] = torch.tensor(c, dtype=torch.long)
-            mask[i, width - len(c) :] = True
+        ids, mask = hf.left_padded([prompt_lists[r // G] + rows_t[r].ids for r in active], pad_id)
         uniforms = None
         if seed is not None and turn_params.temperature > 0 and turn_params.sampler == "inverse_cdf":
             s = turn_seed(seed, k)
@@ -269,17 +263,15 @@ def _experience(
     gen_s: float,
 ) -> Experience:
     """The transcripts as an :class:`Experience` (module docstring), per-row counts in ``env_counts``."""
-    n, p = len(rows_t), max(len(x) for x in prompt_lists)
+    from grpokit.rollout.hf import left_padded
+
+    n = len(rows_t)
     t_width = max(1, max(len(t.ids) for t in rows_t))
-    prompt_ids = torch.full((n, p), int(pad_id), dtype=torch.long)
-    prompt_mask = torch.zeros((n, p), dtype=torch.bool)
+    prompt_ids, prompt_mask = left_padded([prompt_lists[r // group_size] for r in range(n)], pad_id)
     completion_ids = torch.full((n, t_width), int(pad_id), dtype=torch.long)
     completion_mask = torch.zeros((n, t_width), dtype=torch.bool)
     attention = torch.zeros((n, t_width), dtype=torch.bool)
     for r, t in enumerate(rows_t):
-        prompt = prompt_lists[r // group_size]
-        prompt_ids[r, p - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-        prompt_mask[r, p - len(prompt) :] = True
         if t.ids:
             completion_ids[r, : len(t.ids)] = torch.tensor(t.ids, dtype=torch.long)
             completion_mask[r, : len(t.ids)] = torch.tensor(t.model, dtype=torch.bool)

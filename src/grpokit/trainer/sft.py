@@ -73,7 +73,7 @@ def completion_rows(rows: list[dict], completion_template: str) -> tuple[list[di
     for row in rows:
         try:
             text = completion_template.format(**{k: v for k, v in row.items() if v is not None})
-        except (KeyError, IndexError):
+        except (KeyError, IndexError, TypeError, AttributeError):  # a missing field, or one without that index
             skipped += 1
             continue
         out.append({**row, "completion": text})
