@@ -23,7 +23,7 @@ import yaml
 from grpokit.cli.errors import USER_ERRORS, finite_float
 from grpokit.cli.errors import one_line as _one_line
 from grpokit.cli.errors import show_traceback as _show_traceback
-from grpokit.cli.recipe_args import DEFAULT_RECIPE, command_recipe, find_recipe, split_overrides
+from grpokit.cli.recipe_args import DEFAULT_RECIPE, command_recipe, find_recipe, flag_values, split_overrides
 from grpokit.data import dataset_label
 
 #: flag (argparse dest) -> the recipe key it overrides
@@ -168,10 +168,7 @@ def _eval_recipe(ns: argparse.Namespace):
                     "eval.dataset, data.shuffle_seed there or as overrides)"
                 )
     options = _data_options(ns.data_options) if ns.data_options is not None else None
-    flags = {
-        f"--{dest.replace('_', '-')}": (key, options if dest == "data_options" else getattr(ns, dest))
-        for dest, key in FLAG_KEYS.items()
-    }
+    flags = flag_values(ns, FLAG_KEYS, data_options=options)
     path = DEFAULT_RECIPE
     try:
         if ns.heldout_of:
@@ -239,7 +236,9 @@ def eval_command(argv: list[str]) -> int:
         return fail(f"--samples must be >= 1 (k completions per problem), got {ns.samples}")
     try:
         recipe, held = _eval_recipe(ns)
-        env = _environment(recipe)  # the tools the models train with, checked before any model loads
+        from grpokit.rollout.multiturn import env_options
+
+        env = env_options(recipe.rollout)  # the tools the models train with, checked before any model loads
     except (RecipeError, *USER_ERRORS) as e:
         return fail(_one_line(e))
     if ns.samples and ns.temperature <= 0:
@@ -324,18 +323,6 @@ def _eval_settings(ns: argparse.Namespace, recipe, tok, skipped: int) -> dict:
         "data_options": ns.data_options,
         "heldout_of": ns.heldout_of,
     }
-
-
-def _environment(recipe) -> dict | None:
-    """The recipe's multi-turn environment as :class:`~grpokit.rollout.multiturn.MultiTurnEngine`
-    arguments (``rollout.env``, its options, ``max_turns``, ``max_total_tokens``), or None: models are
-    evaluated with the tools they are trained with."""
-    from grpokit.envs import load_env
-
-    r = recipe.rollout
-    if r.env is None:
-        return None
-    return dict(env=load_env(r.env, r.env_options), max_turns=r.max_turns, max_total_tokens=r.max_total_tokens)
 
 
 def _shortest_context(models: list[str]) -> int | None:

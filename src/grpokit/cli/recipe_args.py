@@ -32,6 +32,7 @@ __all__ = [
     "RecipeArgs",
     "demo_raw",
     "find_recipe",
+    "flag_values",
     "command_recipe",
     "packaged_recipes",
     "source_note",
@@ -202,6 +203,21 @@ def split_overrides(words: Sequence[str]) -> tuple[list[str], list[str]]:
     """
     overrides = [w for w in words if _OVERRIDE_ARG.match(w)]
     return [w for w in words if not _OVERRIDE_ARG.match(w)], overrides
+
+
+def flag_values(ns: Any, flag_keys: Mapping[str, str], **values: Any) -> dict[str, tuple[str, Any]]:
+    """``{"--flag": ("section.key", value)}`` for :func:`command_recipe`: each argparse ``dest`` of
+    ``flag_keys`` with the recipe key it sets and its parsed value (``values`` replace some, e.g. a
+    flag's text parsed further).
+
+    >>> from types import SimpleNamespace
+    >>> flag_values(SimpleNamespace(batch_size=4, split=None), {"batch_size": "sft.batch_size", "split": "sft.split"})
+    {'--batch-size': ('sft.batch_size', 4), '--split': ('sft.split', None)}
+    """
+    return {
+        f"--{dest.replace('_', '-')}": (key, values[dest] if dest in values else getattr(ns, dest))
+        for dest, key in flag_keys.items()
+    }
 
 
 def command_recipe(path: Path, overrides: Sequence[str], flags: Mapping[str, tuple[str, Any]]) -> Recipe:

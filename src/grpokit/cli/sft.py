@@ -26,7 +26,7 @@ from pathlib import Path
 from grpokit.cli.errors import USER_ERRORS, finite_float
 from grpokit.cli.errors import one_line as _one_line
 from grpokit.cli.errors import show_traceback as _show_traceback
-from grpokit.cli.recipe_args import DEFAULT_RECIPE, command_recipe, find_recipe, split_overrides
+from grpokit.cli.recipe_args import DEFAULT_RECIPE, command_recipe, find_recipe, flag_values, split_overrides
 from grpokit.config import Recipe, RecipeError
 
 #: flag (argparse dest) -> the recipe key it overrides
@@ -114,7 +114,7 @@ def sft_job(argv: list[str]) -> SftJob:
     """
     ns = _parser().parse_intermixed_args(argv)
     positional, overrides = split_overrides(ns.words)
-    flags = {f"--{dest.replace('_', '-')}": (key, getattr(ns, dest)) for dest, key in FLAG_KEYS.items()}
+    flags = flag_values(ns, FLAG_KEYS)
     heldout_of: str | None
     if len(positional) == 1:
         if ns.heldout_of:

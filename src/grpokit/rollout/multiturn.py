@@ -31,7 +31,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -40,7 +40,10 @@ from grpokit.envs.base import Environment, Episode
 from grpokit.experience import Experience
 from grpokit.rollout.engine import SamplingParams, check_prompts, request_seed
 
-__all__ = ["ENV_COUNTS", "MultiTurnEngine", "RowTranscript", "generate_multiturn", "turn_seed"]
+if TYPE_CHECKING:
+    from grpokit.config import RolloutConfig
+
+__all__ = ["ENV_COUNTS", "MultiTurnEngine", "RowTranscript", "env_options", "generate_multiturn", "turn_seed"]
 
 #: the per-row counts a multi-turn rollout reports (besides an environment's own)
 ENV_COUNTS = ("turns", "env_tokens", "budget_cut")
@@ -179,17 +182,10 @@ def generate_multiturn(
         ids, mask = hf.left_padded([prompt_lists[r // G] + rows_t[r].ids for r in active], pad_id)
         uniforms = None
         if seed is not None and turn_params.temperature > 0 and turn_params.sampler == "inverse_cdf":
-            s = turn_seed(seed, k)
-            uniforms = torch.stack(
-                [
-                    torch.rand(
-                        turn_params.max_new_tokens,
-                        dtype=torch.float64,
-                        generator=torch.Generator().manual_seed(request_seed(s, first_prompt + r // G, r % G)),
-                    )
-                    for r in active
-                ]
-            ).to(device)
+            from grpokit.rollout.sampling import row_uniforms
+
+            rows_k = [(first_prompt + r // G, r % G) for r in active]
+            uniforms = row_uniforms(turn_seed(seed, k), rows_k, turn_params.max_new_tokens).to(device)
         gen_config = hf.build_generation_config(
             turn_params, eos_token_ids=eos, pad_token_id=pad_id, bos_token_id=tokenizer.bos_token_id
         )
@@ -290,6 +286,21 @@ def _experience(
         env_counts={k: v.to(device) for k, v in counts.items()},
         gen_s=gen_s,
     )
+
+
+def env_options(r: RolloutConfig) -> dict[str, Any] | None:
+    """The :class:`MultiTurnEngine` arguments of a recipe's ``rollout`` section (the environment
+    ``rollout.env`` built with ``rollout.env_options``, ``max_turns``, ``max_total_tokens``), or None
+    without ``rollout.env``: what training, in-run evaluation and ``grpokit eval`` sample with.
+
+    Raises:
+        ValueError, ImportError: what :func:`grpokit.envs.load_env` raises (names ``rollout.env``).
+    """
+    from grpokit.envs import load_env
+
+    if r.env is None:
+        return None
+    return dict(env=load_env(r.env, r.env_options), max_turns=r.max_turns, max_total_tokens=r.max_total_tokens)
 
 
 class MultiTurnEngine:

@@ -121,14 +121,19 @@ def request_uniforms(seed: int, first_prompt: int, num_prompts: int, group_size:
     >>> t.shape, bool(torch.equal(t[2:], request_uniforms(5, 4, 1, 2, 4)))  # prompt 1 here is prompt 4
     (torch.Size([4, 4]), True)
     """
-    rows = [
-        torch.rand(
-            steps, dtype=torch.float64, generator=torch.Generator().manual_seed(request_seed(seed, first_prompt + b, g))
-        )
-        for b in range(num_prompts)
-        for g in range(group_size)
-    ]
-    return torch.stack(rows)
+    return row_uniforms(seed, [(first_prompt + b, g) for b in range(num_prompts) for g in range(group_size)], steps)
+
+
+def row_uniforms(seed: int, rows: list[tuple[int, int]], steps: int) -> torch.Tensor:
+    """``(len(rows), steps)`` float64 on the CPU: row ``i`` = ``torch.rand(steps)`` from a generator seeded
+    :func:`grpokit.rollout.engine.request_seed` ``(seed, *rows[i])`` (``rows``: ``(prompt index, sample
+    index)`` pairs; a multi-turn rollout passes the rows still going)."""
+    return torch.stack(
+        [
+            torch.rand(steps, dtype=torch.float64, generator=torch.Generator().manual_seed(request_seed(seed, b, g)))
+            for b, g in rows
+        ]
+    )
 
 
 class InverseCDFSampler(LogitsProcessor):

@@ -303,11 +303,11 @@ def build_engines(
     options = dict(chunk_size=r.chunk_size, sampler_dtype=torch.bfloat16 if m.autocast_bf16 else None)
     extra = {"llm_kwargs": r.vllm} if r.engine == "vllm" and r.vllm else {}
     make: Callable[..., RolloutEngine] = functools.partial(load_engine, r.engine)
-    if r.env is not None:  # multi-turn: the hf engine's generation with the environment between turns
-        from grpokit.envs import load_env
-        from grpokit.rollout.multiturn import MultiTurnEngine
+    from grpokit.rollout.multiturn import MultiTurnEngine, env_options
 
-        on_model.update(env=load_env(r.env, r.env_options), max_turns=r.max_turns, max_total_tokens=r.max_total_tokens)
+    multi_turn = env_options(r)
+    if multi_turn is not None:  # the hf engine's generation with the environment between turns
+        on_model.update(multi_turn)
         make = MultiTurnEngine
     engine = make(**on_model, **options, **extra)
     eval_engine = None
