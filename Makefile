@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup lock demo long long-arith tools process test lint typecheck bench efficacy-vs-trl ppo ppo-vs-grpo vllm-check clean
+.PHONY: setup lock demo long long-arith tools tools-mawps feedback process test lint typecheck bench efficacy-vs-trl ppo ppo-vs-grpo vllm-check clean
 
 # pyproject.toml states ranges (a library must not replace its user's torch); the demo and the tests
 # run on the exact versions of requirements/lock.txt (`make lock` rewrites it from .venv), with
@@ -51,6 +51,18 @@ TOOLS_SFT := runs/tools-sft
 tools: $(STAMP)
 	test -f $(TOOLS_SFT)/sft_info.json || $(BIN)/grpokit sft recipes/tools.yaml
 	$(BIN)/grpokit train recipes/tools.yaml
+
+# Word problems with the calculator (docs/tools.md): make long's warm-up (skipped when runs/long-sft
+# exists), then GRPO on MAWPS with the calculator in the "expression =" call format.
+tools-mawps: $(STAMP)
+	test -f $(LONG_SFT)/sft_info.json || $(BIN)/grpokit sft recipes/long.yaml
+	$(BIN)/grpokit train recipes/tools_mawps.yaml
+
+# The feedback environment on the arithmetic recipe (docs/tools.md): GRPO where a wrong answer gets
+# another try; then the held-out accuracy of the last answer and of the first (one turn).
+feedback: $(STAMP)
+	$(BIN)/grpokit train recipes/feedback.yaml
+	$(BIN)/grpokit eval runs/feedback --heldout-of recipes/feedback.yaml rollout.max_turns=1 --output runs/feedback/eval_first_answer.json
 
 long-arith: $(STAMP)
 	$(BIN)/grpokit train recipes/arith.yaml

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import grpokit.trainer.build
+import grpokit.trainer.loop
 from fake_envs import OBS
 from grpokit.config import RecipeError
 from grpokit.metrics import env_metrics, read_metrics, transcript_turns
@@ -161,3 +162,31 @@ def test_process_supervision_with_turns_as_steps(tiny_model, smollm2_tokenizer, 
     train(recipe, progress=False)
     for m in read_metrics(out / "metrics.jsonl"):
         assert m["step_count_mean"] == pytest.approx(m["env/turns"]) and math.isfinite(m["loss"])
+
+
+def test_dynamic_sampling_refills_groups_with_multi_turn_rows(tiny_model_dir, tmp_path, monkeypatch):
+    """DAPO's refill rounds sample multi-turn rows too, and the rows trained on keep their
+    attention masks (environment tokens attended to, out of completion_mask)."""
+    seen = []
+    real = grpokit.trainer.loop.optimize
+
+    def spy(run, exp, **kw):
+        seen.append(exp)
+        return real(run, exp, **kw)
+
+    monkeypatch.setattr(grpokit.trainer.loop, "optimize", spy)
+    out = tmp_path / "run"
+    recipe = tiny_recipe(
+        tiny_model_dir,
+        out,
+        rollout=ENV,
+        algo={"dynamic_sampling": True, "max_sampling_rounds": 1},
+        train={"max_steps": 1},
+    )
+    train(recipe, progress=False)
+    (m,) = read_metrics(out / "metrics.jsonl")
+    assert m["dynamic/rounds"] in (0, 1) and m["env/turns"] > 1
+    (exp,) = seen
+    assert exp.attention_mask is not None and exp.env_counts is not None
+    env_tok = exp.attention_mask & ~exp.completion_mask
+    assert int(env_tok.sum()) == int(exp.env_counts["env_tokens"].sum()) > 0

@@ -47,3 +47,32 @@ def test_missing_entry_is_unscorable():
 def test_unknown_task_lists_registered():
     with pytest.raises(ValueError, match=r"unknown reasoning_gym task 'nope'.*basic_arithmetic"):
         load_rows("reasoning_gym:nope")
+
+
+_NO_PARENS = {"size": 200, "min_terms": 3, "max_terms": 4, "min_digits": 2, "max_digits": 3, "allow_negation": False}
+
+
+def test_left_to_right_answers_are_refused():
+    """reasoning_gym folds an expression without parentheses left to right, so with * its answer
+    ignores precedence (17 - 30 + 78 * 0 is given 0); grpokit recomputes and refuses such rows."""
+    opts = {**_NO_PARENS, "operators": ["+", "-", "*"], "allow_parentheses": False}
+    msg = r"basic_arithmetic: \d+ of 200 answers are not the value.*allow_parentheses: true"
+    with pytest.raises(ValueError, match=msg):
+        load_rows("reasoning_gym:basic_arithmetic", limit=None, seed=10**9, options=opts)
+
+
+@pytest.mark.parametrize(
+    "opts",
+    [
+        {**_NO_PARENS, "operators": ["+", "-"], "allow_parentheses": False},  # no precedence to ignore
+        {**_NO_PARENS, "operators": ["+", "-", "*"], "allow_parentheses": True},  # computed with precedence
+    ],
+)
+def test_answers_follow_precedence(opts):
+    from grpokit.envs.calculator import calculate
+
+    rows = load_rows("reasoning_gym:basic_arithmetic", limit=None, seed=10**9, options=opts)
+    assert len(rows) == 200
+    assert all(calculate(r["rg_entry"]["metadata"]["expression"]) == r["answer"] for r in rows)
+    if "*" in opts["operators"]:
+        assert sum("*" in r["prompt"] for r in rows) > 50  # the check had products to look at

@@ -3,6 +3,7 @@ result the model reads, counted, never an exception of the rollout."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -59,12 +60,23 @@ def test_a_turn_without_a_call_ends_the_episode():
     assert not obs.done and obs.text == "<result>error: </calc> without <calc></result>"
 
 
-def test_user_tools_faults_become_results():
+def spins(text: str) -> str:
+    while True:
+        pass
+
+
+def exits(text: str) -> str:
+    os._exit(3)
+
+
+@pytest.mark.parametrize("isolation", ["process", "thread"])
+def test_user_tools_faults_become_results(isolation):
     mod = __name__
     env = ToolEnv(
         tools=["calculator", f"{mod}:shout", f"{mod}:raises", f"{mod}:not_text", f"{mod}:sleeps", f"{mod}:huge"],
         timeout_s=0.2,
         max_output_chars=50,
+        isolation=isolation,
     )
     assert set(env.stop_strings) == {"</calc>", "</shout>", "</raises>", "</not_text>", "</sleeps>", "</huge>"}
     assert step(env, "<shout>hi</shout>").text == "<result>HI</result>"
@@ -75,6 +87,26 @@ def test_user_tools_faults_become_results():
     assert time.perf_counter() - t0 < 2 and obs.counts == {"tool_calls": 1, "tool_errors": 1, "tool_timeouts": 1}
     assert obs.text == "<result>error: the tool timed out after 0.2 s</result>"
     assert step(env, "<huge>k</huge>").text == "<result>" + "x" * 50 + "… [cut at 50 characters]</result>"
+    assert step(env, "<shout>again</shout>").text == "<result>AGAIN</result>"  # after a timeout
+    env.close()
+
+
+def test_a_user_tool_in_its_process_is_killed_at_the_limit_and_a_dead_one_replaced():
+    """isolation=process (the default): a tool that never returns is killed, not left running in
+    a thread; a tool whose process dies is an error result and the next call gets a fresh one."""
+    mod = __name__
+    env = ToolEnv(tools=[f"{mod}:spins", f"{mod}:exits", f"{mod}:shout"], timeout_s=0.3)
+    obs = step(env, "<spins>x</spins>")
+    assert obs.text == "<result>error: the tool timed out after 0.3 s</result>" and obs.counts["tool_timeouts"] == 1
+    (spinner,) = [w for w in env._workers.values()]
+    assert spinner.proc is None  # killed and joined at the limit
+    obs = step(env, "<exits>x</exits>")
+    assert obs.text.startswith("<result>error: the tool raised RuntimeError: the tool worker process exited (code 3)")
+    assert obs.counts == {"tool_calls": 1, "tool_errors": 1, "tool_timeouts": 0}
+    assert step(env, "<shout>ok</shout>").text == "<result>OK</result>"
+    before = len(env._workers)
+    env.close()
+    assert before == 3 and not env._workers
 
 
 @pytest.mark.parametrize(
@@ -88,6 +120,9 @@ def test_user_tools_faults_become_results():
         ({"result_template": "{output} {other}"}, "no other field"),
         ({"max_output_chars": 0}, "max_output_chars must be >= 1"),
         ({"timeout_s": 0}, "timeout_s > 0"),
+        ({"call_format": "xml"}, "call_format: one of tags, equals, got 'xml'"),
+        ({"isolation": "vm"}, "isolation: process or thread, got 'vm'"),
+        ({"call_format": "equals", "tools": ["calculator", "python"]}, "equals takes one tool, got 2"),
     ],
 )
 def test_bad_options_are_named(kwargs, msg):
@@ -95,8 +130,32 @@ def test_bad_options_are_named(kwargs, msg):
         ToolEnv(**kwargs)
 
 
+@pytest.mark.parametrize(
+    "turn, text",
+    [
+        ("He has 7 + 2 =", " 9"),  # the arithmetic just before the "="
+        ("So (3+4)*2 =", " 14"),
+        ("The total is 1,200 - 50 =", " 1150"),
+        ("12 / 5 =", " 2.4"),
+        ("Cost: 3 ÷ 0 =", " error: division by zero"),
+        ("x =", None),  # no digit: no call, the model goes on
+        ("==", None),
+    ],
+)
+def test_the_equals_format_calls_the_calculator_on_what_precedes_the_sign(turn, text):
+    env = ToolEnv(call_format="equals")
+    assert env.stop_strings == ["="]
+    obs = env.start({}).step(turn, ended_by_eos=False)
+    assert not obs.done and obs.text == text
+    assert obs.counts.get("tool_calls", 0) == int(text is not None)
+    assert obs.counts.get("tool_errors", 0) == int(bool(text) and "error" in text)
+    assert env.start({}).step("7 + 2 = 9", ended_by_eos=True).done  # an EOS ends the row
+    bracketed = ToolEnv(call_format="equals", result_template="[{output}]")
+    assert bracketed.start({}).step("1+1=", ended_by_eos=False).text == "[2]"
+
+
 def test_load_env_names_what_is_wrong():
-    with pytest.raises(ValueError, match="unknown environment 'chess'; built-ins: tools"):
+    with pytest.raises(ValueError, match="unknown environment 'chess'; built-ins: tools, feedback"):
         load_env("chess")
     with pytest.raises(ValueError, match="rollout.env_options do not fit"):
         load_env("tools", {"colour": "red"})

@@ -289,9 +289,12 @@ class RolloutConfig:
     env: str | None = _f(
         None,
         "multi-turn rollouts with an environment (grpokit.envs; docs/tools.md): tools (a calculator and "
-        "users' own tools, called as <calc>12*7+3</calc>), or module:Class; None = one completion per row",
+        "users' own tools, called as <calc>12*7+3</calc>), feedback (a wrong answer gets another turn), "
+        "or module:Class; None = one completion per row",
     )
-    env_options: dict = _f({}, "keyword arguments of rollout.env's class (tools: tools, result_template, ...)")
+    env_options: dict = _f(
+        {}, "keyword arguments of rollout.env's class (tools: tools, call_format, ...; feedback: reward, message)"
+    )
     max_turns: int = _f(4, "with rollout.env: the most model turns per row (rollout.max_new_tokens each)")
     max_total_tokens: int | None = _f(
         None,

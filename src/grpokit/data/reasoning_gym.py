@@ -78,7 +78,41 @@ def load_reasoning_gym(
                 "rg_entry": entry,
             }
         )
+    if task == "basic_arithmetic":
+        _check_arithmetic_answers(rows, opts)
     return rows
+
+
+def _check_arithmetic_answers(rows: list[dict[str, Any]], options: dict[str, Any]) -> None:
+    """Refuse ``basic_arithmetic`` rows whose answer is not the value of their expression.
+
+    reasoning_gym (0.1.25) builds an expression without parentheses (``allow_parentheses:
+    false``) by folding its terms left to right, so with ``*`` or ``/`` among the operators the
+    stored answer ignores operator precedence: ``17 - 30 + 78 * 0`` is given the answer 0, not -13
+    (208 of 600 rows with 3-4 terms of ``+ - *``). Every row whose expression has no ``/`` (floor
+    division there) is recomputed with the exact calculator; a disagreement raises.
+
+    Raises:
+        ValueError: naming how many rows disagree, the first one and the options that avoid it.
+    """
+    from grpokit.envs.calculator import calculate
+
+    wrong = []
+    for i, row in enumerate(rows):
+        expression = str(row["rg_entry"].get("metadata", {}).get("expression", ""))
+        if not expression or "/" in expression:
+            continue
+        if calculate(expression) != row["answer"]:
+            wrong.append((i, expression))
+    if wrong:
+        i, expression = wrong[0]
+        raise ValueError(
+            f"reasoning_gym:basic_arithmetic: {len(wrong)} of {len(rows)} answers are not the value of "
+            f"their expression (row {i}: {expression} = {calculate(expression)}, the dataset says "
+            f"{rows[i]['answer']}); reasoning_gym computes an expression without parentheses left to "
+            f"right, ignoring operator precedence (options {options}); set allow_parentheses: true "
+            "(its answers follow precedence) or use only the + and - operators"
+        )
 
 
 @cache

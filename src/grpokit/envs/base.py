@@ -8,7 +8,8 @@ answers with an :class:`Observation`: text appended to the transcript as context
 to but never trains on, or ``done`` (the row's transcript ends there).
 
 Built-ins (:data:`ENVIRONMENTS`): ``tools`` (:mod:`grpokit.envs.tools`: calculator, Python, users'
-own ``module:function`` tools). A user's own environment is named ``module:Class`` (or
+own ``module:function`` tools) and ``feedback`` (:mod:`grpokit.envs.feedback`: a wrong answer is
+told so and gets another turn). A user's own environment is named ``module:Class`` (or
 ``path/to/file.py:Class``) and built with the recipe's ``rollout.env_options`` as keyword arguments.
 Imports only the standard library.
 """
@@ -61,7 +62,7 @@ class Environment(Protocol):
 
 
 #: ``rollout.env`` name -> ``module:Class``; imported when chosen
-ENVIRONMENTS = {"tools": "grpokit.envs.tools:ToolEnv"}
+ENVIRONMENTS = {"tools": "grpokit.envs.tools:ToolEnv", "feedback": "grpokit.envs.feedback:FeedbackEnv"}
 
 
 def load_env(name: str, options: Mapping[str, Any] | None = None) -> Environment:

@@ -8,10 +8,23 @@ Tools (``rollout.env_options.tools``, a list; default ``[calculator]``):
 - ``python`` (tag ``python``): the code run in a separate, limited process, sandboxed where the
   machine allows (:mod:`grpokit.envs.python_tool`; its limits: ``rollout.env_options.python``);
 - ``module:function`` or ``path/to/file.py:function``: a user's ``str -> str`` function, tag = the
-  function's name. It runs in a thread with ``timeout_s``; an exception, a non-string result or a
-  timeout becomes an ``error: ...`` result the model reads, counted in ``tool_errors`` /
-  ``tool_timeouts``, never an exception of the rollout. (A timed-out call's thread cannot be
-  stopped in Python: it runs on in the background, so a user's tool should bound its own work.)
+  function's name. As a reward function is (:mod:`grpokit.rewards.guard`), it runs with
+  ``timeout_s`` in a worker process forked at its first call (``isolation: process``, the default;
+  killed at the limit, a fresh one forked for the next call) or in a thread (``isolation:
+  thread``: a timed-out call cannot be stopped there and runs on in the background; for a tool
+  that must share the trainer's live state). An exception, a non-string result, a timeout or a
+  worker that dies becomes an ``error: ...`` result the model reads, counted in ``tool_errors`` /
+  ``tool_timeouts``, never an exception of the rollout.
+
+Call formats (``rollout.env_options.call_format``):
+
+- ``tags`` (the default): ``<calc>12*7+3</calc>``, one tag per tool; the result is appended as
+  ``result_template`` (default ``<result>{output}</result>``);
+- ``equals``: for a model that writes ``expression = number`` (a word-problem warm-up does), one
+  tool (the calculator): the rollout pauses at each ``=``, the tool runs on the arithmetic just
+  before it (the longest run of digits, spaces, ``. , + - * / × ÷ ^ ( ) %`` ending at the ``=``)
+  and its output is appended as ``result_template`` (default `` {output}``), so ``7 + 2 =`` reads
+  ``7 + 2 = 9``. An ``=`` with no digit before it appends nothing (no call; the model goes on).
 
 Results longer than ``max_output_chars`` are cut (``… [cut at N characters]``). A turn that ends
 without a call (an EOS, or no closing tag) ends the episode. A closing tag without its opening
@@ -21,6 +34,7 @@ tag in the turn gets an ``error:`` result.
 from __future__ import annotations
 
 import functools
+import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -28,7 +42,13 @@ from typing import Any
 from grpokit.envs.base import Observation
 from grpokit.envs.calculator import calculate
 
-__all__ = ["BUILTIN_TOOLS", "ToolEnv"]
+__all__ = ["BUILTIN_TOOLS", "CALL_FORMATS", "ToolEnv"]
+
+#: ``call_format`` -> the default ``result_template``
+CALL_FORMATS: dict[str, str] = {"tags": "<result>{output}</result>", "equals": " {output}"}
+
+#: the arithmetic a call in the ``equals`` format ends with (before its ``=``)
+_TRAILING_ARITHMETIC = re.compile(r"[0-9\s.,+\-*/×÷^()%]*$")
 
 #: built-in tool name -> tag
 BUILTIN_TOOLS: dict[str, str] = {"calculator": "calc", "python": "python"}
@@ -70,24 +90,38 @@ class ToolEnv:
     Args:
         tools: tool names (built-ins or ``module:function``).
         python: the ``python`` tool's limits (:class:`grpokit.envs.python_tool.PythonLimits` fields).
-        result_template: the text appended after a call; ``{output}`` is the tool's output.
+        result_template: the text appended after a call; ``{output}`` is the tool's output
+            (default: the call format's, :data:`CALL_FORMATS`).
+        call_format: ``tags`` or ``equals`` (module docstring).
+        isolation: where users' own tools run: ``process`` or ``thread`` (module docstring).
         max_output_chars: the longest output appended (>= 1).
         timeout_s: a user tool's time limit per call, seconds (> 0).
 
     Raises:
         ValueError: no tools, an unknown tool, two tools with one tag, a template without
-            ``{output}``, a limit out of range (each names the ``rollout.env_options`` key).
+            ``{output}``, a limit out of range, an unknown call format or ``equals`` with other than
+            one tool (each names the ``rollout.env_options`` key).
         ImportError: a ``module:function`` tool that cannot be imported.
     """
 
     def __init__(
         self,
         tools: Sequence[str] = ("calculator",),
-        result_template: str = "<result>{output}</result>",
+        result_template: str | None = None,
         max_output_chars: int = 1000,
         timeout_s: float = 10.0,
         python: Mapping[str, Any] | None = None,
+        call_format: str = "tags",
+        isolation: str = "process",
     ):
+        if isolation not in ("process", "thread"):
+            raise ValueError(f"rollout.env_options.isolation: process or thread, got {isolation!r}")
+        self.isolation = isolation
+        self._workers: dict[int, Any] = {}  # id(user tool) -> its worker process
+        if call_format not in CALL_FORMATS:
+            raise ValueError(f"rollout.env_options.call_format: one of {', '.join(CALL_FORMATS)}, got {call_format!r}")
+        if result_template is None:
+            result_template = CALL_FORMATS[call_format]
         if isinstance(tools, str) or not tools:
             raise ValueError(f"rollout.env_options.tools: a list of tool names, got {tools!r}")
         self.tools: dict[str, Callable[[str], Any]] = {}
@@ -117,7 +151,16 @@ class ToolEnv:
                 f"{max_output_chars}, {timeout_s}"
             )
         self.result_template, self.max_output_chars, self.timeout_s = result_template, max_output_chars, timeout_s
-        self.stop_strings = [f"</{tag}>" for tag in self.tools]
+        self.call_format = call_format
+        if call_format == "equals":
+            if len(self.tools) != 1:
+                raise ValueError(
+                    f"rollout.env_options.call_format: equals takes one tool, got {len(self.tools)}: "
+                    f"{', '.join(map(str, tools))}"
+                )
+            self.stop_strings = ["="]
+        else:
+            self.stop_strings = [f"</{tag}>" for tag in self.tools]
 
     def start(self, row: Mapping[str, Any]) -> _ToolEpisode:
         """A new episode (tools see only the call's text, not the row)."""
@@ -138,6 +181,8 @@ class ToolEnv:
         return out, counts
 
     def _guarded(self, fn: Callable[[str], Any], text: str, counts: dict[str, int]) -> str:
+        if self.isolation == "process":
+            return self._in_process(fn, text, counts)
         box: dict[str, Any] = {}
 
         def call() -> None:
@@ -160,6 +205,29 @@ class ToolEnv:
             return f"error: the tool returned {type(out).__name__}, not text"
         return out
 
+    def _in_process(self, fn: Callable[[str], Any], text: str, counts: dict[str, int]) -> str:
+        from grpokit.rewards.guard import RewardTimeout, Worker
+
+        worker = self._workers.get(id(fn))
+        if worker is None:
+            worker = self._workers[id(fn)] = Worker(fn, what="tool")
+        try:
+            out = worker.call(self.timeout_s, (text,), {})
+        except RewardTimeout:
+            counts["tool_timeouts"] = 1
+            return f"error: the tool timed out after {self.timeout_s:g} s"
+        except Exception as e:  # noqa: BLE001 - a user tool's fault is the model's observation
+            return f"error: the tool raised {type(e).__name__}: {e}"
+        if not isinstance(out, str):
+            return f"error: the tool returned {type(out).__name__}, not text"
+        return out
+
+    def close(self) -> None:
+        """End the users' tools' worker processes (they also end with this process)."""
+        for worker in self._workers.values():
+            worker.close()
+        self._workers.clear()
+
 
 class _ToolEpisode:
     def __init__(self, env: ToolEnv):
@@ -168,6 +236,8 @@ class _ToolEpisode:
     def step(self, turn: str, *, ended_by_eos: bool) -> Observation:
         if ended_by_eos:
             return Observation(done=True)
+        if self.env.call_format == "equals":
+            return self._equals(turn)
         ends = [(turn.rfind(stop), tag) for tag, stop in zip(self.env.tools, self.env.stop_strings)]
         at, tag = max(ends)
         if at < 0:  # the turn stopped without a call: the token limit
@@ -178,4 +248,16 @@ class _ToolEpisode:
             out, counts = f"error: </{tag}> without {opening}", {"tool_calls": 1, "tool_errors": 1}
         else:
             out, counts = self.env.run(tag, turn[start + len(opening) : at])
+        return Observation(text=self.env.result_template.format(output=out), counts=counts)
+
+    def _equals(self, turn: str) -> Observation:
+        at = turn.rfind("=")
+        if at < 0:  # the turn stopped without a call: the token limit
+            return Observation(done=True)
+        match = _TRAILING_ARITHMETIC.search(turn, 0, at)
+        expression = match.group(0).strip() if match else ""
+        if not any(c.isdigit() for c in expression):
+            return Observation(text=None)  # "x =", "==": no call, the model goes on
+        (tag,) = self.env.tools
+        out, counts = self.env.run(tag, expression)
         return Observation(text=self.env.result_template.format(output=out), counts=counts)

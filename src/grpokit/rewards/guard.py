@@ -51,7 +51,7 @@ class RewardTimeout(TimeoutError):
     """A reward call ran past its limit (its worker was killed, or its thread abandoned)."""
 
 
-def _serve(conn, trainer_end, trainer_pid: int, fn: RewardCall) -> None:
+def _serve(conn, trainer_end, trainer_pid: int, fn: Any) -> None:
     """The worker's loop: for each ``(op, args, kwargs)`` received, call ``fn(*args, **kwargs)``
     (op ``"call"``) or ``fn.rows(*args, **kwargs)`` (op ``"rows"``); send back ``("ok", result)`` or
     ``("error", exception)``; stop at EOF, ``None``, or when the trainer is gone (it may have been
@@ -125,11 +125,26 @@ def _portable(e: BaseException) -> BaseException:
     return out
 
 
-class _Worker:
-    """One forked worker process running one function; restarted after a kill or a crash."""
+class Worker:
+    """One forked worker process running one function; restarted after a kill or a crash.
 
-    def __init__(self, fn: RewardCall):
-        self.fn = fn
+    ``call(timeout_s, args, kwargs)`` runs ``fn(*args, **kwargs)`` in the worker (module docstring:
+    forked at the first call, kept for the next; the function is not pickled) and returns its
+    result or raises its exception.
+
+    Args:
+        fn: the function (a :class:`~grpokit.rewards.calling.RewardCall` for op ``"rows"``).
+        what: how messages name the worker's function (``reward``; ``tool`` for
+            :mod:`grpokit.envs.tools`).
+
+    Raises (from ``call``):
+        RewardTimeout: no result within ``timeout_s`` (the worker is killed; the next call forks
+            a fresh one).
+        RuntimeError: the worker process died during the call.
+    """
+
+    def __init__(self, fn: Callable[..., Any], what: str = "reward"):
+        self.fn, self.what = fn, what
         self.proc: BaseProcess | None = None
         self.conn: Connection | None = None
 
@@ -139,7 +154,10 @@ class _Worker:
         with warnings.catch_warnings():  # Python >= 3.12 warns on any fork of a threaded process;
             warnings.simplefilter("ignore", DeprecationWarning)  # the child runs one function only
             self.proc = ctx.Process(
-                target=_serve, args=(child, parent, os.getpid(), self.fn), daemon=True, name="grpokit-reward-worker"
+                target=_serve,
+                args=(child, parent, os.getpid(), self.fn),
+                daemon=True,
+                name=f"grpokit-{self.what}-worker",
             )
             self.proc.start()
         child.close()
@@ -157,7 +175,7 @@ class _Worker:
         except (BrokenPipeError, OSError) as e:
             code = self._exitcode()
             self.close()
-            raise RuntimeError(f"the reward worker process exited (code {code})") from e
+            raise RuntimeError(f"the {self.what} worker process exited (code {code})") from e
         if not ready:
             self.close()
             raise RewardTimeout(f"timed out after {timeout_s:g} s")
@@ -166,7 +184,7 @@ class _Worker:
         except (EOFError, OSError):
             code = self._exitcode()
             self.close()
-            raise RuntimeError(f"the reward worker process exited (code {code}) during the call") from None
+            raise RuntimeError(f"the {self.what} worker process exited (code {code}) during the call") from None
         if status == "ok":
             return payload
         raise payload
@@ -271,7 +289,7 @@ class GuardedReward:
         self.isolation, self.find_row, self.extra_keywords = isolation, find_row, tuple(extra_keywords)
         self.failures = 0
         self.caller = RewardCall(fn, name)
-        self._worker = _Worker(self.caller) if isolation == "process" else None
+        self._worker = Worker(self.caller) if isolation == "process" else None
         if self._worker is not None:
             # forked now, while the trainer is small: a fork shares the parent's pages copy-on-write,
             # and a worker forked after the models load would keep a copy of every page the
