@@ -151,3 +151,47 @@ def test_bad_ppo_keys(tiny_model_dir, tmp_path, key, value, message):
 
     with pytest.raises(RecipeError, match=message):
         tiny_recipe(tiny_model_dir, tmp_path, algo={"estimator": "ppo", key: value})
+
+
+def test_ppo_with_an_environment_reads_its_tokens_and_skips_them_in_gae(tiny_model_dir, tmp_path):
+    """A multi-turn row under PPO: the critic attends to the environment's tokens (each model
+    token's value equals a forward over the row as one plain sequence), they get no value and no
+    advantage, and GAE steps from a turn's last token to the next turn's first (a slow loop over
+    the model's tokens alone); two steps train both models."""
+    from fake_envs import OBS  # noqa: F401 - the environment of the recipe below
+
+    env = {"env": "fake_envs:StopAtE", "max_turns": 3, "max_new_tokens": 6}
+    recipe = tiny_recipe(tiny_model_dir, tmp_path / "a", rollout=env, **sections(algo={"lam": 0.9, "gamma": 0.95}))
+    run = grpokit.trainer.build.build_run(recipe)
+    critic = run.algorithm.critic
+    torch.nn.init.normal_(critic.head.weight, std=0.5, generator=torch.Generator().manual_seed(1))
+    exp = sample_and_score(run, 1, 2).experience
+    assert exp.attention_mask is not None
+    env_tok = exp.attention_mask & ~exp.completion_mask
+    assert int(env_tok.sum()) > 0
+    values = run.algorithm.values(exp)
+    r = max(range(len(exp)), key=lambda i: int(env_tok[i].sum()))  # a row with environment tokens
+    keep_p, keep_c = exp.prompt_mask[r], exp.attention_mask[r]
+    seq = torch.cat([exp.prompt_ids[r][keep_p], exp.completion_ids[r][keep_c]])[None]
+    with torch.no_grad():
+        h = critic.backbone(input_ids=seq).last_hidden_state[0]
+        v_plain = critic.head(h).squeeze(-1)
+    p = int(keep_p.sum())
+    pos = torch.nonzero(keep_c).squeeze(1)  # completion column -> its index among attended tokens
+    model_cols = [int(c) for c in pos if exp.completion_mask[r, c]]
+    want = torch.stack([v_plain[p - 1 + int((pos == c).nonzero())] for c in model_cols])
+    torch.testing.assert_close(values[r, model_cols], want.float(), atol=1e-4, rtol=0)
+    assert bool((values[env_tok] == 0).all())
+
+    rewards = algo.token_rewards(exp.rewards, exp.completion_mask)
+    adv, _ = algo.gae_advantages(rewards, values.double(), exp.completion_mask, gamma=0.95, lam=0.9)
+    ref, nxt_v, nxt_a = {}, 0.0, 0.0  # the slow loop over row r's model tokens, last to first
+    for c in reversed(model_cols):
+        a = float(rewards[r, c]) + 0.95 * nxt_v - float(values[r, c]) + 0.95 * 0.9 * nxt_a
+        ref[c], nxt_v, nxt_a = a, float(values[r, c]), a
+    torch.testing.assert_close(adv[r, model_cols], torch.tensor([ref[c] for c in model_cols], dtype=adv.dtype))
+    assert bool((adv[env_tok] == 0).all())
+
+    train(tiny_recipe(tiny_model_dir, tmp_path / "b", rollout=env, **sections()), progress=False)
+    lines = read_metrics(tmp_path / "b" / "metrics.jsonl")
+    assert len(lines) == 2 and all(math.isfinite(m["value_loss"]) and m["env/turns"] > 1 for m in lines)

@@ -31,6 +31,8 @@ def test_a_wrong_answer_is_told_to_retry_and_a_later_right_one_ends_it():
     assert first.counts == {"first_correct": 0, "wrong_answers": 1}
     second = ep.step("Sorry: 12.", ended_by_eos=True)  # the turn alone is judged, not the transcript
     assert second.done and second.counts == {"first_correct": 0}
+    as_user = FeedbackEnv(role="user").start(ROW).step("13", ended_by_eos=True)
+    assert (as_user.text, as_user.role) == ("That is not right, try again.", "user")
     third_try = env.start(ROW)
     third_try.step("11", ended_by_eos=True)
     assert third_try.step("still 13", ended_by_eos=True).counts == {"first_correct": 0, "wrong_answers": 1}
@@ -60,6 +62,8 @@ def test_a_judge_that_raises_or_gives_no_score_ends_the_episode_counted(tmp_path
 def test_bad_options_name_the_option():
     with pytest.raises(ValueError, match="rollout.env_options.message"):
         FeedbackEnv(message="")
+    with pytest.raises(ValueError, match="rollout.env_options.role"):
+        FeedbackEnv(role="")
     with pytest.raises(ValueError, match="rollout.env_options.threshold"):
         FeedbackEnv(threshold="high")
     with pytest.raises(ValueError, match="rollout.env_options.reward: unknown reward 'nope'"):

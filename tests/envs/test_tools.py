@@ -120,8 +120,9 @@ def test_a_user_tool_in_its_process_is_killed_at_the_limit_and_a_dead_one_replac
         ({"result_template": "{output} {other}"}, "no other field"),
         ({"max_output_chars": 0}, "max_output_chars must be >= 1"),
         ({"timeout_s": 0}, "timeout_s > 0"),
-        ({"call_format": "xml"}, "call_format: one of tags, equals, got 'xml'"),
+        ({"call_format": "xml"}, "call_format: one of tags, equals, json, got 'xml'"),
         ({"isolation": "vm"}, "isolation: process or thread, got 'vm'"),
+        ({"result_role": " "}, "result_role: a chat role"),
         ({"call_format": "equals", "tools": ["calculator", "python"]}, "equals takes one tool, got 2"),
     ],
 )
@@ -152,6 +153,45 @@ def test_the_equals_format_calls_the_calculator_on_what_precedes_the_sign(turn, 
     assert env.start({}).step("7 + 2 = 9", ended_by_eos=True).done  # an EOS ends the row
     bracketed = ToolEnv(call_format="equals", result_template="[{output}]")
     assert bracketed.start({}).step("1+1=", ended_by_eos=False).text == "[2]"
+
+
+@pytest.mark.parametrize(
+    "turn, text, errors",
+    [
+        ('<tool_call>{"name": "calculator", "arguments": {"expression": "12*7+3"}}</tool_call>', "87", 0),
+        ('Let me compute. <tool_call>\n{"name": "calc", "arguments": "2^10"}\n</tool_call>', "1024", 0),
+        ('<tool_call>{"name": "shout", "arguments": {"text": "hi"}}</tool_call>', "HI", 0),
+        (
+            '<tool_call>{"name": "calculator", "arguments": {"expression": "1/0"}}</tool_call>',
+            "error: division by zero",
+            1,
+        ),
+        ("<tool_call>{name: calculator}</tool_call>", "error: the tool call is not JSON (", 1),
+        ("<tool_call>" + "[" * 100_000 + "</tool_call>", "error: the tool call is not JSON (nested too deep)", 1),
+        ('<tool_call>["calculator"]</tool_call>', 'error: a tool call is {"name": ..., "arguments": ...}', 1),
+        (
+            '<tool_call>{"name": "abacus", "arguments": "1"}</tool_call>',
+            "error: no tool named 'abacus'; tools: calc,",
+            1,
+        ),
+        ('<tool_call>{"name": "calculator", "arguments": {"a": "1", "b": "2"}}</tool_call>', "error: the arguments", 1),
+        ('{"name": "calculator"}</tool_call>', "error: </tool_call> without <tool_call>", 1),
+    ],
+)
+def test_the_json_format_reads_chat_template_tool_calls(turn, text, errors):
+    env = ToolEnv(tools=["calculator", f"{__name__}:shout"], call_format="json", result_role="tool", isolation="thread")
+    assert env.stop_strings == ["</tool_call>"]
+    obs = env.start({}).step(turn, ended_by_eos=False)
+    assert obs.role == "tool" and not obs.done and obs.text.startswith(text)
+    assert obs.counts["tool_calls"] == 1 and obs.counts["tool_errors"] == errors
+    assert env.start({}).step("no call, the token limit", ended_by_eos=False).done
+
+
+def test_a_result_role_keeps_the_template_bare_unless_given():
+    assert step(ToolEnv(result_role="tool"), "<calc>2+2</calc>").text == "4"
+    obs = step(ToolEnv(result_role="tool", result_template="<result>{output}</result>"), "<calc>2+2</calc>")
+    assert (obs.text, obs.role) == ("<result>4</result>", "tool")
+    assert step(ToolEnv(), "<calc>2+2</calc>").role is None
 
 
 def test_load_env_names_what_is_wrong():

@@ -27,8 +27,8 @@ OBS = " <r>ok</r> "
 class StubEnv:
     """Stops a turn at "e"; answers OBS (and its turn number) until ``done_after`` turns; ends at an EOS."""
 
-    def __init__(self, stops=("e",), done_after: int = 99):
-        self.stop_strings, self.done_after = list(stops), done_after
+    def __init__(self, stops=("e",), done_after: int = 99, role=None):
+        self.stop_strings, self.done_after, self.role = list(stops), done_after, role
         self.seen: list[tuple[dict, str, bool]] = []
 
     def start(self, row):
@@ -40,7 +40,7 @@ class StubEnv:
                 turns.append(turn)
                 if ended_by_eos or len(turns) >= env.done_after:
                     return Observation(done=True)
-                return Observation(text=OBS, counts={"tool_calls": 1})
+                return Observation(text=OBS, counts={"tool_calls": 1}, role=env.role)
 
         return Episode()
 
@@ -74,10 +74,19 @@ def _multiturn(model, tok, env, params, **kw):
     )
 
 
-def test_a_transcript_holds_the_turns_and_the_environments_tokens(tiny_model, smollm2_tokenizer):
-    env = StubEnv()
-    exp = _multiturn(_model(tiny_model), smollm2_tokenizer, env, SamplingParams(temperature=1.0, max_new_tokens=6))
-    obs_ids = smollm2_tokenizer(OBS, add_special_tokens=False)["input_ids"]
+@pytest.mark.parametrize("role", [None, "tool"])
+def test_a_transcript_holds_the_turns_and_the_environments_tokens(tiny_model, smollm2_tokenizer, role):
+    """As plain text, or (role "tool") as a tool message in the chat template: the model's turn
+    closed, the message, the assistant's generation prompt, tokenized once."""
+    from grpokit.rollout.chat_turns import chat_message_text
+
+    env = StubEnv(role=role)
+    params = SamplingParams(temperature=1.0, max_new_tokens=6)
+    exp = _multiturn(_model(tiny_model), smollm2_tokenizer, env, params, max_total_tokens=18 if role is None else 60)
+    text = OBS if role is None else chat_message_text(smollm2_tokenizer, role, OBS, after_eos=False)
+    obs_ids = smollm2_tokenizer(text, add_special_tokens=False)["input_ids"]
+    if role is not None:
+        assert obs_ids[0] == smollm2_tokenizer.convert_tokens_to_ids("<|im_end|>")
     counts = exp.env_counts
     assert counts is not None and exp.attention_mask is not None
     multi = 0

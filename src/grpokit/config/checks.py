@@ -256,7 +256,6 @@ def _check_env(recipe: Recipe) -> None:
         raise RecipeError("rollout.env: empty; tools, module:Class, or null (one completion per row)")
     not_yet = {
         "rollout.engine=vllm": r.engine == "vllm",
-        "algo.estimator=ppo": a.estimator == "ppo",
     }
     for key, on in not_yet.items():
         if on:

@@ -30,11 +30,15 @@ class Observation:
     ``text``: appended to the transcript after the turn (tokenized once, never trained on); None or
     "" appends nothing. ``done``: the row's transcript ends after this turn (``text`` is then not
     appended). ``counts``: per-row event counts summed over the episode and logged as
-    ``env/<name>`` metrics (``tool_calls``, ``tool_errors``, ``tool_timeouts``)."""
+    ``env/<name>`` metrics (``tool_calls``, ``tool_errors``, ``tool_timeouts``). ``role``: None
+    appends ``text`` as it is; a role (``tool``, ``user``) appends it as a message of that role in
+    the tokenizer's chat template, the model's turn closed first
+    (:func:`grpokit.rollout.chat_turns.chat_message_text`)."""
 
     text: str | None = None
     done: bool = False
     counts: dict[str, int] = field(default_factory=dict)
+    role: str | None = None
 
 
 @runtime_checkable

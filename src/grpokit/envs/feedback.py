@@ -8,10 +8,10 @@ the model writes another turn, up to ``rollout.max_turns``. The training reward 
 computed on the whole transcript; rewards that take the last answer in the text (every built-in
 does) therefore score the last answer.
 
-``message`` is appended as it is: for a chat model it can close the model's turn and open a user
-turn in the model's own chat format (``recipes/feedback.yaml`` does), tokenized once without added
-special tokens. A reward that raises, or returns no score (None), ends the episode, counted in
-``check_errors``.
+``message`` is appended as it is (tokenized once, without added special tokens), or with ``role``
+(``user``) as a message of that role in the tokenizer's chat template
+(``Observation.role``; ``recipes/feedback.yaml`` does). A reward that raises, or returns no score
+(None), ends the episode, counted in ``check_errors``.
 
 Counts per row (``env/<name>`` metrics): ``wrong_answers`` (turns judged wrong), ``first_correct`` (the
 first turn was judged right: the first answer's accuracy over the rows of a step).
@@ -37,6 +37,8 @@ class FeedbackEnv:
         reward: the reward function that judges one turn (built-in name or ``module:function``).
         message: appended after a turn judged wrong.
         threshold: a turn whose score is at least this is right.
+        role: None (``message`` as plain text) or the chat role it is appended as (``user``;
+            the message is then stripped of surrounding whitespace).
 
     Raises:
         ValueError: ``message`` empty or not a string, ``threshold`` not a number, an unknown
@@ -46,19 +48,28 @@ class FeedbackEnv:
 
     stop_strings: tuple[str, ...] = ()
 
-    def __init__(self, reward: str = "math_correct", message: str = FEEDBACK_MESSAGE, threshold: float = 1.0):
+    def __init__(
+        self,
+        reward: str = "math_correct",
+        message: str = FEEDBACK_MESSAGE,
+        threshold: float = 1.0,
+        role: str | None = None,
+    ):
         from grpokit.rewards.base import get_reward_function
         from grpokit.rewards.calling import RewardCall
 
         if not isinstance(message, str) or not message:
             raise ValueError(f"rollout.env_options.message: a non-empty text, got {message!r}")
+        if role is not None and (not isinstance(role, str) or not role.strip()):
+            raise ValueError(f"rollout.env_options.role: a chat role such as user, or null; got {role!r}")
         if isinstance(threshold, bool) or not isinstance(threshold, (int, float)):
             raise ValueError(f"rollout.env_options.threshold: a number, got {threshold!r}")
         try:
             fn = get_reward_function(reward)
         except ValueError as e:
             raise ValueError(f"rollout.env_options.reward: {e}") from None
-        self.reward, self.message, self.threshold = reward, message, float(threshold)
+        self.reward, self.threshold, self.role = reward, float(threshold), role
+        self.message = message if role is None else message.strip()
         self._call = RewardCall(fn, reward)
 
     def start(self, row: Mapping[str, Any]) -> _FeedbackEpisode:
@@ -93,4 +104,4 @@ class _FeedbackEpisode:
             return Observation(done=True, counts={**counts, "check_errors": 1})
         if verdict:
             return Observation(done=True, counts=counts)
-        return Observation(text=self.env.message, counts={**counts, "wrong_answers": 1})
+        return Observation(text=self.env.message, counts={**counts, "wrong_answers": 1}, role=self.env.role)

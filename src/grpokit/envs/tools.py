@@ -24,7 +24,15 @@ Call formats (``rollout.env_options.call_format``):
   tool (the calculator): the rollout pauses at each ``=``, the tool runs on the arithmetic just
   before it (the longest run of digits, spaces, ``. , + - * / × ÷ ^ ( ) %`` ending at the ``=``)
   and its output is appended as ``result_template`` (default `` {output}``), so ``7 + 2 =`` reads
-  ``7 + 2 = 9``. An ``=`` with no digit before it appends nothing (no call; the model goes on).
+  ``7 + 2 = 9``. An ``=`` with no digit before it appends nothing (no call; the model goes on);
+- ``json``: the tool-call format of chat templates with tools (Hermes, Qwen2.5):
+  ``<tool_call>{"name": "calculator", "arguments": {"expression": "12*7+3"}}</tool_call>``; the
+  name is a tool's (``calculator``, ``python``, a function's name) or its tag, the arguments one
+  text value (or the text itself); anything else is an ``error:`` result.
+
+``result_role`` (``tool``, ``user``; default None) appends the result as a message of that role in
+the tokenizer's chat template instead of plain text (``Observation.role``; default template then
+``{output}``): ``<|im_end|>\n<|im_start|>tool\n87<|im_end|>\n<|im_start|>assistant\n`` for ChatML.
 
 Results longer than ``max_output_chars`` are cut (``… [cut at N characters]``). A turn that ends
 without a call (an EOS, or no closing tag) ends the episode. A closing tag without its opening
@@ -45,7 +53,7 @@ from grpokit.envs.calculator import calculate
 __all__ = ["BUILTIN_TOOLS", "CALL_FORMATS", "ToolEnv"]
 
 #: ``call_format`` -> the default ``result_template``
-CALL_FORMATS: dict[str, str] = {"tags": "<result>{output}</result>", "equals": " {output}"}
+CALL_FORMATS: dict[str, str] = {"tags": "<result>{output}</result>", "equals": " {output}", "json": "{output}"}
 
 #: the arithmetic a call in the ``equals`` format ends with (before its ``=``)
 _TRAILING_ARITHMETIC = re.compile(r"[0-9\s.,+\-*/×÷^()%]*$")
@@ -94,6 +102,7 @@ class ToolEnv:
             (default: the call format's, :data:`CALL_FORMATS`).
         call_format: ``tags`` or ``equals`` (module docstring).
         isolation: where users' own tools run: ``process`` or ``thread`` (module docstring).
+        result_role: None (plain text) or the chat role the result is appended as (``tool``).
         max_output_chars: the longest output appended (>= 1).
         timeout_s: a user tool's time limit per call, seconds (> 0).
 
@@ -113,45 +122,16 @@ class ToolEnv:
         python: Mapping[str, Any] | None = None,
         call_format: str = "tags",
         isolation: str = "process",
+        result_role: str | None = None,
     ):
-        if isolation not in ("process", "thread"):
-            raise ValueError(f"rollout.env_options.isolation: process or thread, got {isolation!r}")
-        self.isolation = isolation
-        self._workers: dict[int, Any] = {}  # id(user tool) -> its worker process
-        if call_format not in CALL_FORMATS:
-            raise ValueError(f"rollout.env_options.call_format: one of {', '.join(CALL_FORMATS)}, got {call_format!r}")
+        _check_options(call_format, isolation, result_role, max_output_chars, timeout_s)
         if result_template is None:
-            result_template = CALL_FORMATS[call_format]
-        if isinstance(tools, str) or not tools:
-            raise ValueError(f"rollout.env_options.tools: a list of tool names, got {tools!r}")
-        self.tools: dict[str, Callable[[str], Any]] = {}
-        self.builtin: set[str] = set()  # tags of built-ins: bounded, they return (output, counts)
-        for spec in map(str, tools):
-            if spec in BUILTIN_TOOLS:
-                tag, fn = BUILTIN_TOOLS[spec], _builtin(spec, python or {})
-                self.builtin.add(tag)
-            else:
-                tag, fn = _tool(spec)
-            if tag in self.tools:
-                raise ValueError(f"rollout.env_options.tools: two tools with the tag <{tag}>")
-            self.tools[tag] = fn
-        if python is not None and "python" not in self.builtin:
-            raise ValueError("rollout.env_options.python: set, but python is not one of rollout.env_options.tools")
-        try:
-            ok = "\0" in result_template.format(output="\0")
-        except (KeyError, IndexError, ValueError):
-            ok = False
-        if not ok:
-            raise ValueError(
-                f"rollout.env_options.result_template: {result_template!r} must use {{output}} and no other field"
-            )
-        if max_output_chars < 1 or not timeout_s > 0:
-            raise ValueError(
-                f"rollout.env_options: max_output_chars must be >= 1 and timeout_s > 0, got "
-                f"{max_output_chars}, {timeout_s}"
-            )
+            result_template = "{output}" if result_role is not None else CALL_FORMATS[call_format]
+        _check_template(result_template)
+        self.call_format, self.isolation, self.result_role = call_format, isolation, result_role
         self.result_template, self.max_output_chars, self.timeout_s = result_template, max_output_chars, timeout_s
-        self.call_format = call_format
+        self._workers: dict[int, Any] = {}  # id(user tool) -> its worker process
+        self._add_tools(tools, python)
         if call_format == "equals":
             if len(self.tools) != 1:
                 raise ValueError(
@@ -159,8 +139,30 @@ class ToolEnv:
                     f"{', '.join(map(str, tools))}"
                 )
             self.stop_strings = ["="]
+        elif call_format == "json":
+            self.stop_strings = ["</tool_call>"]
         else:
             self.stop_strings = [f"</{tag}>" for tag in self.tools]
+
+    def _add_tools(self, tools: Sequence[str], python: Mapping[str, Any] | None) -> None:
+        if isinstance(tools, str) or not tools:
+            raise ValueError(f"rollout.env_options.tools: a list of tool names, got {tools!r}")
+        self.tools: dict[str, Callable[[str], Any]] = {}
+        self.builtin: set[str] = set()  # tags of built-ins: bounded, they return (output, counts)
+        self.names: dict[str, str] = {}  # a tool's name or tag -> its tag (the json call format)
+        for spec in map(str, tools):
+            if spec in BUILTIN_TOOLS:
+                tag, fn = BUILTIN_TOOLS[spec], _builtin(spec, python or {})
+                self.builtin.add(tag)
+                self.names[spec] = tag
+            else:
+                tag, fn = _tool(spec)
+            self.names[tag] = tag
+            if tag in self.tools:
+                raise ValueError(f"rollout.env_options.tools: two tools with the tag <{tag}>")
+            self.tools[tag] = fn
+        if python is not None and "python" not in self.builtin:
+            raise ValueError("rollout.env_options.python: set, but python is not one of rollout.env_options.tools")
 
     def start(self, row: Mapping[str, Any]) -> _ToolEpisode:
         """A new episode (tools see only the call's text, not the row)."""
@@ -238,6 +240,8 @@ class _ToolEpisode:
             return Observation(done=True)
         if self.env.call_format == "equals":
             return self._equals(turn)
+        if self.env.call_format == "json":
+            return self._json(turn)
         ends = [(turn.rfind(stop), tag) for tag, stop in zip(self.env.tools, self.env.stop_strings)]
         at, tag = max(ends)
         if at < 0:  # the turn stopped without a call: the token limit
@@ -248,7 +252,7 @@ class _ToolEpisode:
             out, counts = f"error: </{tag}> without {opening}", {"tool_calls": 1, "tool_errors": 1}
         else:
             out, counts = self.env.run(tag, turn[start + len(opening) : at])
-        return Observation(text=self.env.result_template.format(output=out), counts=counts)
+        return self._result(out, counts)
 
     def _equals(self, turn: str) -> Observation:
         at = turn.rfind("=")
@@ -260,4 +264,69 @@ class _ToolEpisode:
             return Observation(text=None)  # "x =", "==": no call, the model goes on
         (tag,) = self.env.tools
         out, counts = self.env.run(tag, expression)
-        return Observation(text=self.env.result_template.format(output=out), counts=counts)
+        return self._result(out, counts)
+
+    def _json(self, turn: str) -> Observation:
+        at = turn.rfind("</tool_call>")
+        if at < 0:  # the turn stopped without a call: the token limit
+            return Observation(done=True)
+        start = turn.rfind("<tool_call>", 0, at)
+        if start < 0:
+            return self._result("error: </tool_call> without <tool_call>", {"tool_calls": 1, "tool_errors": 1})
+        tag, text = _json_call(turn[start + len("<tool_call>") : at], self.env.names)
+        if tag is None:
+            return self._result(text, {"tool_calls": 1, "tool_errors": 1})
+        out, counts = self.env.run(tag, text)
+        return self._result(out, counts)
+
+    def _result(self, out: str, counts: dict[str, int]) -> Observation:
+        return Observation(text=self.env.result_template.format(output=out), counts=counts, role=self.env.result_role)
+
+
+def _check_options(
+    call_format: str, isolation: str, result_role: str | None, max_output_chars: int, timeout_s: float
+) -> None:
+    if call_format not in CALL_FORMATS:
+        raise ValueError(f"rollout.env_options.call_format: one of {', '.join(CALL_FORMATS)}, got {call_format!r}")
+    if isolation not in ("process", "thread"):
+        raise ValueError(f"rollout.env_options.isolation: process or thread, got {isolation!r}")
+    if result_role is not None and (not isinstance(result_role, str) or not result_role.strip()):
+        raise ValueError(f"rollout.env_options.result_role: a chat role such as tool, or null; got {result_role!r}")
+    if max_output_chars < 1 or not timeout_s > 0:
+        raise ValueError(
+            f"rollout.env_options: max_output_chars must be >= 1 and timeout_s > 0, got {max_output_chars}, {timeout_s}"
+        )
+
+
+def _check_template(result_template: str) -> None:
+    try:
+        ok = "\0" in result_template.format(output="\0")
+    except (KeyError, IndexError, ValueError):
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"rollout.env_options.result_template: {result_template!r} must use {{output}} and no other field"
+        )
+
+
+def _json_call(body: str, names: Mapping[str, str]) -> tuple[str | None, str]:
+    """``(tag, input)`` of a JSON tool call ``{"name": ..., "arguments": ...}``, or ``(None, error)``."""
+    import json
+
+    try:
+        call = json.loads(body)
+    except json.JSONDecodeError as e:
+        return None, f"error: the tool call is not JSON ({e.msg} at character {e.pos})"
+    except (ValueError, RecursionError):  # nested too deep for the parser
+        return None, "error: the tool call is not JSON (nested too deep)"
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+        return None, 'error: a tool call is {"name": ..., "arguments": ...}'
+    tag = names.get(call["name"])
+    if tag is None:
+        return None, f"error: no tool named {call['name']!r}; tools: {', '.join(sorted(names))}"
+    args = call.get("arguments", "")
+    if isinstance(args, str):
+        return tag, args
+    if isinstance(args, dict) and len(args) == 1 and isinstance(next(iter(args.values())), str):
+        return tag, next(iter(args.values()))
+    return None, 'error: the arguments must be one text value, such as {"expression": "2+2"}'

@@ -12,8 +12,9 @@ turn ``k = 0, 1, …`` (at most ``max_turns``):
 2. the turn's tokens are kept as sampled, up to and including the EOS or the token that completes
    the stop string (tokens a row drew after that are dropped);
 3. a turn that ended at an EOS or a stop string goes to the row's episode
-   (:meth:`grpokit.envs.Episode.step`); its observation text is tokenized once (no special tokens
-   added) and appended, unless the episode is done, ``max_turns`` are used, or it would not fit the
+   (:meth:`grpokit.envs.Episode.step`); its observation text (with ``Observation.role``, first
+   rendered as a chat message by :mod:`grpokit.rollout.chat_turns`) is tokenized once (no special
+   tokens added) and appended, unless the episode is done, ``max_turns`` are used, or it would not fit the
    budget with one more model token. A turn cut by a token limit ends the row (``truncated``).
 
 Seeding (inverse-CDF sampler): turn ``k`` of row ``(b, g)`` draws from
@@ -240,7 +241,12 @@ def _after_turn(
     if turn + 1 >= max_turns:  # no turn left to answer the observation
         t.done, t.truncated = True, how != "eos"
         return
-    env_ids = tokenizer(obs.text or "", add_special_tokens=False)["input_ids"]
+    text = obs.text or ""
+    if obs.role is not None and text:
+        from grpokit.rollout.chat_turns import chat_message_text
+
+        text = chat_message_text(tokenizer, obs.role, text, after_eos=how == "eos")
+    env_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     if len(t.ids) + len(env_ids) + 1 > budget:
         t.done, t.truncated = True, True
         t.count({"budget_cut": 1})
