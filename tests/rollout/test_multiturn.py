@@ -258,3 +258,28 @@ def test_the_docs_feedback_environment_gives_another_turn_after_an_eos(tiny_mode
         else:  # cut by the token limit: no feedback
             assert len(turns) == 1 and bool(exp.truncated[r])
     assert int(exp.env_counts["retries"].sum()) >= 2
+
+
+def test_later_turns_share_each_prompts_pass_between_its_rows(tiny_model, smollm2_tokenizer, monkeypatch):
+    """The cpu backend runs each distinct prompt once per turn: at a later turn the rows are
+    [prompt block ; transcript block] and the prefill is over the prompt block alone."""
+    import grpokit.backends.cpu.generation as gen
+
+    seen = []
+    real = gen.distinct_rows
+
+    def spy(ids, mask):
+        first, inverse = real(ids, mask)
+        seen.append((ids.shape, len(first)))
+        return first, inverse
+
+    monkeypatch.setattr(gen, "distinct_rows", spy)
+    exp = _multiturn(
+        _model(tiny_model, "cpu"), smollm2_tokenizer, StubEnv(), SamplingParams(temperature=1.0, max_new_tokens=6)
+    )
+    widths = {int(exp.prompt_mask[r].sum()) for r in range(len(exp))}
+    assert len(seen) >= 2  # turn 0 and at least one later turn
+    (n0, cols0), u0 = seen[0]
+    assert (n0, u0) == (len(PROMPTS) * G, len(PROMPTS)) and cols0 == max(widths) - 1  # turn 0: all but the last column
+    for (n, cols), u in seen[1:]:  # later turns: the prompt block only, one pass per distinct prompt
+        assert cols == max(widths) and u <= len(PROMPTS) < n

@@ -164,11 +164,20 @@ class Backend:
         return contextlib.nullcontext(0)
 
     def prefill(
-        self, model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, *, share: bool, static: bool, max_len: int
+        self,
+        model: torch.nn.Module,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        *,
+        share: bool,
+        static: bool,
+        max_len: int,
+        prefix: int | None = None,
     ) -> dict[str, Any]:
         """Extra keyword arguments for ``model.generate`` on the prompt rows ``ids`` ``(n, P)``:
         a KV cache prefilled or preallocated by the backend, or nothing (``generate`` builds its
-        own). Plain: nothing."""
+        own). ``prefix``: the leading columns rows may share (a multi-turn row's prompt, before its
+        transcript); None = all but the last. Plain: nothing."""
         return {}
 
 

@@ -288,11 +288,13 @@ def _generate_chunks(
     sampler_dtype: torch.dtype | None,
     packed_weights: bool,
     stopping: Callable[[int], Any] | None = None,
+    prefix: int | None = None,
 ) -> list[torch.Tensor]:
     """The new tokens of ``generate`` over consecutive chunks of ``rows`` rows: ``(n, T_chunk)`` each,
     under the model's backend (its prefill and generation context), a fresh sampler per chunk
     holding the chunk's rows of ``uniforms``. ``stopping``: ``(prompt width) -> StoppingCriteria``
-    ending a row early (a multi-turn rollout's stop strings), or None."""
+    ending a row early (a multi-turn rollout's stop strings), or None. ``prefix``: the leading
+    columns the backend's prefill may share between rows (``Backend.prefill``)."""
     from transformers import LogitsProcessorList, StoppingCriteriaList
 
     N, P = prompt_ids.shape
@@ -305,7 +307,13 @@ def _generate_chunks(
                 ids = prompt_ids[start : start + rows]
                 mask = prompt_mask[start : start + rows]
                 extra = backend.prefill(
-                    sampler, ids, mask, share=share_prompt, static=static_cache, max_len=P + params.max_new_tokens
+                    sampler,
+                    ids,
+                    mask,
+                    share=share_prompt,
+                    static=static_cache,
+                    max_len=P + params.max_new_tokens,
+                    prefix=prefix,
                 )
                 # a fresh sampler per generate call (it counts its calls: decode steps), with its rows' uniforms
                 processors = sampling_processors(params, None if uniforms is None else uniforms[start : start + rows])

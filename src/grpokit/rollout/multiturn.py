@@ -78,6 +78,24 @@ class RowTranscript:
             self.counts[k] = self.counts.get(k, 0) + int(v)
 
 
+def _turn_inputs(
+    prompts: list[list[int]], transcripts: list[list[int]], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor, int | None]:
+    """``(ids, mask, prefix)`` of a turn's rows. Turn 0 (no transcript yet): the prompts left-padded,
+    prefix None. Later turns: ``[prompt block ; transcript block]``, each left-padded on its own
+    (padding between a short prompt... and a short transcript), prefix = the prompt block's width,
+    so a backend that shares prompts (the cpu backend) runs each distinct prompt once per turn and
+    only the transcripts per row. Padding is masked out and position ids count real tokens, so the
+    model sees each row as ``prompt + transcript``."""
+    from grpokit.rollout.hf import left_padded
+
+    p_ids, p_mask = left_padded(prompts, pad_id)
+    if not any(transcripts):
+        return p_ids, p_mask, None
+    t_ids, t_mask = left_padded(transcripts, pad_id)
+    return torch.cat([p_ids, t_ids], 1), torch.cat([p_mask, t_mask], 1), p_ids.shape[1]
+
+
 class _StopAtText:
     """A ``StoppingCriteria``: True for the rows whose new tokens (after ``width`` columns) end in
     text holding one of ``stops`` (decoded from the last ``tail`` tokens)."""
@@ -180,7 +198,8 @@ def generate_multiturn(
             break
         limits = {r: min(params.max_new_tokens, budget - len(rows_t[r].ids)) for r in active}
         turn_params = replace(params, max_new_tokens=max(limits.values()))
-        ids, mask = hf.left_padded([prompt_lists[r // G] + rows_t[r].ids for r in active], pad_id)
+        prompts_k, transcripts_k = [prompt_lists[r // G] for r in active], [rows_t[r].ids for r in active]
+        ids, mask, prefix = _turn_inputs(prompts_k, transcripts_k, pad_id)
         uniforms = None
         if seed is not None and turn_params.temperature > 0 and turn_params.sampler == "inverse_cdf":
             from grpokit.rollout.sampling import row_uniforms
@@ -204,6 +223,7 @@ def generate_multiturn(
             sampler_dtype=sampler_dtype,
             packed_weights=packed_weights,
             stopping=stopping,
+            prefix=prefix,
         )
         new_rows = [row for c in chunks for row in c.tolist()]
         for r, new in zip(active, new_rows):

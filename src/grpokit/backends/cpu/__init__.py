@@ -104,12 +104,20 @@ class CpuBackend(Backend):
         return packed_linear_weights(model, rows)
 
     def prefill(
-        self, model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, *, share: bool, static: bool, max_len: int
+        self,
+        model: torch.nn.Module,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        *,
+        share: bool,
+        static: bool,
+        max_len: int,
+        prefix: int | None = None,
     ) -> dict[str, Any]:
         """The shared and/or static prompt-prefix cache (:func:`.generation.prefix_cache`), under the
         keyword ``model.forward`` takes it by; nothing where it does not apply."""
         from grpokit.backends.cpu.generation import prefix_cache
         from grpokit.backends.cpu.shared_prompt import cache_kwarg
 
-        cache = prefix_cache(model, ids, mask, share=share, static=static, max_len=max_len)
+        cache = prefix_cache(model, ids, mask, share=share, static=static, max_len=max_len, prefix=prefix)
         return {} if cache is None else {cache_kwarg(model.forward): cache}

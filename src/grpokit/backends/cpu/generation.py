@@ -22,21 +22,34 @@ from grpokit.backends.base import distinct_rows
 from grpokit.backends.cpu.shared_prompt import cache_kwarg, dynamic_prefix_cache
 
 
-def prefix_cache(model: Any, ids: torch.Tensor, mask: torch.Tensor, *, share: bool, static: bool, max_len: int) -> Any:
+def prefix_cache(
+    model: Any,
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    share: bool,
+    static: bool,
+    max_len: int,
+    prefix: int | None = None,
+) -> Any:
     """The KV cache to hand ``generate`` for the prompt rows ``ids`` ``(n, P)``, or None (then
     ``generate`` prefills all rows into its default ``DynamicCache``).
 
-    ``share``: the first ``P-1`` columns run once per distinct prompt, then are repeated to the
-    rows. ``static``: the cache is a ``StaticCache`` of ``max_len`` positions (the shared prefix,
-    if any, copied into it). Models whose layers are not plain growing KV layers get None.
+    ``share``: the first ``C`` columns (``prefix``, at most ``P-1``; default ``P-1``) run once per
+    distinct such prefix, then are repeated to the rows; ``generate`` runs the rest. A multi-turn
+    rollout passes its rows as ``[prompt ; transcript]`` with ``prefix`` = the prompt's width, so
+    the G rows of a group share their prompt's pass at every turn. ``static``: the cache is a
+    ``StaticCache`` of ``max_len`` positions (the shared prefix, if any, copied into it). Models
+    whose layers are not plain growing KV layers get None.
     """
     from transformers import StaticCache
     from transformers.cache_utils import StaticLayer
 
     n, p = ids.shape
+    cols = p - 1 if prefix is None else min(int(prefix), p - 1)
     if dynamic_prefix_cache(model) is None:  # sliding-window / recurrent layers: leave it to generate
         return None
-    first, inverse = distinct_rows(ids, mask) if share and p > 1 else (torch.arange(n), None)
+    first, inverse = distinct_rows(ids[:, :cols], mask[:, :cols]) if share and cols > 0 else (torch.arange(n), None)
     shared = inverse is not None and len(first) < n
     if not shared and not static:
         return None
@@ -46,20 +59,20 @@ def prefix_cache(model: Any, ids: torch.Tensor, mask: torch.Tensor, *, share: bo
             return None
         if not shared:
             return out  # generate prefills it like any cache
-    prefix = dynamic_prefix_cache(model)
-    attn = mask[first, : p - 1].long()
+    prefix_kv = dynamic_prefix_cache(model)
+    attn = mask[first, :cols].long()
     position_ids = (attn.cumsum(1) - 1).clamp(min=0)  # as generate numbers left-padded rows
     model(
-        input_ids=ids[first, : p - 1],
+        input_ids=ids[first, :cols],
         attention_mask=attn,
         position_ids=position_ids,
         use_cache=True,
         logits_to_keep=1,
-        **{cache_kwarg(model.forward): prefix},
-    )  # (U, heads, P-1, d) per layer
+        **{cache_kwarg(model.forward): prefix_kv},
+    )  # (U, heads, C, d) per layer
     if not static:
-        prefix.batch_select_indices(inverse)  # (U, ...) -> (n, ...)
-        return prefix
-    for layer, src in zip(out.layers, prefix.layers):  # each a StaticLayer (checked above)
-        cast(StaticLayer, layer).update(src.keys[inverse], src.values[inverse])  # written in place at positions 0 … P-2
+        prefix_kv.batch_select_indices(inverse)  # (U, ...) -> (n, ...)
+        return prefix_kv
+    for layer, src in zip(out.layers, prefix_kv.layers):  # each a StaticLayer (checked above)
+        cast(StaticLayer, layer).update(src.keys[inverse], src.values[inverse])  # written in place at positions 0 … C-1
     return out
