@@ -45,24 +45,50 @@ long: $(STAMP)
 	$(BIN)/grpokit train recipes/long.yaml
 	$(BIN)/grpokit eval smollm2-135m-instruct --against $(LONG_LAST) --heldout-of recipes/long.yaml --output runs/long/eval_base_vs_last.json
 
-# Tools (docs/tools.md; a pilot, its target not yet measured): the call-format warm-up (the recipe's
-# sft section; skipped when runs/tools-sft exists), then GRPO with the calculator on 3-4 term arithmetic.
+# Tools (docs/tools.md, "Measured"): the call-format warm-up (the recipe's sft section; skipped when
+# runs/tools-sft exists), then per seed GRPO with the calculator from it and GRPO without a tool
+# from the packaged model, the same problems and steps; then the table (scripts/paired_evals.py).
 TOOLS_SFT := runs/tools-sft
+TOOLS_OUT := runs/tools-table
+TOOLS_SEEDS ?= 0 1
+NO_ENV := rollout.env=null 'rollout.env_options={}'
 tools: $(STAMP)
 	test -f $(TOOLS_SFT)/sft_info.json || $(BIN)/grpokit sft recipes/tools.yaml
-	$(BIN)/grpokit train recipes/tools.yaml
+	$(BIN)/grpokit eval $(TOOLS_SFT) --heldout-of recipes/tools.yaml --overwrite --output $(TOOLS_OUT)/warmup_tools.json
+	$(BIN)/grpokit eval $(TOOLS_SFT) --heldout-of recipes/tools.yaml $(NO_ENV) --overwrite --output $(TOOLS_OUT)/warmup_notools.json
+	for s in $(TOOLS_SEEDS); do \
+	  $(BIN)/grpokit train recipes/tools.yaml train.seed=$$s eval.before=false train.output_dir=$(TOOLS_OUT)/tool_s$$s || exit 1; \
+	  $(BIN)/grpokit train recipes/tools.yaml $(NO_ENV) model.name_or_path=smollm2-135m-instruct train.seed=$$s train.output_dir=$(TOOLS_OUT)/notool_s$$s || exit 1; \
+	done
+	$(BIN)/python scripts/paired_evals.py warmup=$(TOOLS_OUT)/warmup_tools.json warmup_no_tool=$(TOOLS_OUT)/warmup_notools.json \
+	  $(foreach s,$(TOOLS_SEEDS),tool_s$(s)=$(TOOLS_OUT)/tool_s$(s)/eval_after.json base_s$(s)=$(TOOLS_OUT)/notool_s$(s)/eval_before.json notool_s$(s)=$(TOOLS_OUT)/notool_s$(s)/eval_after.json) \
+	  $(foreach s,$(TOOLS_SEEDS),--pair tool_s$(s):notool_s$(s) --pair tool_s$(s):warmup --pair notool_s$(s):base_s$(s)) \
+	  --pair warmup:warmup_no_tool --json $(TOOLS_OUT)/table.json
 
 # Word problems with the calculator (docs/tools.md): make long's warm-up (skipped when runs/long-sft
-# exists), then GRPO on MAWPS with the calculator in the "expression =" call format.
+# exists), then per seed GRPO on MAWPS with the calculator in the "expression =" call format.
+MAWPS_OUT := runs/tools-mawps
 tools-mawps: $(STAMP)
 	test -f $(LONG_SFT)/sft_info.json || $(BIN)/grpokit sft recipes/long.yaml
-	$(BIN)/grpokit train recipes/tools_mawps.yaml
+	$(BIN)/grpokit eval $(LONG_SFT) --heldout-of recipes/tools_mawps.yaml $(NO_ENV) --overwrite --output $(MAWPS_OUT)/warmup_notools.json
+	for s in $(TOOLS_SEEDS); do \
+	  $(BIN)/grpokit train recipes/tools_mawps.yaml train.seed=$$s train.output_dir=$(MAWPS_OUT)/s$$s || exit 1; \
+	done
+	$(BIN)/python scripts/paired_evals.py warmup_no_tool=$(MAWPS_OUT)/warmup_notools.json \
+	  $(foreach s,$(TOOLS_SEEDS),before_s$(s)=$(MAWPS_OUT)/s$(s)/eval_before.json after_s$(s)=$(MAWPS_OUT)/s$(s)/eval_after.json) \
+	  $(foreach s,$(TOOLS_SEEDS),--pair after_s$(s):before_s$(s)) --pair before_s0:warmup_no_tool --json $(MAWPS_OUT)/table.json
 
-# The feedback environment on the arithmetic recipe (docs/tools.md): GRPO where a wrong answer gets
-# another try; then the held-out accuracy of the last answer and of the first (one turn).
+# The feedback environment on the arithmetic recipe (docs/tools.md): the packaged model's held-out
+# accuracy of its first answer (one turn) and of its last (3 turns), then GRPO with the feedback
+# environment and the same two evaluations of its last checkpoint.
+FEEDBACK_OUT := runs/feedback
 feedback: $(STAMP)
+	$(BIN)/grpokit eval smollm2-135m-instruct --heldout-of recipes/feedback.yaml rollout.max_turns=1 --overwrite --output $(FEEDBACK_OUT)/base_first.json
+	$(BIN)/grpokit eval smollm2-135m-instruct --heldout-of recipes/feedback.yaml --overwrite --output $(FEEDBACK_OUT)/base_last.json
+	$(BIN)/python scripts/paired_evals.py first=$(FEEDBACK_OUT)/base_first.json last=$(FEEDBACK_OUT)/base_last.json --pair last:first
 	$(BIN)/grpokit train recipes/feedback.yaml
-	$(BIN)/grpokit eval runs/feedback --heldout-of recipes/feedback.yaml rollout.max_turns=1 --output runs/feedback/eval_first_answer.json
+	$(BIN)/grpokit eval $(FEEDBACK_OUT) --heldout-of recipes/feedback.yaml rollout.max_turns=1 --overwrite --output $(FEEDBACK_OUT)/trained_first.json
+	$(BIN)/grpokit eval $(FEEDBACK_OUT) --heldout-of recipes/feedback.yaml --overwrite --output $(FEEDBACK_OUT)/trained_last.json
 
 long-arith: $(STAMP)
 	$(BIN)/grpokit train recipes/arith.yaml
