@@ -71,3 +71,15 @@ def saved_bytes(fn, *inputs) -> int:
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         fn()
     return total
+
+
+def true_runs(mask_row) -> list[list[int]]:
+    """The positions of each run of True in a 1-D bool mask (a multi-turn row's model turns)."""
+    runs, cur = [], []
+    for i, v in enumerate(mask_row.tolist()):
+        if v:
+            cur.append(i)
+        elif cur:
+            runs.append(cur)
+            cur = []
+    return runs + ([cur] if cur else [])

@@ -12,6 +12,7 @@ from grpokit.envs.base import load_env
 from grpokit.envs.feedback import FEEDBACK_MESSAGE, FeedbackEnv
 from grpokit.rollout import SamplingParams
 from grpokit.rollout.multiturn import generate_multiturn
+from helpers import true_runs
 
 ROW = {"prompt": "What is 5 + 7?", "answer": "12"}
 
@@ -73,17 +74,6 @@ def test_bad_options_name_the_option():
     assert isinstance(load_env("feedback", {"reward": "math_correct"}), FeedbackEnv)
 
 
-def _runs(mask_row):
-    runs, cur = [], []
-    for i, v in enumerate(mask_row.tolist()):
-        if v:
-            cur.append(i)
-        elif cur:
-            runs.append(cur)
-            cur = []
-    return runs + ([cur] if cur else [])
-
-
 def test_in_a_rollout_each_wrong_answer_gets_the_message_out_of_the_completion_mask(tiny_model, smollm2_tokenizer):
     """A random model never writes the answer: every turn that ends at an EOS is followed by the
     message's tokens (attended to, not trained on) and another turn, max_turns turns in all."""
@@ -108,7 +98,7 @@ def test_in_a_rollout_each_wrong_answer_gets_the_message_out_of_the_completion_m
     assert exp.attention_mask is not None
     checked = 0
     for r in range(len(exp)):
-        turns = _runs(exp.completion_mask[r])
+        turns = true_runs(exp.completion_mask[r])
         ended = [int(exp.completion_ids[r, t[-1]]) in many_eos for t in turns]
         # every turn but the last ended at an EOS and was answered with the message
         assert all(ended[:-1]) and len(turns) <= 3

@@ -17,6 +17,7 @@ from grpokit.experience import Experience
 from grpokit.models.logprobs import completion_logprobs
 from grpokit.rollout import SamplingParams, generate_rollouts
 from grpokit.rollout.multiturn import generate_multiturn
+from helpers import true_runs
 
 PROMPTS = ["The cat sat on", "A dog ran to", "My hat is on"]
 EOS = [2, 0]
@@ -55,18 +56,6 @@ def _rows():
     return [{"question": p, "answer": str(i)} for i, p in enumerate(PROMPTS)]
 
 
-def _runs(mask_row: torch.Tensor) -> list[list[int]]:
-    """The positions of each run of True in a 1-D mask: the model's turns."""
-    runs, cur = [], []
-    for i, v in enumerate(mask_row.tolist()):
-        if v:
-            cur.append(i)
-        elif cur:
-            runs.append(cur)
-            cur = []
-    return runs + ([cur] if cur else [])
-
-
 def _multiturn(model, tok, env, params, **kw):
     kw.setdefault("max_turns", 3)
     return generate_multiturn(
@@ -94,7 +83,7 @@ def test_a_transcript_holds_the_turns_and_the_environments_tokens(tiny_model, sm
         n = int(exp.attention_mask[r].sum())
         assert bool(exp.attention_mask[r, :n].all()) and not bool(exp.attention_mask[r, n:].any())
         env_pos = (exp.attention_mask[r] & ~exp.completion_mask[r]).nonzero().flatten().tolist()
-        turns = _runs(exp.completion_mask[r])
+        turns = true_runs(exp.completion_mask[r])
         assert len(turns) == int(counts["turns"][r]) <= 3
         assert len(env_pos) == int(counts["env_tokens"][r]) == (len(turns) - 1) * len(obs_ids)
         for k in range(len(turns) - 1):  # between two model turns: the observation, tokenized once
@@ -132,7 +121,7 @@ def test_trainer_logprobs_equal_the_samplers_over_turns(tiny_model, smollm2_toke
     exp = _multiturn(model, smollm2_tokenizer, StubEnv(), SamplingParams(temperature=1.0, max_new_tokens=6))
     with torch.no_grad():
         logp, _ = completion_logprobs(model, exp, temperature=1.0)
-    turns = [_runs(exp.completion_mask[r]) for r in range(len(exp))]
+    turns = [true_runs(exp.completion_mask[r]) for r in range(len(exp))]
     assert max(len(t) for t in turns) == len(calls) >= 2
     checked = 0
     for k, steps in enumerate(calls):
@@ -249,7 +238,7 @@ def test_the_docs_feedback_environment_gives_another_turn_after_an_eos(tiny_mode
     )
     fb = smollm2_tokenizer("That is not right, try again.", add_special_tokens=False)["input_ids"]
     for r in range(len(exp)):
-        turns = _runs(exp.completion_mask[r])
+        turns = true_runs(exp.completion_mask[r])
         first_end = int(exp.completion_ids[r, turns[0][-1]])
         if first_end in many_eos:  # the first answer ended: told to retry, then a second (last) turn
             assert len(turns) == 2 and int(exp.env_counts["retries"][r]) == 1
