@@ -98,7 +98,7 @@ def test_a_user_tool_in_its_process_is_killed_at_the_limit_and_a_dead_one_replac
     env = ToolEnv(tools=[f"{mod}:spins", f"{mod}:exits", f"{mod}:shout"], timeout_s=0.3)
     obs = step(env, "<spins>x</spins>")
     assert obs.text == "<result>error: the tool timed out after 0.3 s</result>" and obs.counts["tool_timeouts"] == 1
-    (spinner,) = [w for w in env._workers.values()]
+    (spinner,) = [w for w, _ in env._workers.values()]
     assert spinner.proc is None  # killed and joined at the limit
     obs = step(env, "<exits>x</exits>")
     assert obs.text.startswith("<result>error: the tool raised RuntimeError: the tool worker process exited (code 3)")
@@ -217,3 +217,18 @@ class StubEnv:
 
     def step(self, turn, *, ended_by_eos):
         return Observation(text=self.answer)
+
+
+def test_tool_calls_from_many_threads_each_get_their_own_result():
+    """ToolEnv.parallel_steps: a round's rows step at once; a user tool's worker takes one call at a
+    time, so every call gets its own answer."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    env = ToolEnv(tools=["calculator", f"{__name__}:shout"], timeout_s=5)
+    assert env.parallel_steps
+    turns = [f"<shout>row {i}</shout>" if i % 2 else f"<calc>{i}*{i}</calc>" for i in range(16)]
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda t: step(env, t).text, turns))
+    want = [f"<result>ROW {i}</result>" if i % 2 else f"<result>{i * i}</result>" for i in range(16)]
+    assert got == want
+    env.close()

@@ -272,3 +272,40 @@ def test_later_turns_share_each_prompts_pass_between_its_rows(tiny_model, smollm
     assert (n0, u0) == (len(PROMPTS) * G, len(PROMPTS)) and cols0 == max(widths) - 1  # turn 0: all but the last column
     for (n, cols), u in seen[1:]:  # later turns: the prompt block only, one pass per distinct prompt
         assert cols == max(widths) and u <= len(PROMPTS) < n
+
+
+class _SlowEnv(StubEnv):
+    """StubEnv whose steps take 0.2 s and record how many run at once."""
+
+    def __init__(self, parallel: bool):
+        super().__init__()
+        self.parallel_steps, self.now, self.most = parallel, 0, 0
+        self.lock = __import__("threading").Lock()
+
+    def start(self, row):
+        inner, env = super().start(row), self
+
+        class Episode:
+            def step(self, turn, *, ended_by_eos):
+                with env.lock:
+                    env.now += 1
+                    env.most = max(env.most, env.now)
+                __import__("time").sleep(0.2)
+                with env.lock:
+                    env.now -= 1
+                return inner.step(turn, ended_by_eos=ended_by_eos)
+
+        return Episode()
+
+
+def test_an_environment_with_parallel_steps_answers_a_rounds_rows_together(tiny_model, smollm2_tokenizer):
+    """parallel_steps: a round's episodes step in threads, at once; the transcripts are those of the
+    episodes stepping one after another."""
+    params = SamplingParams(temperature=1.0, max_new_tokens=6)
+    one_by_one, together = _SlowEnv(parallel=False), _SlowEnv(parallel=True)
+    a = _multiturn(_model(tiny_model), smollm2_tokenizer, one_by_one, params)
+    b = _multiturn(_model(tiny_model), smollm2_tokenizer, together, params)
+    assert one_by_one.most == 1 and together.most > 1
+    assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.attention_mask, b.attention_mask)
+    assert torch.equal(a.completion_mask, b.completion_mask)
+    assert [t.tolist() for t in a.env_counts.values()] == [t.tolist() for t in b.env_counts.values()]

@@ -56,7 +56,9 @@ class Episode(Protocol):
 @runtime_checkable
 class Environment(Protocol):
     """Makes an :class:`Episode` per row; ``stop_strings``: the texts at which a model turn pauses
-    for the environment (empty: a turn ends only at an EOS or the token limit)."""
+    for the environment (empty: a turn ends only at an EOS or the token limit). An environment may
+    also set ``parallel_steps = True``: its episodes may step at the same time, in threads (the
+    rows of a round ask them together; the built-in ``tools`` does)."""
 
     stop_strings: Sequence[str]
 

@@ -93,7 +93,9 @@ def _tool(spec: str) -> tuple[str, Callable[[str], Any]]:
 
 
 class ToolEnv:
-    """Tool calls written as tags (module docstring).
+    """Tool calls written as tags (module docstring). Its episodes step in parallel
+    (``parallel_steps``): the rows of a round run their calls together, each user tool's worker
+    process taking one call at a time.
 
     Args:
         tools: tool names (built-ins or ``module:function``).
@@ -113,6 +115,8 @@ class ToolEnv:
         ImportError: a ``module:function`` tool that cannot be imported.
     """
 
+    parallel_steps = True
+
     def __init__(
         self,
         tools: Sequence[str] = ("calculator",),
@@ -130,7 +134,8 @@ class ToolEnv:
         _check_template(result_template)
         self.call_format, self.isolation, self.result_role = call_format, isolation, result_role
         self.result_template, self.max_output_chars, self.timeout_s = result_template, max_output_chars, timeout_s
-        self._workers: dict[int, Any] = {}  # id(user tool) -> its worker process
+        self._workers: dict[int, Any] = {}  # id(user tool) -> (its worker process, a lock)
+        self._lock = threading.Lock()
         self._add_tools(tools, python)
         if call_format == "equals":
             if len(self.tools) != 1:
@@ -210,11 +215,13 @@ class ToolEnv:
     def _in_process(self, fn: Callable[[str], Any], text: str, counts: dict[str, int]) -> str:
         from grpokit.rewards.guard import RewardTimeout, Worker
 
-        worker = self._workers.get(id(fn))
-        if worker is None:
-            worker = self._workers[id(fn)] = Worker(fn, what="tool")
+        with self._lock:
+            if id(fn) not in self._workers:
+                self._workers[id(fn)] = (Worker(fn, what="tool"), threading.Lock())
+            worker, busy = self._workers[id(fn)]
         try:
-            out = worker.call(self.timeout_s, (text,), {})
+            with busy:  # one call at a time through a worker's pipe
+                out = worker.call(self.timeout_s, (text,), {})
         except RewardTimeout:
             counts["tool_timeouts"] = 1
             return f"error: the tool timed out after {self.timeout_s:g} s"
@@ -226,7 +233,7 @@ class ToolEnv:
 
     def close(self) -> None:
         """End the users' tools' worker processes (they also end with this process)."""
-        for worker in self._workers.values():
+        for worker, _ in self._workers.values():
             worker.close()
         self._workers.clear()
 

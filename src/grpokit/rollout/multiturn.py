@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from grpokit.backends import model_device
-from grpokit.envs.base import Environment, Episode
+from grpokit.envs.base import Environment, Episode, Observation
 from grpokit.experience import Experience
 from grpokit.rollout.engine import SamplingParams, check_prompts, request_seed
 
@@ -45,6 +45,9 @@ if TYPE_CHECKING:
     from grpokit.config import RolloutConfig
 
 __all__ = ["ENV_COUNTS", "MultiTurnEngine", "RowTranscript", "env_options", "generate_multiturn", "turn_seed"]
+
+#: the most episodes stepping at once, for an environment with ``parallel_steps``
+PARALLEL_STEPS = 8
 
 #: the per-row counts a multi-turn rollout reports (besides an environment's own)
 ENV_COUNTS = ("turns", "env_tokens", "budget_cut")
@@ -226,24 +229,28 @@ def generate_multiturn(
             prefix=prefix,
         )
         new_rows = [row for c in chunks for row in c.tolist()]
+        asks = []  # (row, the turn's text, how it ended): the turns an episode answers
         for r, new in zip(active, new_rows):
-            _after_turn(tokenizer, rows_t[r], episodes[r], new, set(eos), stops, limits[r], k, max_turns, budget)
+            ask = _keep_turn(tokenizer, rows_t[r], new, set(eos), stops, limits[r], budget)
+            if ask is not None:
+                asks.append((r, *ask))
+        answers = _ask_episodes(episodes, asks, parallel=bool(getattr(env, "parallel_steps", False)))
+        for (r, _, how), obs in zip(asks, answers):
+            _append_observation(tokenizer, rows_t[r], obs, how, k, max_turns, budget)
     return _experience(tokenizer, prompt_lists, rows_t, G, pad_id, device, time.perf_counter() - t0)
 
 
-def _after_turn(
+def _keep_turn(
     tokenizer: Any,
     t: RowTranscript,
-    episode: Episode,
     new: list[int],
     eos: set[int],
     stops: Sequence[str],
     limit: int,
-    turn: int,
-    max_turns: int,
     budget: int,
-) -> None:
-    """Keep the turn's tokens in ``t``, ask the episode, append its observation or end the row."""
+) -> tuple[str, str] | None:
+    """Keep the turn's tokens in ``t``; ``(its text, "eos" | "stop")`` for the episode to answer, or
+    None when a token limit ended the row."""
     kept, how = _cut_turn(tokenizer, new, eos, stops, limit)
     start = len(t.ids)
     t.add(new[:kept], True)
@@ -251,9 +258,34 @@ def _after_turn(
     if how == "limit":  # the turn's token limit or the row's budget
         t.done, t.truncated = True, True
         t.count({"budget_cut": int(len(t.ids) >= budget)})
-        return
-    text = tokenizer.decode(t.ids[start:], skip_special_tokens=True)
-    obs = episode.step(text, ended_by_eos=how == "eos")
+        return None
+    return tokenizer.decode(t.ids[start:], skip_special_tokens=True), how
+
+
+def _ask_episodes(
+    episodes: Sequence[Episode], asks: list[tuple[int, str, str]], *, parallel: bool
+) -> list[Observation]:
+    """Each asked episode's answer to its turn, in order; with ``parallel`` (an environment whose
+    ``parallel_steps`` is True: its episodes may step at once, e.g. tools that wait on processes)
+    up to :data:`PARALLEL_STEPS` at a time in threads, so a slow call holds the round for its own
+    time, not the sum of all."""
+
+    def ask(item: tuple[int, str, str]) -> Observation:
+        r, text, how = item
+        return episodes[r].step(text, ended_by_eos=how == "eos")
+
+    if not parallel or len(asks) < 2:
+        return [ask(a) for a in asks]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(PARALLEL_STEPS, len(asks)), thread_name_prefix="grpokit-env") as pool:
+        return list(pool.map(ask, asks))
+
+
+def _append_observation(
+    tokenizer: Any, t: RowTranscript, obs: Observation, how: str, turn: int, max_turns: int, budget: int
+) -> None:
+    """Count the episode's answer in ``t``, then append its observation or end the row."""
     t.count(obs.counts)
     if obs.done:
         t.done = True
