@@ -13,6 +13,7 @@ import grpokit.trainer.build
 import grpokit.trainer.loop
 from fake_envs import OBS
 from grpokit.config import RecipeError
+from grpokit.envs.base import Observation
 from grpokit.metrics import env_metrics, read_metrics, transcript_turns
 from grpokit.trainer.loop import train
 from helpers import tiny_recipe
@@ -189,3 +190,31 @@ def test_dynamic_sampling_refills_groups_with_multi_turn_rows(tiny_model_dir, tm
     assert exp.attention_mask is not None and exp.env_counts is not None
     env_tok = exp.attention_mask & ~exp.completion_mask
     assert int(env_tok.sum()) == int(exp.env_counts["env_tokens"].sum()) > 0
+
+
+def test_held_out_evaluation_starts_each_episode_from_its_row(tiny_model, smollm2_tokenizer):
+    """evaluate() hands a multi-turn engine the problems' rows (greedy and sampled), so an
+    environment that reads them (feedback's judge reads the answer) sees each problem's own."""
+    from grpokit.eval.evaluate import evaluate
+    from grpokit.rollout.multiturn import MultiTurnEngine
+
+    seen = []
+
+    class Recording:
+        stop_strings = ()
+
+        def start(self, row):
+            seen.append(dict(row))
+
+            class Ep:
+                def step(self, turn, *, ended_by_eos):
+                    return Observation(done=True)
+
+            return Ep()
+
+    rows = [{"prompt": f"q{i}", "answer": str(i)} for i in range(3)]
+    engine = MultiTurnEngine(tiny_model, smollm2_tokenizer, env=Recording(), eos_token_ids=[2], max_turns=2)
+    evaluate(
+        engine, ["The cat", "A dog", "My hat"], rows, max_new_tokens=3, batch_size=2, num_samples=2, temperature=1.0
+    )
+    assert [r["answer"] for r in seen] == ["0", "1", "2"] + ["0"] * 2 + ["1"] * 2 + ["2"] * 2
