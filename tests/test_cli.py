@@ -166,7 +166,7 @@ def _fault_case(case: str, model: str, tmp_path, monkeypatch) -> tuple[list[str]
             2,
             ["rewards.functions", "format"],
         ),
-        "missing_recipe": (["train", str(tmp_path / "nope.yaml")], 2, ["nope.yaml", "arith, demo, long"]),
+        "missing_recipe": (["train", str(tmp_path / "nope.yaml")], 2, ["nope.yaml", "arith, demo, feedback, long"]),
         "recipe_is_a_folder": (["train", str(tmp_path)], 2, [str(tmp_path), "cannot read"]),
         "recipe_not_yaml": (["train", str(write_text(tmp_path / "b.yaml", "train: [\n"))], 2, ["not valid YAML"]),
         # its output locations, before any model loads (exit 1)
@@ -275,7 +275,7 @@ def _fault_case(case: str, model: str, tmp_path, monkeypatch) -> tuple[list[str]
         "eval_data_options": ([*eval_args, "--data-options", "{size: ["], 2, ["--data-options", "not valid YAML"]),
         "eval_data_options_list": ([*eval_args, "--data-options", "[1, 2]"], 2, ["--data-options", "a mapping"]),
         "eval_temperature_nan": ([*eval_args, "--temperature", "nan"], 2, ["--temperature", "finite number"]),
-        "eval_heldout_of_missing": (["eval", model, "--heldout-of", "nope"], 2, ["nope", "arith, demo, long"]),
+        "eval_heldout_of_missing": (["eval", model, "--heldout-of", "nope"], 2, ["nope", "demo, feedback, long"]),
         "sft_out_is_a_file": (["sft", model, str(a_file), *sft_args], 1, ["OUT", "is a file"]),
         "sft_learning_rate_inf": (
             ["sft", model, str(tmp_path / "m"), *sft_args, "--learning-rate", "inf"],
@@ -454,7 +454,7 @@ def test_a_file_of_a_packaged_name_comes_first_and_unknown_names_list_the_packag
     assert main(["train", "arithmetic"]) == 2
     assert capsys.readouterr().err == (
         "grpokit train: recipe error: recipe file not found: arithmetic; the packaged "
-        "recipes, found by name from any folder: arith, demo, long, ppo, process, tools\n"
+        "recipes, found by name from any folder: arith, demo, feedback, long, ppo, process, tools, tools_mawps\n"
     )
 
 
