@@ -102,13 +102,14 @@ def _check_arithmetic_answers(rows: list[dict[str, Any]], options: dict[str, Any
         expression = str(row["rg_entry"].get("metadata", {}).get("expression", ""))
         if not expression or "/" in expression:
             continue
-        if calculate(expression) != row["answer"]:
-            wrong.append((i, expression))
+        value = calculate(expression)
+        if value != row["answer"]:
+            wrong.append((i, expression, value))
     if wrong:
-        i, expression = wrong[0]
+        i, expression, value = wrong[0]
         raise ValueError(
             f"reasoning_gym:basic_arithmetic: {len(wrong)} of {len(rows)} answers are not the value of "
-            f"their expression (row {i}: {expression} = {calculate(expression)}, the dataset says "
+            f"their expression (row {i}: {expression} = {value}, the dataset says "
             f"{rows[i]['answer']}); reasoning_gym computes an expression without parentheses left to "
             f"right, ignoring operator precedence (options {options}); set allow_parentheses: true "
             "(its answers follow precedence) or use only the + and - operators"

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from grpokit.data import dataset_label
-from grpokit.rollout.engine import RolloutEngine, SamplingParams
+from grpokit.rollout.engine import RolloutEngine, SamplingParams, rows_for
 
 if TYPE_CHECKING:
     from grpokit.config import Recipe
@@ -40,12 +40,6 @@ def _score(guard, rows: list[dict], completions: list[str], per_row: int, unscor
     scores = guard([r["prompt"] for r in expanded], completions, **cols)
     unscorable[0] += sum(s is None for s in scores)
     return [s is not None and s >= 1.0 for s in scores]
-
-
-def _rows_for(engine: Any, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """``rows=`` for an engine whose ``generate`` takes the prompts' dataset rows (``wants_rows``: a
-    multi-turn engine, whose environment starts each episode from its row), else nothing."""
-    return {"rows": rows} if getattr(engine, "wants_rows", False) else {}
 
 
 def evaluate(
@@ -131,7 +125,7 @@ def evaluate(
         for start in range(0, len(prompts), batch_size):
             chunk_rows, chunk = rows[start : start + batch_size], prompts[start : start + batch_size]
             # greedy draws no random numbers: the seed changes nothing (the engine needs one)
-            ro = engine.generate(chunk, 1, greedy_params, seed * 100003 + start, **_rows_for(engine, chunk_rows))
+            ro = engine.generate(chunk, 1, greedy_params, seed * 100003 + start, **rows_for(engine, chunk_rows))
             assert ro.truncated is not None  # every engine's generate sets it
             ok = _score(guard, chunk_rows, ro.completions, 1, unscorable)
             greedy += ok
@@ -151,7 +145,7 @@ def evaluate(
             chunk_rows, chunk = rows[start : start + per_call], prompts[start : start + per_call]
             assert sampled_params is not None  # made when num_samples > 0, the only case this loop runs
             ro = engine.generate(
-                chunk, num_samples, sampled_params, seed * 100003 + start, **_rows_for(engine, chunk_rows)
+                chunk, num_samples, sampled_params, seed * 100003 + start, **rows_for(engine, chunk_rows)
             )
             ok = _score(guard, chunk_rows, ro.completions, num_samples, unscorable)
             for i in range(len(chunk)):

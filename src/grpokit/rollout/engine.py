@@ -180,6 +180,13 @@ class RolloutEngine(Protocol):
         ...
 
 
+def rows_for(engine: Any, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """``{"rows": rows}`` for an engine whose ``generate`` also takes the prompts' dataset rows
+    (``wants_rows = True``: a multi-turn engine, whose environment starts each episode from its
+    row), else ``{}``: the keyword arguments to add to its ``generate`` call."""
+    return {"rows": rows} if getattr(engine, "wants_rows", False) else {}
+
+
 #: the methods of :class:`RolloutEngine`, each checked (present and callable) by :func:`load_engine`
 ENGINE_METHODS = ("generate", "sync_weights")
 

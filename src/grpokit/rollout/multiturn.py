@@ -86,9 +86,9 @@ def _turn_inputs(
 ) -> tuple[torch.Tensor, torch.Tensor, int | None]:
     """``(ids, mask, prefix)`` of a turn's rows. Turn 0 (no transcript yet): the prompts left-padded,
     prefix None. Later turns: ``[prompt block ; transcript block]``, each left-padded on its own
-    (padding between a short prompt... and a short transcript), prefix = the prompt block's width,
-    so a backend that shares prompts (the cpu backend) runs each distinct prompt once per turn and
-    only the transcripts per row. Padding is masked out and position ids count real tokens, so the
+    (so a row can have padding between its prompt and its transcript), prefix = the prompt block's
+    width, so a backend that shares prompts (the cpu backend) runs each distinct prompt once per
+    turn and only the transcripts per row. Padding is masked out and position ids count real tokens, so the
     model sees each row as ``prompt + transcript``."""
     from grpokit.rollout.hf import left_padded
 
@@ -192,7 +192,7 @@ def generate_multiturn(
     prompt_lists = encode_prompts(tokenizer, list(prompts))
     episodes: list[Episode] = [env.start(rows[b]) for b in range(len(prompts)) for _ in range(G)]
     rows_t = [RowTranscript() for _ in episodes]
-    stops = list(env.stop_strings)
+    stops, eos_set = list(env.stop_strings), set(eos)
     stopping = (lambda w: _StopAtText(tokenizer, stops, w)) if stops else None
     t0 = time.perf_counter()
     for k in range(max_turns):
@@ -231,7 +231,7 @@ def generate_multiturn(
         new_rows = [row for c in chunks for row in c.tolist()]
         asks = []  # (row, the turn's text, how it ended): the turns an episode answers
         for r, new in zip(active, new_rows):
-            ask = _keep_turn(tokenizer, rows_t[r], new, set(eos), stops, limits[r], budget)
+            ask = _keep_turn(tokenizer, rows_t[r], new, eos_set, stops, limits[r], budget)
             if ask is not None:
                 asks.append((r, *ask))
         answers = _ask_episodes(episodes, asks, parallel=bool(getattr(env, "parallel_steps", False)))

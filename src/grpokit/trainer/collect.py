@@ -13,6 +13,7 @@ from typing import Any
 from grpokit.experience import Experience
 from grpokit.metrics import env_metrics
 from grpokit.rewards.pipeline import ScoredRows, reward_metrics
+from grpokit.rollout.engine import rows_for
 from grpokit.trainer.build import Run
 from grpokit.trainer.state import next_prompt_indices
 from grpokit.utils.distributed import Ranks, gather_objects
@@ -47,7 +48,7 @@ def sample_and_score(run: Run, step: int, n_prompts: int, *, round_: int = 0) ->
     first = ranks.rank * per
     mine = idx[first : first + per]
     # a multi-turn engine's environment sees each row's columns
-    extra = {"rows": [run.data.rows[i] for i in mine]} if getattr(run.engine, "wants_rows", False) else {}
+    extra = rows_for(run.engine, [run.data.rows[i] for i in mine])
     exp = run.engine.generate(
         [run.data.prompts[i] for i in mine],
         g,
