@@ -69,6 +69,10 @@ def exits(text: str) -> str:
     os._exit(3)
 
 
+def quits(text: str) -> str:
+    raise SystemExit(4)
+
+
 @pytest.mark.parametrize("isolation", ["process", "thread"])
 def test_user_tools_faults_become_results(isolation):
     mod = __name__
@@ -89,6 +93,9 @@ def test_user_tools_faults_become_results(isolation):
     assert step(env, "<huge>k</huge>").text == "<result>" + "x" * 50 + "… [cut at 50 characters]</result>"
     assert step(env, "<shout>again</shout>").text == "<result>AGAIN</result>"  # after a timeout
     env.close()
+    quitting = ToolEnv(tools=[f"{mod}:quits"], isolation=isolation)  # SystemExit is the tool's fault too
+    assert step(quitting, "<quits>x</quits>").text == "<result>error: the tool raised SystemExit: 4</result>"
+    quitting.close()
 
 
 def test_a_user_tool_in_its_process_is_killed_at_the_limit_and_a_dead_one_replaced():

@@ -102,7 +102,7 @@ class ToolEnv:
         python: the ``python`` tool's limits (:class:`grpokit.envs.python_tool.PythonLimits` fields).
         result_template: the text appended after a call; ``{output}`` is the tool's output
             (default: the call format's, :data:`CALL_FORMATS`).
-        call_format: ``tags`` or ``equals`` (module docstring).
+        call_format: ``tags``, ``equals`` or ``json`` (module docstring).
         isolation: where users' own tools run: ``process`` or ``thread`` (module docstring).
         result_role: None (plain text) or the chat role the result is appended as (``tool``).
         max_output_chars: the longest output appended (>= 1).
@@ -188,48 +188,34 @@ class ToolEnv:
         return out, counts
 
     def _guarded(self, fn: Callable[[str], Any], text: str, counts: dict[str, int]) -> str:
-        if self.isolation == "process":
-            return self._in_process(fn, text, counts)
-        box: dict[str, Any] = {}
+        """A user tool's output on ``text``, run as :attr:`isolation` says; a timeout, an exception
+        (``SystemExit`` included), a dead worker or a non-string result is an ``error:`` text."""
+        from grpokit.rewards.guard import RewardTimeout, call_in_thread
 
-        def call() -> None:
-            try:
-                box["out"] = fn(text)
-            except BaseException as e:  # noqa: BLE001 - a user tool's fault is the model's observation
-                box["err"] = e
-
-        worker = threading.Thread(target=call, daemon=True)
-        worker.start()
-        worker.join(self.timeout_s)
-        if worker.is_alive():
+        try:
+            if self.isolation == "process":
+                out = self._in_process(fn, text)
+            else:  # a hung call is abandoned in its thread
+                out = call_in_thread(fn, self.timeout_s, (text,), {})
+        except RewardTimeout:
             counts["tool_timeouts"] = 1
             return f"error: the tool timed out after {self.timeout_s:g} s"
-        if "err" in box:
-            e = box["err"]
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - a user tool's fault is the model's observation
             return f"error: the tool raised {type(e).__name__}: {e}"
-        out = box.get("out")
         if not isinstance(out, str):
             return f"error: the tool returned {type(out).__name__}, not text"
         return out
 
-    def _in_process(self, fn: Callable[[str], Any], text: str, counts: dict[str, int]) -> str:
-        from grpokit.rewards.guard import RewardTimeout, Worker
+    def _in_process(self, fn: Callable[[str], Any], text: str) -> Any:
+        """``fn(text)`` in the tool's worker process (forked at its first call), one call at a time."""
+        from grpokit.rewards.guard import Worker
 
         with self._lock:
             if id(fn) not in self._workers:
                 self._workers[id(fn)] = (Worker(fn, what="tool"), threading.Lock())
             worker, busy = self._workers[id(fn)]
-        try:
-            with busy:  # one call at a time through a worker's pipe
-                out = worker.call(self.timeout_s, (text,), {})
-        except RewardTimeout:
-            counts["tool_timeouts"] = 1
-            return f"error: the tool timed out after {self.timeout_s:g} s"
-        except Exception as e:  # noqa: BLE001 - a user tool's fault is the model's observation
-            return f"error: the tool raised {type(e).__name__}: {e}"
-        if not isinstance(out, str):
-            return f"error: the tool returned {type(out).__name__}, not text"
-        return out
+        with busy:  # one call at a time through a worker's pipe
+            return worker.call(self.timeout_s, (text,), {})
 
     def close(self) -> None:
         """End the users' tools' worker processes (they also end with this process)."""

@@ -207,7 +207,10 @@ class Worker:
         self.proc = self.conn = None
 
 
-def _call_in_thread(fn: Callable, timeout_s: float, args: tuple, kwargs: dict) -> Any:
+def call_in_thread(fn: Callable, timeout_s: float, args: tuple, kwargs: dict) -> Any:
+    """``fn(*args, **kwargs)`` in a helper thread, waited on for ``timeout_s`` seconds: its result,
+    or what it raised; :class:`RewardTimeout` when it runs longer (the call is abandoned in its
+    thread: CPython cannot stop it)."""
     pool = cf.ThreadPoolExecutor(max_workers=1)
     try:
         return pool.submit(fn, *args, **kwargs).result(timeout=timeout_s)
@@ -310,7 +313,7 @@ class GuardedReward:
         limit = self.timeout_s if timeout_s is None else timeout_s
         if self._worker is not None:
             return self._worker.call(limit, args, kwargs, op)
-        return _call_in_thread(self.caller if op == "call" else self.caller.rows, limit, args, kwargs)
+        return call_in_thread(self.caller if op == "call" else self.caller.rows, limit, args, kwargs)
 
     def __call__(self, prompts: list[str], completions: list[str], **columns: Any) -> list:
         try:
