@@ -3,22 +3,25 @@
     python bench/multiturn.py                 # 8 GSM8K prompts x 4, 3 turns of <= 32 tokens, 3 repeats
     python bench/multiturn.py --quick         # 2 prompts x 2, 1 repeat: checks the script
 
-Both rollouts run the packaged SmolLM2-135M-Instruct on the same chat-formatted GSM8K prompts with
-the same seed, in this process, the 3-turn one first in each repeat:
+The rollouts run the packaged SmolLM2-135M-Instruct on the same chat-formatted GSM8K prompts with
+the same seed, in this process, in this order in each repeat:
 
 - **3-turn**: :func:`grpokit.rollout.multiturn.generate_multiturn` with an environment that pauses
   every turn at a sentence's end (``"."``) and appends an 8-token observation, ``max_turns`` 3,
-  ``max_new_tokens`` per turn;
+  ``max_new_tokens`` per turn, ``turn_batching="continuous"`` (the default: one decode loop, KV
+  cache kept across turns);
+- **3-turn lockstep**: the same with ``turn_batching="lockstep"`` (one ``generate`` per turn; the
+  same tokens);
 - **1-turn**: :func:`grpokit.rollout.hf.generate_rollouts` with as many new tokens as the 3-turn
   rollout's mean transcript (model + environment tokens) just before, and no EOS (an id outside
   the vocabulary), so both have the same rows and the same total length.
 
 Reported (``<out>/multiturn.json`` and markdown): model tokens per second of each (tokens in
 ``completion_mask`` / wall seconds), their ratio, the mean transcript length (model + environment
-tokens), and **the re-reading cost**: grpokit's multi-turn rollout keeps no KV cache between turns,
-so every turn after the first re-reads the whole context of each row still going; the bench times
-one forward pass over those contexts (the prefill a turn boundary costs now) against one over the
-appended tokens alone (what it would cost with the KV cache kept).
+tokens), and **the re-reading cost** of lockstep: it keeps no KV cache between turns, so every turn
+after the first re-reads the whole context of each row still going; the bench times one forward
+pass over those contexts against one over the appended tokens alone (what the continuous loop
+prefills).
 """
 
 from __future__ import annotations
@@ -124,15 +127,25 @@ def main() -> None:
     eos = eos_token_ids(model, tok)
     never = [len(tok) + 7]  # an id the model's softmax never reaches: every 1-turn row runs to its limit
     rows = [{} for _ in prompts]
-    runs: dict[str, list[dict]] = {"3-turn": [], "1-turn": []}
+    runs: dict[str, list[dict]] = {"3-turn": [], "3-turn lockstep": [], "1-turn": []}
     for rep in range(a.repeats):
-        for name in ("3-turn", "1-turn"):
+        for name in runs:
             t0 = time.perf_counter()
-            if name == "3-turn":
+            if name.startswith("3-turn"):
                 params = SamplingParams(temperature=1.0, max_new_tokens=L)
-                env = PauseAtSentences()
+                batching = "lockstep" if name.endswith("lockstep") else "continuous"
                 exp = generate_multiturn(
-                    model, tok, prompts, G, params, env=env, rows=rows, eos_token_ids=eos, max_turns=3, seed=rep
+                    model,
+                    tok,
+                    prompts,
+                    G,
+                    params,
+                    env=PauseAtSentences(),
+                    rows=rows,
+                    eos_token_ids=eos,
+                    max_turns=3,
+                    seed=rep,
+                    turn_batching=batching,
                 )
             else:
                 same = max(1, round(runs["3-turn"][-1]["mean_length"]))
@@ -147,9 +160,10 @@ def main() -> None:
                 "tokens_per_s": model_tokens / s,
                 "mean_length": float(length.float().mean()),
             }
-            if name == "3-turn":
+            if name.startswith("3-turn"):
                 rec["turns_mean"] = float(exp.env_counts["turns"].float().mean())
-                rec.update(_prefill_cost(model, tok, prompts, exp, G))
+                if name.endswith("lockstep"):
+                    rec.update(_prefill_cost(model, tok, prompts, exp, G))
             runs[name].append(rec)
     med = {k: {f: statistics.median(r[f] for r in v) for f in v[0]} for k, v in runs.items()}
     report = {
@@ -157,18 +171,20 @@ def main() -> None:
         "runs": runs,
         "median": med,
         "ratio_tokens_per_s": med["3-turn"]["tokens_per_s"] / med["1-turn"]["tokens_per_s"],
+        "ratio_lockstep_tokens_per_s": med["3-turn lockstep"]["tokens_per_s"] / med["1-turn"]["tokens_per_s"],
     }
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "multiturn.json").write_text(json.dumps(report, indent=1))
-    m3 = med["3-turn"]
+    m3, lock = med["3-turn"], med["3-turn lockstep"]
     print("| rollout | model tokens/s | mean length (tokens) | seconds |\n| --- | --- | --- | --- |")
     for k, m in med.items():
         print(f"| {k} | {m['tokens_per_s']:.1f} | {m['mean_length']:.1f} | {m['seconds']:.2f} |")
     print(
-        f"\n3-turn / 1-turn tokens/s: {report['ratio_tokens_per_s']:.3f} (turns per row {m3['turns_mean']:.2f}); "
-        f"re-reading the context at the turn boundaries: {m3['reread_s']:.2f} s of {m3['seconds']:.2f} s "
-        f"(a kept KV cache: {m3['appended_only_s']:.2f} s)",
+        f"\n3-turn / 1-turn tokens/s: continuous {report['ratio_tokens_per_s']:.3f}, lockstep "
+        f"{report['ratio_lockstep_tokens_per_s']:.3f} (turns per row {m3['turns_mean']:.2f}); lockstep re-reads "
+        f"the context at the turn boundaries: {lock['reread_s']:.2f} s of {lock['seconds']:.2f} s "
+        f"(the appended tokens alone: {lock['appended_only_s']:.2f} s)",
         file=sys.stdout,
     )
 

@@ -91,7 +91,9 @@ def test_a_transcript_holds_the_turns_and_the_environments_tokens(tiny_model, sm
             assert between == obs_ids
         multi += len(turns) > 1
     assert multi >= 3  # the stop string fired in most rows
-    assert [row["answer"] for row, _, _ in env.seen[:G]] == ["0"] * G  # each episode sees its own row
+    for row, turn, _ in env.seen:  # each episode sees its own row: its turns are in its prompt's rows
+        b = int(row["answer"])
+        assert any(turn.strip() in exp.completions[b * G + g] for g in range(G)), (b, turn)
     # the transcript's text (what rewards read) holds the model's turns and each observation
     for r, text in enumerate(exp.completions):
         assert text.count("<r>ok</r>") >= int(counts["turns"][r]) - 1
@@ -100,9 +102,9 @@ def test_a_transcript_holds_the_turns_and_the_environments_tokens(tiny_model, sm
 
 @pytest.mark.parametrize("backend", ["plain", "cpu"])
 def test_trainer_logprobs_equal_the_samplers_over_turns(tiny_model, smollm2_tokenizer, monkeypatch, backend):
-    """Each model token's log-prob from the trainer's one teacher-forced pass over [prompt ; transcript]
-    equals the sampler's at the turn it was drawn in (a fresh generate call per turn, re-reading the
-    environment's tokens as context)."""
+    """Lockstep: each model token's log-prob from the trainer's one teacher-forced pass over
+    [prompt ; transcript] equals the sampler's at the turn it was drawn in (a fresh generate call
+    per turn, re-reading the environment's tokens as context)."""
     model = _model(tiny_model, backend)
     calls: list[list[torch.Tensor]] = []  # per generate call (= per turn), per decode step: (n_active,)
     real_sample, real_init = sampling.sample_inverse_cdf, sampling.InverseCDFSampler.__init__
@@ -118,7 +120,8 @@ def test_trainer_logprobs_equal_the_samplers_over_turns(tiny_model, smollm2_toke
 
     monkeypatch.setattr(sampling, "sample_inverse_cdf", spy)
     monkeypatch.setattr(sampling.InverseCDFSampler, "__init__", init)
-    exp = _multiturn(model, smollm2_tokenizer, StubEnv(), SamplingParams(temperature=1.0, max_new_tokens=6))
+    params = SamplingParams(temperature=1.0, max_new_tokens=6)
+    exp = _multiturn(model, smollm2_tokenizer, StubEnv(), params, turn_batching="lockstep")
     with torch.no_grad():
         logp, _ = completion_logprobs(model, exp, temperature=1.0)
     turns = [true_runs(exp.completion_mask[r]) for r in range(len(exp))]
@@ -131,6 +134,45 @@ def test_trainer_logprobs_equal_the_samplers_over_turns(tiny_model, smollm2_toke
                 torch.testing.assert_close(logp[r, pos], steps[j][i], rtol=1e-4, atol=1e-4)
                 checked += 1
     assert checked == int(exp.completion_mask.sum())
+
+
+@pytest.mark.parametrize("backend", ["plain", "cpu"])
+def test_trainer_logprobs_equal_the_continuous_loops_over_turns(tiny_model, smollm2_tokenizer, monkeypatch, backend):
+    """Continuous turn batching (each row's KV cache kept across its turns, rows resuming at
+    different decode steps, finished rows leaving the cache): the trainer's log-prob of each
+    model token equals the loop's at the step that drew it, and the tokens are lockstep's."""
+    import grpokit.rollout.continuous as continuous
+
+    model = _model(tiny_model, backend)
+    drawn: dict[tuple[int, int, int], float] = {}  # (row, turn, token of the turn) -> sampler log-prob
+    real = continuous._draw
+
+    def spy(scores, rows, warpers, params):
+        tokens = real(scores, rows, warpers, params)
+        logp = torch.log_softmax(scores.float(), -1)
+        for i, (row, tok) in enumerate(zip(rows, tokens)):
+            drawn[row.r, row.turn, len(row.tokens)] = float(logp[i, tok])
+        return tokens
+
+    monkeypatch.setattr(continuous, "_draw", spy)
+    params = SamplingParams(temperature=1.0, max_new_tokens=6)
+    exp = _multiturn(model, smollm2_tokenizer, StubEnv(), params, turn_batching="continuous")
+    with torch.no_grad():
+        logp, _ = completion_logprobs(model, exp, temperature=1.0)
+    turns = [true_runs(exp.completion_mask[r]) for r in range(len(exp))]
+    assert max(len(t) for t in turns) >= 2 and len({len(t) for t in turns}) + len({len(t[0]) for t in turns}) > 2
+    want = {
+        (r, k, j): float(logp[r, pos])
+        for r, t in enumerate(turns)
+        for k, run in enumerate(t)
+        for j, pos in enumerate(run)
+    }
+    assert drawn.keys() == want.keys()
+    for key, value in want.items():
+        assert abs(drawn[key] - value) < 1e-4, key
+    ref = _multiturn(_model(tiny_model, backend), smollm2_tokenizer, StubEnv(), params, turn_batching="lockstep")
+    assert torch.equal(exp.completion_ids, ref.completion_ids) and torch.equal(exp.completion_mask, ref.completion_mask)
+    assert exp.completions == ref.completions and torch.equal(exp.truncated, ref.truncated)
 
 
 def test_a_rows_turns_depend_on_its_seed_alone(tiny_model, smollm2_tokenizer):
@@ -264,7 +306,11 @@ def test_later_turns_share_each_prompts_pass_between_its_rows(tiny_model, smollm
 
     monkeypatch.setattr(gen, "distinct_rows", spy)
     exp = _multiturn(
-        _model(tiny_model, "cpu"), smollm2_tokenizer, StubEnv(), SamplingParams(temperature=1.0, max_new_tokens=6)
+        _model(tiny_model, "cpu"),
+        smollm2_tokenizer,
+        StubEnv(),
+        SamplingParams(temperature=1.0, max_new_tokens=6),
+        turn_batching="lockstep",
     )
     widths = {int(exp.prompt_mask[r].sum()) for r in range(len(exp))}
     assert len(seen) >= 2  # turn 0 and at least one later turn
@@ -272,6 +318,34 @@ def test_later_turns_share_each_prompts_pass_between_its_rows(tiny_model, smollm
     assert (n0, u0) == (len(PROMPTS) * G, len(PROMPTS)) and cols0 == max(widths) - 1  # turn 0: all but the last column
     for (n, cols), u in seen[1:]:  # later turns: the prompt block only, one pass per distinct prompt
         assert cols == max(widths) and u <= len(PROMPTS) < n
+
+
+@pytest.mark.parametrize("backend", ["plain", "cpu"])
+def test_the_continuous_loop_reads_each_token_once(tiny_model, smollm2_tokenizer, backend):
+    """A turn boundary costs a prefill of the appended tokens only: over all the model's forwards
+    (the prompts' prefill, then the decode steps) the real tokens fed are each distinct prompt's
+    first P-1 tokens once (cpu: shared by the group; plain: per row) and each row's last prompt
+    token and transcript once (its final token is never fed)."""
+    model = _model(tiny_model, backend)
+    fed = []
+
+    def hook(module, args, kwargs):
+        ids, mask = kwargs["input_ids"], kwargs["attention_mask"]
+        fed.append(int(mask[:, -ids.shape[1] :].sum()))
+
+    handle = model.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        exp = _multiturn(model, smollm2_tokenizer, StubEnv(), SamplingParams(temperature=1.0, max_new_tokens=6))
+    finally:
+        handle.remove()
+    prompt_lens = [int(exp.prompt_mask[r].sum()) for r in range(len(exp))]
+    prefill = sum(n - 1 for n in (prompt_lens[::G] if backend == "cpu" else prompt_lens))
+    assert int(exp.env_counts["turns"].max()) >= 2
+    assert sum(fed) == prefill + int(exp.attention_mask.sum())
+    # one prefill, then one-token steps: as many as the longest transcript's tokens (each row feeds
+    # one token a step, an observation's tokens one after another), not each turn's longest row
+    # turn after turn
+    assert len(fed) - 1 == int(exp.attention_mask.sum(1).max())
 
 
 class _SlowEnv(StubEnv):

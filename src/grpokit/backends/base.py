@@ -91,6 +91,18 @@ def attended(batch: Any) -> torch.Tensor:
     return batch.completion_mask if mask is None else mask
 
 
+def cache_kwarg(fn) -> str:
+    """The keyword under which ``fn`` (a model's ``forward`` or ``generate``) takes a KV cache:
+    ``cache`` (transformers >= 5.2x) or the older ``past_key_values``."""
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # pragma: no cover - builtins
+        return "past_key_values"
+    return "cache" if "cache" in params else "past_key_values"
+
+
 def checkpointing_active(model: torch.nn.Module) -> bool:
     """True if a forward with gradient now would checkpoint some layer of ``model``."""
     return torch.is_grad_enabled() and any(

@@ -301,6 +301,13 @@ class RolloutConfig:
         "with rollout.env: the most tokens per row, the model's and the environment's "
         "(None = rollout.max_turns · rollout.max_new_tokens)",
     )
+    turn_batching: str = _f(
+        "continuous",
+        "with rollout.env and the hf engine: continuous = one decode loop, a row resumes at the next "
+        "step after its environment answers, its KV cache kept across turns; lockstep = one generate "
+        "per turn over the rows still going (same tokens; docs/tools.md)",
+        ("continuous", "lockstep"),
+    )
     engine: str = _f(
         "hf",
         "rollout engine (grpokit.rollout.engine): hf = Hugging Face generate on the "

@@ -1,8 +1,11 @@
 """Multi-turn rollouts with Hugging Face ``generate``: the model writes a turn, an environment
 (:mod:`grpokit.envs`) answers, the model goes on; one token sequence per row.
 
-For each of the ``N = B·G`` rows (grouped as :func:`grpokit.rollout.hf.generate_rollouts` groups them),
-turn ``k = 0, 1, …`` (at most ``max_turns``):
+How the rows' turns are batched (``turn_batching``): ``"continuous"`` (the default) runs one decode
+loop in which a row resumes right after its environment answers, its KV cache kept across turns
+(:mod:`grpokit.rollout.continuous`; the same tokens as lockstep); ``"lockstep"`` runs the steps
+below, one batched ``generate`` per turn. For each of the ``N = B·G`` rows (grouped as
+:func:`grpokit.rollout.hf.generate_rollouts` groups them), turn ``k = 0, 1, …`` (at most ``max_turns``):
 
 1. the row's context is its prompt and its transcript so far, as token ids (never re-tokenized);
    the active rows are left-padded and sampled by one batched ``generate`` (the backend's fast
@@ -31,54 +34,35 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from grpokit.backends import model_device
-from grpokit.envs.base import Environment, Episode, Observation
+from grpokit.envs.base import Environment, Episode
 from grpokit.experience import Experience
-from grpokit.rollout.engine import SamplingParams, check_prompts, request_seed
+from grpokit.rollout.engine import SamplingParams, check_prompts
+from grpokit.rollout.turns import RowTranscript, append_observation, ask_episodes, keep_turn, turn_seed
 
 if TYPE_CHECKING:
     from grpokit.config import RolloutConfig
 
-__all__ = ["ENV_COUNTS", "MultiTurnEngine", "RowTranscript", "env_options", "generate_multiturn", "turn_seed"]
-
-#: the most episodes stepping at once, for an environment with ``parallel_steps``
-PARALLEL_STEPS = 8
+__all__ = [
+    "ENV_COUNTS",
+    "TURN_BATCHING",
+    "MultiTurnEngine",
+    "RowTranscript",
+    "env_options",
+    "generate_multiturn",
+    "turn_seed",
+]
 
 #: the per-row counts a multi-turn rollout reports (besides an environment's own)
 ENV_COUNTS = ("turns", "env_tokens", "budget_cut")
 
-
-def turn_seed(seed: int, turn: int) -> int:
-    """The seed of turn ``turn`` of a ``generate(…, seed)`` call: ``seed`` for turn 0, else a hash of both.
-
-    >>> turn_seed(7, 0), turn_seed(7, 1) == turn_seed(7, 1) != turn_seed(7, 2)
-    (7, True)
-    """
-    return int(seed) if turn == 0 else request_seed(int(seed), 2**40 + int(turn), 0)
-
-
-@dataclass
-class RowTranscript:
-    """One row's turns: ``ids`` the transcript's token ids, ``model`` True on the model's tokens."""
-
-    ids: list[int] = field(default_factory=list)
-    model: list[bool] = field(default_factory=list)
-    done: bool = False
-    truncated: bool = False
-    counts: dict[str, int] = field(default_factory=dict)
-
-    def add(self, ids: Sequence[int], by_model: bool) -> None:
-        self.ids.extend(int(i) for i in ids)
-        self.model.extend([by_model] * len(ids))
-
-    def count(self, counts: Mapping[str, int]) -> None:
-        for k, v in counts.items():
-            self.counts[k] = self.counts.get(k, 0) + int(v)
+#: the values of ``rollout.turn_batching``: how a multi-turn rollout batches its rows' turns
+TURN_BATCHING = ("continuous", "lockstep")
 
 
 def _turn_inputs(
@@ -113,21 +97,6 @@ class _StopAtText:
         return torch.tensor([any(s in t for s in self.stops) for t in texts], dtype=torch.bool, device=input_ids.device)
 
 
-def _cut_turn(tokenizer: Any, new: list[int], eos: set[int], stops: Sequence[str], limit: int) -> tuple[int, str]:
-    """``(kept, how)``: the turn's first ``kept`` tokens, ending at the first EOS (``how="eos"``), the
-    token completing the first stop string (``"stop"``), or the token limit (``"limit"``)."""
-    new = new[:limit]
-    end_eos = next((i for i, t in enumerate(new) if t in eos), None)
-    upto = len(new) if end_eos is None else end_eos
-    if stops and any(s in tokenizer.decode(new[:upto], skip_special_tokens=False) for s in stops):
-        for j in range(1, upto + 1):  # the shortest prefix that holds a stop string
-            if any(s in tokenizer.decode(new[:j], skip_special_tokens=False) for s in stops):
-                return j, "stop"
-    if end_eos is not None:
-        return end_eos + 1, "eos"
-    return len(new), "limit"
-
-
 def generate_multiturn(
     model: Any,
     tokenizer: Any,
@@ -147,6 +116,7 @@ def generate_multiturn(
     share_prompt: bool = True,
     static_cache: bool = True,
     packed_weights: bool = True,
+    turn_batching: str = "continuous",
 ) -> Experience:
     """Sample ``group_size`` multi-turn transcripts per prompt with ``env`` (module docstring).
 
@@ -159,6 +129,9 @@ def generate_multiturn(
         max_turns: model turns per row (>= 1).
         max_total_tokens: the most transcript tokens per row (model and environment); None =
             ``max_turns · max_new_tokens``.
+        turn_batching: ``"continuous"`` (:mod:`grpokit.rollout.continuous`: one decode loop, each
+            row's KV cache kept across its turns; lockstep where it does not apply) or
+            ``"lockstep"`` (one ``generate`` per turn, the steps 1-3 above). Same tokens.
 
     Returns:
         :class:`~grpokit.experience.Experience` with ``attention_mask`` set, and ``env_counts``:
@@ -167,10 +140,8 @@ def generate_multiturn(
 
     Raises:
         ValueError: as ``generate_rollouts``; ``len(rows) != len(prompts)``; ``max_turns < 1``;
-            ``max_total_tokens < 1``.
+            ``max_total_tokens < 1``; an unknown ``turn_batching``.
     """
-    from grpokit.rollout import hf
-
     check_prompts(prompts, group_size, first_prompt)
     params.validate()
     if len(rows) != len(prompts):
@@ -193,8 +164,90 @@ def generate_multiturn(
     episodes: list[Episode] = [env.start(rows[b]) for b in range(len(prompts)) for _ in range(G)]
     rows_t = [RowTranscript() for _ in episodes]
     stops, eos_set = list(env.stop_strings), set(eos)
-    stopping = (lambda w: _StopAtText(tokenizer, stops, w)) if stops else None
+    parallel = bool(getattr(env, "parallel_steps", False))
     t0 = time.perf_counter()
+    if turn_batching not in TURN_BATCHING:
+        raise ValueError(f"rollout.turn_batching must be one of {TURN_BATCHING}, got {turn_batching!r}")
+    from grpokit.rollout import continuous
+
+    if turn_batching == "continuous" and continuous.applies(model, params):
+        _continuous(
+            model,
+            tokenizer,
+            prompt_lists,
+            rows_t,
+            episodes,
+            params,
+            G=G,
+            budget=budget,
+            max_turns=max_turns,
+            eos=eos_set,
+            stops=stops,
+            seed=seed,
+            first_prompt=first_prompt,
+            parallel=parallel,
+            pad_id=pad_id,
+            chunk_size=chunk_size,
+            sampler_dtype=sampler_dtype,
+            share_prompt=share_prompt,
+            packed_weights=packed_weights,
+        )
+    else:
+        _lockstep(
+            model,
+            tokenizer,
+            prompt_lists,
+            rows_t,
+            episodes,
+            params,
+            G=G,
+            budget=budget,
+            max_turns=max_turns,
+            eos=eos,
+            stops=stops,
+            seed=seed,
+            first_prompt=first_prompt,
+            parallel=parallel,
+            pad_id=pad_id,
+            chunk_size=chunk_size,
+            sampler_dtype=sampler_dtype,
+            share_prompt=share_prompt,
+            static_cache=static_cache,
+            packed_weights=packed_weights,
+        )
+    return _experience(tokenizer, prompt_lists, rows_t, G, pad_id, device, time.perf_counter() - t0)
+
+
+def _lockstep(
+    model: Any,
+    tokenizer: Any,
+    prompt_lists: list[list[int]],
+    rows_t: list[RowTranscript],
+    episodes: list[Episode],
+    params: SamplingParams,
+    *,
+    G: int,
+    budget: int,
+    max_turns: int,
+    eos: list[int],
+    stops: list[str],
+    seed: int | None,
+    first_prompt: int,
+    parallel: bool,
+    pad_id: int,
+    chunk_size: int | None,
+    sampler_dtype: torch.dtype | None,
+    share_prompt: bool,
+    static_cache: bool,
+    packed_weights: bool,
+) -> None:
+    """``turn_batching="lockstep"``: per turn, one batched ``generate`` over the rows still going
+    (their prompts and transcripts re-read), then every ended turn's episode answers."""
+    from grpokit.rollout import hf
+
+    device = model_device(model)
+    stopping = (lambda w: _StopAtText(tokenizer, stops, w)) if stops else None
+    eos_set = set(eos)
     for k in range(max_turns):
         active = [r for r, t in enumerate(rows_t) if not t.done]
         if not active:
@@ -231,80 +284,75 @@ def generate_multiturn(
         new_rows = [row for c in chunks for row in c.tolist()]
         asks = []  # (row, the turn's text, how it ended): the turns an episode answers
         for r, new in zip(active, new_rows):
-            ask = _keep_turn(tokenizer, rows_t[r], new, eos_set, stops, limits[r], budget)
+            ask = keep_turn(tokenizer, rows_t[r], new, eos_set, stops, limits[r], budget)
             if ask is not None:
                 asks.append((r, *ask))
-        answers = _ask_episodes(episodes, asks, parallel=bool(getattr(env, "parallel_steps", False)))
+        answers = ask_episodes(episodes, asks, parallel=parallel)
         for (r, _, how), obs in zip(asks, answers):
-            _append_observation(tokenizer, rows_t[r], obs, how, k, max_turns, budget)
-    return _experience(tokenizer, prompt_lists, rows_t, G, pad_id, device, time.perf_counter() - t0)
+            append_observation(tokenizer, rows_t[r], obs, how, k, max_turns, budget)
 
 
-def _keep_turn(
+def _continuous(
+    model: Any,
     tokenizer: Any,
-    t: RowTranscript,
-    new: list[int],
-    eos: set[int],
-    stops: Sequence[str],
-    limit: int,
+    prompt_lists: list[list[int]],
+    rows_t: list[RowTranscript],
+    episodes: list[Episode],
+    params: SamplingParams,
+    *,
+    G: int,
     budget: int,
-) -> tuple[str, str] | None:
-    """Keep the turn's tokens in ``t``; ``(its text, "eos" | "stop")`` for the episode to answer, or
-    None when a token limit ended the row."""
-    kept, how = _cut_turn(tokenizer, new, eos, stops, limit)
-    start = len(t.ids)
-    t.add(new[:kept], True)
-    t.count({"turns": 1})
-    if how == "limit":  # the turn's token limit or the row's budget
-        t.done, t.truncated = True, True
-        t.count({"budget_cut": int(len(t.ids) >= budget)})
-        return None
-    return tokenizer.decode(t.ids[start:], skip_special_tokens=True), how
-
-
-def _ask_episodes(
-    episodes: Sequence[Episode], asks: list[tuple[int, str, str]], *, parallel: bool
-) -> list[Observation]:
-    """Each asked episode's answer to its turn, in order; with ``parallel`` (an environment whose
-    ``parallel_steps`` is True: its episodes may step at once, e.g. tools that wait on processes)
-    up to :data:`PARALLEL_STEPS` at a time in threads, so a slow call holds the round for its own
-    time, not the sum of all."""
-
-    def ask(item: tuple[int, str, str]) -> Observation:
-        r, text, how = item
-        return episodes[r].step(text, ended_by_eos=how == "eos")
-
-    if not parallel or len(asks) < 2:
-        return [ask(a) for a in asks]
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(max_workers=min(PARALLEL_STEPS, len(asks)), thread_name_prefix="grpokit-env") as pool:
-        return list(pool.map(ask, asks))
-
-
-def _append_observation(
-    tokenizer: Any, t: RowTranscript, obs: Observation, how: str, turn: int, max_turns: int, budget: int
+    max_turns: int,
+    eos: set[int],
+    stops: list[str],
+    seed: int | None,
+    first_prompt: int,
+    parallel: bool,
+    pad_id: int,
+    chunk_size: int | None,
+    sampler_dtype: torch.dtype | None,
+    share_prompt: bool,
+    packed_weights: bool,
 ) -> None:
-    """Count the episode's answer in ``t``, then append its observation or end the row."""
-    t.count(obs.counts)
-    if obs.done:
-        t.done = True
-        return
-    if turn + 1 >= max_turns:  # no turn left to answer the observation
-        t.done, t.truncated = True, how != "eos"
-        return
-    text = obs.text or ""
-    if obs.role is not None and text:
-        from grpokit.rollout.chat_turns import chat_message_text
+    """``turn_batching="continuous"``: :func:`grpokit.rollout.continuous.continuous_rows` over
+    consecutive chunks of ``chunk_size`` rows, under the model's backend (its generation context,
+    its shared prompt-prefix cache) and a sampler copy in ``sampler_dtype``."""
+    from grpokit.backends import get_backend
+    from grpokit.rollout import hf
+    from grpokit.rollout.continuous import continuous_rows
 
-        text = chat_message_text(tokenizer, obs.role, text, after_eos=how == "eos")
-    env_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    if len(t.ids) + len(env_ids) + 1 > budget:
-        t.done, t.truncated = True, True
-        t.count({"budget_cut": 1})
-        return
-    t.add(env_ids, False)
-    t.count({"env_tokens": len(env_ids)})
+    n = len(rows_t)
+    rows = n if chunk_size is None else chunk_size
+    backend = get_backend(model)
+    with torch.inference_mode(), hf._seeded(seed, model_device(model)):
+        sampler = model if sampler_dtype is None else hf._sampler_copy(model, sampler_dtype)
+
+        def prefill(ids: torch.Tensor, mask: torch.Tensor) -> dict[str, Any]:
+            width = ids.shape[1]
+            return backend.prefill(
+                sampler, ids, mask, share=share_prompt, static=False, max_len=width, prefix=width - 1
+            )
+
+        with backend.generation(sampler, rows, packed_weights=packed_weights):
+            for start in range(0, n, rows):
+                part = range(start, min(n, start + rows))
+                continuous_rows(
+                    sampler,
+                    tokenizer,
+                    [prompt_lists[r // G] for r in part],
+                    [rows_t[r] for r in part],
+                    [episodes[r] for r in part],
+                    [(first_prompt + r // G, r % G) for r in part],
+                    params,
+                    budget=budget,
+                    max_turns=max_turns,
+                    eos=eos,
+                    stops=stops,
+                    seed=seed,
+                    parallel=parallel,
+                    pad_id=pad_id,
+                    prefill=prefill,
+                )
 
 
 def _experience(
@@ -348,7 +396,8 @@ def _experience(
 
 def env_options(r: RolloutConfig) -> dict[str, Any] | None:
     """The :class:`MultiTurnEngine` arguments of a recipe's ``rollout`` section (the environment
-    ``rollout.env`` built with ``rollout.env_options``, ``max_turns``, ``max_total_tokens``), or None
+    ``rollout.env`` built with ``rollout.env_options``, ``max_turns``, ``max_total_tokens``,
+    ``turn_batching``), or None
     without ``rollout.env``: what training, in-run evaluation and ``grpokit eval`` sample with.
 
     Raises:
@@ -358,7 +407,12 @@ def env_options(r: RolloutConfig) -> dict[str, Any] | None:
 
     if r.env is None:
         return None
-    return dict(env=load_env(r.env, r.env_options), max_turns=r.max_turns, max_total_tokens=r.max_total_tokens)
+    return dict(
+        env=load_env(r.env, r.env_options),
+        max_turns=r.max_turns,
+        max_total_tokens=r.max_total_tokens,
+        turn_batching=r.turn_batching,
+    )
 
 
 class MultiTurnEngine:
@@ -378,8 +432,12 @@ class MultiTurnEngine:
         max_total_tokens: int | None = None,
         chunk_size: int | None = None,
         sampler_dtype: torch.dtype | None = None,
+        turn_batching: str = "continuous",
     ):
+        if turn_batching not in TURN_BATCHING:
+            raise ValueError(f"rollout.turn_batching must be one of {TURN_BATCHING}, got {turn_batching!r}")
         self.model, self.tokenizer, self.env = model, tokenizer, env
+        self.turn_batching = turn_batching
         self.eos_token_ids, self.max_turns, self.max_total_tokens = list(eos_token_ids), max_turns, max_total_tokens
         self.chunk_size, self.sampler_dtype = chunk_size, sampler_dtype
         self.generate_options: dict[str, Any] = {}
@@ -409,6 +467,7 @@ class MultiTurnEngine:
             seed=seed,
             first_prompt=first_prompt,
             sampler_dtype=self.sampler_dtype,
+            turn_batching=self.turn_batching,
             **self.generate_options,
         )
 

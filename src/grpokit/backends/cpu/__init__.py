@@ -116,8 +116,8 @@ class CpuBackend(Backend):
     ) -> dict[str, Any]:
         """The shared and/or static prompt-prefix cache (:func:`.generation.prefix_cache`), under the
         keyword ``model.forward`` takes it by; nothing where it does not apply."""
+        from grpokit.backends.base import cache_kwarg
         from grpokit.backends.cpu.generation import prefix_cache
-        from grpokit.backends.cpu.shared_prompt import cache_kwarg
 
         cache = prefix_cache(model, ids, mask, share=share, static=static, max_len=max_len, prefix=prefix)
         return {} if cache is None else {cache_kwarg(model.forward): cache}

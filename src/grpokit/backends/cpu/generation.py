@@ -18,8 +18,8 @@ from typing import Any, cast
 
 import torch
 
-from grpokit.backends.base import distinct_rows
-from grpokit.backends.cpu.shared_prompt import cache_kwarg, dynamic_prefix_cache
+from grpokit.backends.base import cache_kwarg, distinct_rows
+from grpokit.backends.cpu.shared_prompt import dynamic_prefix_cache
 
 
 def prefix_cache(

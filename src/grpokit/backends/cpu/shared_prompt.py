@@ -22,7 +22,14 @@ from typing import Any
 
 import torch
 
-from grpokit.backends.base import attended, autocast_context, checkpointing_active, distinct_rows, last_positions
+from grpokit.backends.base import (
+    attended,
+    autocast_context,
+    cache_kwarg,
+    checkpointing_active,
+    distinct_rows,
+    last_positions,
+)
 
 
 def dynamic_prefix_cache(model: torch.nn.Module):
@@ -43,18 +50,6 @@ def dynamic_prefix_cache(model: torch.nn.Module):
     if not cache.layers or any(type(layer) is not DynamicLayer for layer in cache.layers):
         return None
     return cache
-
-
-def cache_kwarg(fn) -> str:
-    """The keyword under which ``fn`` (a model's ``forward`` or ``generate``) takes a KV cache:
-    ``cache`` (transformers >= 5.2x) or the older ``past_key_values``."""
-    import inspect
-
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):  # pragma: no cover - builtins
-        return "past_key_values"
-    return "cache" if "cache" in params else "past_key_values"
 
 
 def shared_prompt_forward(

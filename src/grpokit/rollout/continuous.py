@@ -1,0 +1,267 @@
+"""Continuous turn batching for multi-turn rollouts: one decode loop over all rows, where a row whose
+turn ends gets its environment's answer and goes on at the next decode step, while the other rows
+keep decoding; every row keeps its KV cache across its turns.
+
+:func:`grpokit.rollout.multiturn.generate_multiturn` with ``turn_batching="continuous"`` (the
+default) runs this loop; ``"lockstep"`` runs one batched ``generate`` per turn instead, which
+re-reads each row's transcript at every turn and makes a row that finished its turn wait for the
+turn's longest row. What the two cost (``bench/multiturn.py``): lockstep's turn ``k`` takes
+``max_r len(turn_k of r)`` decode steps and a prefill of every transcript; here a row's turn
+boundary costs its appended tokens alone (fed in the steps the other rows decode in).
+
+One decode step feeds each of the ``n`` rows still going its next token (``(n, 1)`` input; at most
+:data:`FEED_PER_STEP` tokens, shorter inputs left-padded and masked): a decoding row its last
+drawn token, a row resuming after an observation the observation's tokens one a step, drawing its
+next token once all are in. So every step is a one-token step for every row, the cache grows by one
+column per step, and position ids count each row's real tokens: each row sees
+``prompt + transcript`` as the trainer's forward does. Rows that are done leave the cache
+(``DynamicCache.batch_select_indices``). The loop takes as many steps as the longest transcript
+has tokens.
+
+Sampling is the lockstep loop's, token for token: token ``j`` of turn ``k`` of row ``(b, g)`` draws
+with column ``j`` of ``row_uniforms(turn_seed(seed, k), [(first_prompt + b, g)], max_new_tokens)``
+(inverse CDF, the recipe's temperature / top-k / top-p / min-p warpers) or by argmax (temperature
+0); a turn ends at an EOS, at the token completing one of the environment's stop strings (checked
+on the decoded turn), or at its token limit. Episodes answer when their turn ends (in threads,
+for an environment with ``parallel_steps``), before the next decode step, so the rows of a step
+wait for the slowest answer of that step, not for other rows' turns; and a row's tokens depend on
+its seed and transcript alone (up to float rounding of the batch's shapes), as in lockstep.
+
+Applies to models whose KV cache is a plain growing one (``DynamicCache`` with full-attention
+layers only), with the inverse-CDF sampler or greedy decoding and no repetition penalty;
+:func:`applies` says so, and ``generate_multiturn`` runs lockstep elsewhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from grpokit.envs.base import Episode
+from grpokit.rollout.engine import SamplingParams
+from grpokit.rollout.turns import append_observation, ask_episodes, keep_turn, turn_seed
+
+__all__ = ["FEED_PER_STEP", "applies", "continuous_rows"]
+
+#: the most tokens a row feeds in one decode step: a row resuming after an observation feeds it
+#: this many tokens a step (and samples once all are in), so a step stays a one-token step for
+#: every row instead of padding all rows to the observation's length
+FEED_PER_STEP = 1
+
+
+def _empty_cache(model: Any) -> Any:
+    """A fresh ``DynamicCache`` for ``model`` when all its layers are plain growing KV layers, else None."""
+    try:
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
+
+        cache = DynamicCache(config=model.config)
+    except Exception:  # an unusual config, an older transformers: do not guess
+        return None
+    if not cache.layers or any(type(layer) is not DynamicLayer for layer in cache.layers):
+        return None
+    return cache
+
+
+def applies(model: Any, params: SamplingParams) -> bool:
+    """Whether :func:`continuous_rows` can sample ``params`` with ``model``: a plain growing KV
+    cache (:func:`_empty_cache`), greedy or inverse-CDF sampling, no repetition penalty."""
+    sampler_ok = params.temperature == 0 or params.sampler == "inverse_cdf"
+    return sampler_ok and params.repetition_penalty == 1.0 and _empty_cache(model) is not None
+
+
+@dataclass
+class _Row:
+    """One row of the loop: ``r`` its index in the rollout, ``pending`` the tokens it feeds next,
+    ``turn`` the tokens of its current turn, ``limit`` that turn's token limit, ``u`` its uniforms."""
+
+    r: int
+    pending: list[int]
+    turn: int = 0
+    tokens: list[int] = field(default_factory=list)
+    limit: int = 0
+    u: torch.Tensor | None = None
+
+
+def continuous_rows(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[Sequence[int]],
+    transcripts: Sequence[Any],
+    episodes: Sequence[Episode],
+    keys: Sequence[tuple[int, int]],
+    params: SamplingParams,
+    *,
+    budget: int,
+    max_turns: int,
+    eos: set[int],
+    stops: Sequence[str],
+    seed: int | None,
+    parallel: bool,
+    pad_id: int,
+    prefill: Any,
+) -> int:
+    """Run the loop (module docstring) over ``n`` rows, filling their transcripts in place; returns
+    the decode steps taken.
+
+    Args:
+        model: the sampling model (inference mode, the backend's generation context open).
+        prompts: ``n`` prompt token-id lists; transcripts: ``n`` empty
+            :class:`~grpokit.rollout.turns.RowTranscript`; episodes: ``n`` started episodes;
+            keys: ``n`` ``(prompt index, sample index)`` pairs (the rows' uniform streams).
+        params: per-turn sampling (``max_new_tokens`` per turn); :func:`applies` must hold.
+        budget, max_turns, eos, stops, parallel: as ``generate_multiturn``.
+        prefill: ``(ids, mask) -> {keyword: cache} | {}``: the backend's cache of the first
+            ``P - 1`` columns of the prompts ``ids`` ``(n, P)`` (``Backend.prefill`` with
+            ``prefix = P - 1``), or ``{}``.
+
+    Raises:
+        ValueError: ``n == 0``; :func:`applies` does not hold.
+    """
+    from grpokit.rollout.hf import left_padded
+
+    n = len(prompts)
+    if n == 0 or not applies(model, params):
+        raise ValueError("continuous_rows: no rows, or a model / sampling it does not apply to (see applies)")
+    device = next(model.parameters()).device
+    ids, mask = left_padded(prompts, pad_id)
+    ids, mask = ids.to(device), mask.to(device)
+    p = ids.shape[1]
+    kw, cache = _prompt_cache(model, ids, mask, prefill)
+    cols = mask[:, : p - 1]  # (n, L) the cache's real columns per row
+    pos = cols.sum(1)  # (n,) real tokens in the cache per row
+    rows = [_Row(r, [int(ids[r, -1])]) for r in range(n)]
+    for row in rows:
+        _start_turn(row, transcripts[row.r], keys[row.r], params, budget, seed)
+    warpers = _warpers(params)
+    steps = 0
+    while rows:
+        feed = [row.pending[:FEED_PER_STEP] for row in rows]
+        w = max(len(f) for f in feed)
+        inp = torch.full((len(rows), w), int(pad_id), dtype=torch.long, device=device)
+        new = torch.zeros((len(rows), w), dtype=torch.bool, device=device)
+        for i, (row, f) in enumerate(zip(rows, feed)):
+            inp[i, w - len(f) :] = torch.tensor(f, dtype=torch.long)
+            new[i, w - len(f) :] = True
+            row.pending = row.pending[len(f) :]
+        position_ids = (pos.unsqueeze(1) + new.long().cumsum(1) - 1).clamp(min=0)
+        cols = torch.cat([cols, new], 1)
+        out = model(
+            input_ids=inp,
+            attention_mask=cols.long(),
+            position_ids=position_ids,
+            use_cache=True,
+            logits_to_keep=1,
+            **{kw: cache},
+        )
+        pos = pos + new.sum(1)
+        steps += 1
+        fed_all = [i for i, row in enumerate(rows) if not row.pending]  # the rows that sample now
+        picked = [rows[i] for i in fed_all]
+        drawn = _draw(out.logits[fed_all, -1].float(), picked, warpers, params) if picked else []
+        asks, ended = [], set()
+        for i, row, tok in zip(fed_all, picked, drawn):
+            row.tokens.append(tok)
+            row.pending = [tok]
+            if not _turn_ended(tokenizer, row, eos, stops):
+                continue
+            ended.add(i)
+            t = transcripts[row.r]
+            ask = keep_turn(tokenizer, t, row.tokens, eos, stops, row.limit, budget)
+            if len(t.ids) != len(t.model) or (ask is None and not t.done):  # pragma: no cover - invariant
+                raise RuntimeError("continuous_rows: the kept turn differs from the decoded one")
+            if ask is not None:
+                asks.append((row.r, *ask))
+        by_r = {row.r: row for row in rows}
+        for (r, _, how), obs in zip(asks, ask_episodes(episodes, asks, parallel=parallel)):
+            t, row = transcripts[r], by_r[r]
+            before = len(t.ids)
+            append_observation(tokenizer, t, obs, how, row.turn, max_turns, budget)
+            if not t.done:
+                row.pending = [row.tokens[-1], *t.ids[before:]]
+                row.turn += 1
+                _start_turn(row, t, keys[r], params, budget, seed)
+        keep = [i for i, row in enumerate(rows) if not (i in ended and transcripts[row.r].done)]
+        if len(keep) < len(rows):
+            idx = torch.tensor(keep, dtype=torch.long, device=device)
+            if keep:
+                cache.batch_select_indices(idx)
+            cols, pos, rows = cols[idx], pos[idx], [rows[i] for i in keep]
+    return steps
+
+
+def _prompt_cache(model: Any, ids: torch.Tensor, mask: torch.Tensor, prefill: Any) -> tuple[str, Any]:
+    """``(keyword, cache)``: the KV cache of the first ``P - 1`` columns of the prompts ``ids``
+    ``(n, P)``, the backend's (shared between rows with one prompt) where it gives one, else a
+    forward here."""
+    from grpokit.backends.base import cache_kwarg
+
+    kw = cache_kwarg(model.forward)
+    if ids.shape[1] == 1:
+        return kw, _empty_cache(model)
+    extra = prefill(ids, mask) if prefill is not None else {}
+    if extra:
+        return next(iter(extra.items()))
+    cache = _empty_cache(model)
+    ids, attn = ids[:, :-1], mask[:, :-1].long()
+    model(
+        input_ids=ids,
+        attention_mask=attn,
+        position_ids=(attn.cumsum(1) - 1).clamp(min=0),
+        use_cache=True,
+        logits_to_keep=1,
+        **{kw: cache},
+    )
+    return kw, cache
+
+
+def _start_turn(row: _Row, t: Any, key: tuple[int, int], params: SamplingParams, budget: int, seed: int | None) -> None:
+    """Begin ``row``'s turn ``row.turn``: its token limit and (seeded sampling) its uniform numbers."""
+    row.tokens, row.limit = [], min(params.max_new_tokens, budget - len(t.ids))
+    row.u = None
+    if seed is not None and params.temperature > 0:
+        from grpokit.rollout.sampling import row_uniforms
+
+        row.u = row_uniforms(turn_seed(seed, row.turn), [key], params.max_new_tokens)[0]
+
+
+def _warpers(params: SamplingParams) -> list[Any]:
+    """The recipe's logits warpers, as the inverse-CDF sampler applies them (none when greedy)."""
+    if params.temperature == 0:
+        return []
+    from grpokit.rollout.sampling import InverseCDFSampler
+
+    return InverseCDFSampler(
+        temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, min_p=params.min_p
+    ).warpers
+
+
+def _draw(scores: torch.Tensor, rows: list[_Row], warpers: list[Any], params: SamplingParams) -> list[int]:
+    """The next token of each row from its ``(n, V)`` float32 logits: argmax (greedy), else the
+    inverse CDF at the row's uniform number for its turn's next token (torch's RNG without a seed)."""
+    if params.temperature == 0:
+        return scores.argmax(-1).tolist()
+    from grpokit.rollout.sampling import sample_inverse_cdf
+
+    for warp in warpers:
+        scores = warp(None, scores)
+    u = None
+    if rows[0].u is not None:
+        u = torch.stack([row.u[len(row.tokens)] for row in rows if row.u is not None])
+    return sample_inverse_cdf(scores, u=u).tolist()
+
+
+def _turn_ended(tokenizer: Any, row: _Row, eos: set[int], stops: Sequence[str]) -> bool:
+    """Whether ``row``'s turn ended at its last token: an EOS, a stop string in the decoded turn
+    (the first token completing it, as :func:`grpokit.rollout.turns.cut_turn` cuts), or the
+    turn's token limit."""
+    if row.tokens[-1] in eos:
+        return True
+    if stops:
+        text = tokenizer.decode(row.tokens, skip_special_tokens=False)
+        if any(s in text for s in stops):
+            return True
+    return len(row.tokens) >= row.limit
