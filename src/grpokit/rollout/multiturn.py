@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -163,157 +163,103 @@ def generate_multiturn(
     prompt_lists = encode_prompts(tokenizer, list(prompts))
     episodes: list[Episode] = [env.start(rows[b]) for b in range(len(prompts)) for _ in range(G)]
     rows_t = [RowTranscript() for _ in episodes]
-    stops, eos_set = list(env.stop_strings), set(eos)
+    stops = list(env.stop_strings)
     parallel = bool(getattr(env, "parallel_steps", False))
     t0 = time.perf_counter()
     if turn_batching not in TURN_BATCHING:
         raise ValueError(f"rollout.turn_batching must be one of {TURN_BATCHING}, got {turn_batching!r}")
     from grpokit.rollout import continuous
 
+    run = _Rollout(
+        model, tokenizer, prompt_lists, rows_t, episodes, params, G, budget, max_turns, eos, stops, seed,
+        first_prompt, parallel, pad_id, chunk_size, sampler_dtype, share_prompt, packed_weights,
+    )  # fmt: skip
     if turn_batching == "continuous" and continuous.applies(model, params):
-        _continuous(
-            model,
-            tokenizer,
-            prompt_lists,
-            rows_t,
-            episodes,
-            params,
-            G=G,
-            budget=budget,
-            max_turns=max_turns,
-            eos=eos_set,
-            stops=stops,
-            seed=seed,
-            first_prompt=first_prompt,
-            parallel=parallel,
-            pad_id=pad_id,
-            chunk_size=chunk_size,
-            sampler_dtype=sampler_dtype,
-            share_prompt=share_prompt,
-            packed_weights=packed_weights,
-        )
+        _continuous(run)
     else:
-        _lockstep(
-            model,
-            tokenizer,
-            prompt_lists,
-            rows_t,
-            episodes,
-            params,
-            G=G,
-            budget=budget,
-            max_turns=max_turns,
-            eos=eos,
-            stops=stops,
-            seed=seed,
-            first_prompt=first_prompt,
-            parallel=parallel,
-            pad_id=pad_id,
-            chunk_size=chunk_size,
-            sampler_dtype=sampler_dtype,
-            share_prompt=share_prompt,
-            static_cache=static_cache,
-            packed_weights=packed_weights,
-        )
+        _lockstep(run, static_cache=static_cache)
     return _experience(tokenizer, prompt_lists, rows_t, G, pad_id, device, time.perf_counter() - t0)
 
 
-def _lockstep(
-    model: Any,
-    tokenizer: Any,
-    prompt_lists: list[list[int]],
-    rows_t: list[RowTranscript],
-    episodes: list[Episode],
-    params: SamplingParams,
-    *,
-    G: int,
-    budget: int,
-    max_turns: int,
-    eos: list[int],
-    stops: list[str],
-    seed: int | None,
-    first_prompt: int,
-    parallel: bool,
-    pad_id: int,
-    chunk_size: int | None,
-    sampler_dtype: torch.dtype | None,
-    share_prompt: bool,
-    static_cache: bool,
-    packed_weights: bool,
-) -> None:
+@dataclass
+class _Rollout:
+    """What both turn-batching loops take: the sampling model and its rows (prompts, transcripts
+    filled in place, episodes), and :func:`generate_multiturn`'s settings."""
+
+    model: Any
+    tokenizer: Any
+    prompt_lists: list[list[int]]
+    rows_t: list[RowTranscript]
+    episodes: list[Episode]
+    params: SamplingParams
+    G: int
+    budget: int
+    max_turns: int
+    eos: list[int]
+    stops: list[str]
+    seed: int | None
+    first_prompt: int
+    parallel: bool
+    pad_id: int
+    chunk_size: int | None
+    sampler_dtype: torch.dtype | None
+    share_prompt: bool
+    packed_weights: bool
+
+
+def _lockstep(run: _Rollout, *, static_cache: bool) -> None:
     """``turn_batching="lockstep"``: per turn, one batched ``generate`` over the rows still going
     (their prompts and transcripts re-read), then every ended turn's episode answers."""
     from grpokit.rollout import hf
 
-    device = model_device(model)
-    stopping = (lambda w: _StopAtText(tokenizer, stops, w)) if stops else None
-    eos_set = set(eos)
-    for k in range(max_turns):
-        active = [r for r, t in enumerate(rows_t) if not t.done]
+    device = model_device(run.model)
+    stopping = (lambda w: _StopAtText(run.tokenizer, run.stops, w)) if run.stops else None
+    eos_set = set(run.eos)
+    for k in range(run.max_turns):
+        active = [r for r, t in enumerate(run.rows_t) if not t.done]
         if not active:
             break
-        limits = {r: min(params.max_new_tokens, budget - len(rows_t[r].ids)) for r in active}
-        turn_params = replace(params, max_new_tokens=max(limits.values()))
-        prompts_k, transcripts_k = [prompt_lists[r // G] for r in active], [rows_t[r].ids for r in active]
-        ids, mask, prefix = _turn_inputs(prompts_k, transcripts_k, pad_id)
+        limits = {r: min(run.params.max_new_tokens, run.budget - len(run.rows_t[r].ids)) for r in active}
+        turn_params = replace(run.params, max_new_tokens=max(limits.values()))
+        prompts_k, transcripts_k = [run.prompt_lists[r // run.G] for r in active], [run.rows_t[r].ids for r in active]
+        ids, mask, prefix = _turn_inputs(prompts_k, transcripts_k, run.pad_id)
         uniforms = None
-        if seed is not None and turn_params.temperature > 0 and turn_params.sampler == "inverse_cdf":
+        if run.seed is not None and turn_params.temperature > 0 and turn_params.sampler == "inverse_cdf":
             from grpokit.rollout.sampling import row_uniforms
 
-            rows_k = [(first_prompt + r // G, r % G) for r in active]
-            uniforms = row_uniforms(turn_seed(seed, k), rows_k, turn_params.max_new_tokens).to(device)
+            rows_k = [(run.first_prompt + r // run.G, r % run.G) for r in active]
+            uniforms = row_uniforms(turn_seed(run.seed, k), rows_k, turn_params.max_new_tokens).to(device)
         gen_config = hf.build_generation_config(
-            turn_params, eos_token_ids=eos, pad_token_id=pad_id, bos_token_id=tokenizer.bos_token_id
+            turn_params, eos_token_ids=run.eos, pad_token_id=run.pad_id, bos_token_id=run.tokenizer.bos_token_id
         )
         chunks = hf._generate_chunks(
-            model,
+            run.model,
             ids.to(device),
             mask.to(device),
             turn_params,
             gen_config,
             uniforms,
-            rows=len(active) if chunk_size is None else chunk_size,
-            seed=None if seed is None else turn_seed(seed, k),
-            share_prompt=share_prompt,
+            rows=len(active) if run.chunk_size is None else run.chunk_size,
+            seed=None if run.seed is None else turn_seed(run.seed, k),
+            share_prompt=run.share_prompt,
             static_cache=static_cache,
-            sampler_dtype=sampler_dtype,
-            packed_weights=packed_weights,
+            sampler_dtype=run.sampler_dtype,
+            packed_weights=run.packed_weights,
             stopping=stopping,
             prefix=prefix,
         )
         new_rows = [row for c in chunks for row in c.tolist()]
         asks = []  # (row, the turn's text, how it ended): the turns an episode answers
         for r, new in zip(active, new_rows):
-            ask = keep_turn(tokenizer, rows_t[r], new, eos_set, stops, limits[r], budget)
+            ask = keep_turn(run.tokenizer, run.rows_t[r], new, eos_set, run.stops, limits[r], run.budget)
             if ask is not None:
                 asks.append((r, *ask))
-        answers = ask_episodes(episodes, asks, parallel=parallel)
+        answers = ask_episodes(run.episodes, asks, parallel=run.parallel)
         for (r, _, how), obs in zip(asks, answers):
-            append_observation(tokenizer, rows_t[r], obs, how, k, max_turns, budget)
+            append_observation(run.tokenizer, run.rows_t[r], obs, how, k, run.max_turns, run.budget)
 
 
-def _continuous(
-    model: Any,
-    tokenizer: Any,
-    prompt_lists: list[list[int]],
-    rows_t: list[RowTranscript],
-    episodes: list[Episode],
-    params: SamplingParams,
-    *,
-    G: int,
-    budget: int,
-    max_turns: int,
-    eos: set[int],
-    stops: list[str],
-    seed: int | None,
-    first_prompt: int,
-    parallel: bool,
-    pad_id: int,
-    chunk_size: int | None,
-    sampler_dtype: torch.dtype | None,
-    share_prompt: bool,
-    packed_weights: bool,
-) -> None:
+def _continuous(run: _Rollout) -> None:
     """``turn_batching="continuous"``: :func:`grpokit.rollout.continuous.continuous_rows` over
     consecutive chunks of ``chunk_size`` rows, under the model's backend (its generation context,
     its shared prompt-prefix cache) and a sampler copy in ``sampler_dtype``."""
@@ -321,36 +267,36 @@ def _continuous(
     from grpokit.rollout import hf
     from grpokit.rollout.continuous import continuous_rows
 
-    n = len(rows_t)
-    rows = n if chunk_size is None else chunk_size
-    backend = get_backend(model)
-    with torch.inference_mode(), hf._seeded(seed, model_device(model)):
-        sampler = model if sampler_dtype is None else hf._sampler_copy(model, sampler_dtype)
+    n = len(run.rows_t)
+    rows = n if run.chunk_size is None else run.chunk_size
+    backend = get_backend(run.model)
+    with torch.inference_mode(), hf._seeded(run.seed, model_device(run.model)):
+        sampler = run.model if run.sampler_dtype is None else hf._sampler_copy(run.model, run.sampler_dtype)
 
         def prefill(ids: torch.Tensor, mask: torch.Tensor) -> dict[str, Any]:
             width = ids.shape[1]
             return backend.prefill(
-                sampler, ids, mask, share=share_prompt, static=False, max_len=width, prefix=width - 1
+                sampler, ids, mask, share=run.share_prompt, static=False, max_len=width, prefix=width - 1
             )
 
-        with backend.generation(sampler, rows, packed_weights=packed_weights):
+        with backend.generation(sampler, rows, packed_weights=run.packed_weights):
             for start in range(0, n, rows):
                 part = range(start, min(n, start + rows))
                 continuous_rows(
                     sampler,
-                    tokenizer,
-                    [prompt_lists[r // G] for r in part],
-                    [rows_t[r] for r in part],
-                    [episodes[r] for r in part],
-                    [(first_prompt + r // G, r % G) for r in part],
-                    params,
-                    budget=budget,
-                    max_turns=max_turns,
-                    eos=eos,
-                    stops=stops,
-                    seed=seed,
-                    parallel=parallel,
-                    pad_id=pad_id,
+                    run.tokenizer,
+                    [run.prompt_lists[r // run.G] for r in part],
+                    [run.rows_t[r] for r in part],
+                    [run.episodes[r] for r in part],
+                    [(run.first_prompt + r // run.G, r % run.G) for r in part],
+                    run.params,
+                    budget=run.budget,
+                    max_turns=run.max_turns,
+                    eos=set(run.eos),
+                    stops=run.stops,
+                    seed=run.seed,
+                    parallel=run.parallel,
+                    pad_id=run.pad_id,
                     prefill=prefill,
                 )
 
