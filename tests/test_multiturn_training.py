@@ -72,7 +72,6 @@ def test_env_metrics_and_turns_of_a_hand_built_row(smollm2_tokenizer):
 @pytest.mark.parametrize(
     "rollout, algo, msg",
     [
-        ({"engine": "vllm"}, {}, "do not run with rollout.engine=vllm yet"),
         ({"env": None}, {"step_rule": "turns"}, "algo.step_rule=turns: steps are the model turns"),
         ({"max_turns": 0}, {}, "rollout.max_turns: must be >= 1"),
         ({"max_total_tokens": 0}, {}, "rollout.max_total_tokens: must be > 0"),

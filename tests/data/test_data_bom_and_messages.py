@@ -232,3 +232,44 @@ def test_messages_name_a_split_only_where_one_is_read(tmp_path):
     assert dataset_label("mawps", "singleop") == "mawps/singleop"
     assert dataset_label("hf:org/name", "train") == "hf:org/name/train"
     assert dataset_label("gsm8k", "test") == "gsm8k/test"
+
+
+# -- tool schemas (rollout.env's tool_schemas) in the chat template --------------------------------
+
+TOOLS_TEMPLATE = (
+    "{% if tools %}<|tools|>{% for t in tools %}{{ t['function']['name'] }} {% endfor %}\n{% endif %}" + TEMPLATE
+)
+
+
+def test_training_eval_and_sft_show_the_environments_tools(tmp_path, capsys):
+    from grpokit.data.rows import prompt_tools
+    from grpokit.models.loading import encode_prompts
+    from grpokit.trainer.sft import encode_rows
+
+    path = _jsonl(tmp_path, [{"prompt": "What is 2+2?", "answer": "4"}])
+    raw = {
+        "data": {"dataset": path},
+        "rollout": {"env": "tools", "env_options": {"tools": ["calculator"], "call_format": "json"}},
+    }
+    recipe = recipe_from_dict(raw)
+    (spec,) = prompt_tools(recipe)
+    assert spec["function"]["name"] == "calculator"
+    tok = _tokenizer(TOOLS_TEMPLATE)
+    tok.eos_token = "[UNK]"
+    rows, prompts, _ = load_prompts(recipe, tok, dataset=path, split="train", limit=None)
+    _, eval_prompts, _ = load_prompts(recipe, tok, dataset=path, split="train", limit=None, section="eval")
+    want = "<|tools|>calculator <|user|>What is 2+2?\n<|assistant|>"  # trim_blocks ate the newline
+    assert prompts == eval_prompts == [want] and capsys.readouterr().err == ""
+    enc = encode_rows(tok, [{**rows[0], "completion": "4"}], prompt_template="{question}", tools=[spec])
+    assert len(enc[0]["input_ids"]) == len(encode_prompts(tok, [want])[0]) + 2  # prompt, "4", EOS
+    # a template that ignores tools: the prompts as without them, and one line saying so
+    plain = _tokenizer(TEMPLATE, name="org/no-tools")
+    _, prompts, _ = load_prompts(recipe, plain, dataset=path, split="train", limit=None)
+    assert prompts == ["<|user|>What is 2+2?\n<|assistant|>"]
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "org/no-tools does not show tools" in line
+    # no environment, the tags format, or schemas_in_prompt: false: no tools
+    for env in (None, "tools"):
+        assert prompt_tools(recipe_from_dict({**raw, "rollout": {"env": env}})) is None
+    off = {"tools": ["calculator"], "call_format": "json", "schemas_in_prompt": False}
+    assert prompt_tools(recipe_from_dict({**raw, "rollout": {"env": "tools", "env_options": off}})) is None

@@ -3,6 +3,7 @@ result the model reads, counted, never an exception of the rollout."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -239,3 +240,31 @@ def test_tool_calls_from_many_threads_each_get_their_own_result():
     want = [f"<result>ROW {i}</result>" if i % 2 else f"<result>{i * i}</result>" for i in range(16)]
     assert got == want
     env.close()
+
+
+def described(text: str) -> str:
+    """Reverses its input.
+
+    Not part of the description."""
+    return text[::-1]
+
+
+def test_the_json_format_describes_its_tools_for_the_chat_template():
+    env = ToolEnv(tools=["calculator", f"{__name__}:described", f"{__name__}:shout"], call_format="json")
+    specs = env.tool_schemas
+    assert [s["function"]["name"] for s in specs] == ["calculator", "described", "shout"]
+    calc, desc, plain = (s["function"] for s in specs)
+    assert all(s["type"] == "function" for s in specs)
+    assert calc["parameters"] == {
+        "type": "object",
+        "properties": {"expression": {"type": "string"}},
+        "required": ["expression"],
+    }
+    assert desc["description"] == "Reverses its input." and desc["parameters"]["required"] == ["input"]
+    assert plain["description"] == "The tool shout."  # no docstring
+    # a call by the names the schemas give reaches the tools
+    for name, arg, value, out in (("described", "input", "abc", "cba"), ("calculator", "expression", "2*3", "6")):
+        call = json.dumps({"name": name, "arguments": {arg: value}})
+        assert env.start({}).step(f"<tool_call>{call}</tool_call>", ended_by_eos=False).text == out
+    assert ToolEnv(tools=["calculator"], call_format="json", schemas_in_prompt=False).tool_schemas is None
+    assert ToolEnv(tools=["calculator"]).tool_schemas is None  # tags: the call format is not a chat template's

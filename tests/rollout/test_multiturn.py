@@ -137,12 +137,18 @@ def test_trainer_logprobs_equal_the_samplers_over_turns(tiny_model, smollm2_toke
 
 
 @pytest.mark.parametrize("backend", ["plain", "cpu"])
-def test_trainer_logprobs_equal_the_continuous_loops_over_turns(tiny_model, smollm2_tokenizer, monkeypatch, backend):
+@pytest.mark.parametrize("feed", [1, 4])
+def test_trainer_logprobs_equal_the_continuous_loops_over_turns(
+    tiny_model, smollm2_tokenizer, monkeypatch, backend, feed
+):
     """Continuous turn batching (each row's KV cache kept across its turns, rows resuming at
     different decode steps, finished rows leaving the cache): the trainer's log-prob of each
-    model token equals the loop's at the step that drew it, and the tokens are lockstep's."""
+    model token equals the loop's at the step that drew it, and the tokens are lockstep's. With
+    ``FEED_PER_STEP = 4`` a resuming row feeds up to 4 observation tokens in one step, so the
+    other rows of that step are left-padded: the padding columns stay out of attention."""
     import grpokit.rollout.continuous as continuous
 
+    monkeypatch.setattr(continuous, "FEED_PER_STEP", feed)
     model = _model(tiny_model, backend)
     drawn: dict[tuple[int, int, int], float] = {}  # (row, turn, token of the turn) -> sampler log-prob
     real = continuous._draw

@@ -1,7 +1,7 @@
 """grpokit.rollout.vllm_engine without vLLM: its pure parts (per-request seeds, the sampling
 arguments, the refusal of truncating samplers, the experience layout, the weight fingerprint), the
 import error naming the extra, and the engine's own logic (when it pushes weights, how it seeds rows,
-what it returns) against ``FakeVLLM``, a stand-in for the few vLLM calls the engine makes that
+what it returns) against ``fake_vllm.FakeLLM``, a stand-in for the few vLLM calls the engine makes that
 samples with a torch copy of the model holding only the weights pushed to it.
 
 vLLM itself is exercised by ``make vllm-check`` (bench/vllm_check.py) in its own environment.
@@ -10,11 +10,11 @@ vLLM itself is exercised by ``make vllm-check`` (bench/vllm_check.py) in its own
 from __future__ import annotations
 
 import sys
-import types
 
 import pytest
 import torch
 
+from fake_vllm import install_fake_vllm
 from grpokit.algo import LogprobGap, mask_completions
 from grpokit.rollout import SamplingParams, load_engine
 from grpokit.rollout import vllm_engine as ve
@@ -166,82 +166,9 @@ def test_missing_vllm_names_the_extra(monkeypatch, tiny_model, smollm2_tokenizer
 # ---- the engine against a stand-in for vLLM ---------------------------------------------------------
 
 
-class InprocClient:  # the name the engine checks: vLLM runs in this process
-    pass
-
-
-class FakeLLM:
-    """The vLLM calls the engine makes. Samples with its own copy of the model, which holds only the
-    weights pushed through ``collective_rpc("reload_weights")`` (random until the first push, as with
-    ``load_format="dummy"``): one token per step, Gumbel-max with a generator seeded by the request's
-    seed, stopping after a stop token id."""
-
-    built: list[FakeLLM] = []
-
-    def __init__(self, folder, **kw):
-        from transformers import AutoConfig, AutoModelForCausalLM
-
-        self.kw, self.pushes, self.resets = kw, 0, 0
-        self.net = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder)).eval()
-        self.llm_engine = types.SimpleNamespace(engine_core=InprocClient())
-        FakeLLM.built.append(self)
-
-    def collective_rpc(self, method, kwargs):
-        assert method == "reload_weights" and kwargs["is_checkpoint_format"]
-        self.net.load_state_dict(dict(kwargs["weights_iterator"]))  # a copy: later writes do not reach it
-        self.pushes += 1
-
-    def reset_prefix_cache(self):
-        assert not getattr(self, "asleep", False), "the prefix cache reset while asleep"
-        self.resets += 1
-        return True
-
-    def sleep(self, level):
-        assert level == 1 and not getattr(self, "asleep", False)
-        self.asleep, self.sleeps = True, getattr(self, "sleeps", 0) + 1
-
-    def wake_up(self):
-        assert self.asleep
-        self.asleep = False
-
-    @torch.no_grad()
-    def generate(self, inputs, params, use_tqdm=True):
-        assert not getattr(self, "asleep", False), "generate while asleep"
-        outs = []
-        for prompt, sp in zip(inputs, params):
-            ids, gen, lps = list(prompt["prompt_token_ids"]), torch.Generator().manual_seed(sp.seed), []
-            for _ in range(sp.max_tokens):
-                logits = self.net(torch.tensor([ids])).logits[0, -1].double()
-                if sp.temperature == 0:
-                    t = int(logits.argmax())
-                else:
-                    logp = (logits / sp.temperature).log_softmax(-1)
-                    gumbel = -torch.empty_like(logp).exponential_(generator=gen).log()
-                    t = int((logp + gumbel).argmax())
-                    lps.append({t: types.SimpleNamespace(logprob=float(logp[t]))})
-                ids.append(t)
-                if t in sp.stop_token_ids:
-                    break
-            n = len(ids) - len(prompt["prompt_token_ids"])
-            outs.append(
-                types.SimpleNamespace(
-                    outputs=[
-                        types.SimpleNamespace(token_ids=ids[-n:], logprobs=lps if sp.logprobs is not None else None)
-                    ]
-                )
-            )
-        return outs
-
-
 @pytest.fixture
 def fake_vllm(monkeypatch):
-    mod = types.ModuleType("vllm")
-    mod.LLM = FakeLLM
-    mod.TokensPrompt = lambda prompt_token_ids: {"prompt_token_ids": prompt_token_ids}
-    mod.SamplingParams = lambda **kw: types.SimpleNamespace(**kw)
-    monkeypatch.setitem(sys.modules, "vllm", mod)
-    FakeLLM.built = []
-    return FakeLLM.built
+    return install_fake_vllm(monkeypatch)
 
 
 def _engines(model, tok, eos):

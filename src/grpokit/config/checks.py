@@ -240,7 +240,7 @@ def _check_prompt_template(key: str, tpl: str) -> None:
 
 
 def _check_env(recipe: Recipe) -> None:
-    """Multi-turn rollouts (``rollout.env``): their limits, and what they do not run with yet."""
+    """Multi-turn rollouts (``rollout.env``): their limits."""
     r, a = recipe.rollout, recipe.algo
     if r.max_turns < 1:
         raise RecipeError(f"rollout.max_turns: must be >= 1, got {r.max_turns}")
@@ -254,12 +254,6 @@ def _check_env(recipe: Recipe) -> None:
         return
     if not r.env.strip():
         raise RecipeError("rollout.env: empty; tools, module:Class, or null (one completion per row)")
-    not_yet = {
-        "rollout.engine=vllm": r.engine == "vllm",
-    }
-    for key, on in not_yet.items():
-        if on:
-            raise RecipeError(f"rollout.env={r.env}: multi-turn rollouts do not run with {key} yet")
 
 
 def _check_sft(s: SftConfig) -> None:

@@ -124,6 +124,7 @@ def build_chat_prompt(
     system_prompt: str | None = None,
     template: str = "{question}",
     fold_system: bool | None = None,
+    tools: Sequence[Mapping[str, Any]] | None = None,
 ) -> str:
     """Format the question into ``template``, then apply the tokenizer's chat template
     (the rules are in the module docstring).
@@ -141,6 +142,9 @@ def build_chat_prompt(
             that are not fields).
         fold_system: put the system text at the start of the first user message instead of in a
             system message; None: when :func:`system_role_supported` is False.
+        tools: function specs handed to the chat template (``apply_chat_template(tools=...)``:
+            a template that lists tools shows them, one that does not ignores them); None: none.
+            Without a chat template they are not shown.
 
     Returns:
         The prompt text, ending with the assistant's generation prompt
@@ -175,7 +179,8 @@ def build_chat_prompt(
         system, messages = messages[0]["content"], messages[1:]
         first = next(j for j, m in enumerate(messages) if m["role"] == "user")
         messages[first] = {**messages[first], "content": f"{system}\n\n{messages[first]['content']}"}
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    extra = {"tools": [dict(t) for t in tools]} if tools else {}
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra)
 
 
 def render_prompts(
@@ -186,13 +191,16 @@ def render_prompts(
     template: str,
     source: str,
     system_key: str = "data.system_prompt",
+    tools: Sequence[Mapping[str, Any]] | None = None,
 ) -> list[str]:
     """:func:`build_chat_prompt` of every row (its ``prompt_messages`` if it has them, else its
     ``prompt``): the one place training, evaluation and SFT render prompts.
 
     With a chat template that has no system role and a system text to show (``system_prompt``
     or a row's own system message), the text is folded into the first user message and one line
-    on stderr says so, naming ``system_key`` and the model.
+    on stderr says so, naming ``system_key`` and the model. ``tools`` (the environment's
+    ``tool_schemas``) go to the chat template; one line on stderr says so when it does not show
+    them (no chat template, or one that ignores ``tools=``).
 
     Raises:
         ValueError: a bad ``template``; one line naming ``source`` and the row: a malformed
@@ -218,11 +226,20 @@ def render_prompts(
                 file=sys.stderr,
                 flush=True,
             )
+    if tools and not _shows_tools(tokenizer, tools):
+        print(
+            f"[grpokit] note: the chat template of {model} does not show tools, so the prompts do not list "
+            "rollout.env's tool schemas (the model learns the call format from the warm-up or the prompt template)",
+            file=sys.stderr,
+            flush=True,
+        )
     out = []
     for i, (row, question) in enumerate(zip(rows, questions)):
         try:
             out.append(
-                build_chat_prompt(tokenizer, question, system_prompt=system_prompt, template=template, fold_system=fold)
+                build_chat_prompt(
+                    tokenizer, question, system_prompt=system_prompt, template=template, fold_system=fold, tools=tools
+                )
             )
         except TemplateError as e:
             raise ValueError(
@@ -230,6 +247,17 @@ def render_prompts(
                 f"{model} refuses its messages: {' '.join(str(e).split())}"
             ) from None
     return out
+
+
+def _shows_tools(tokenizer: Any, tools: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether the tokenizer's chat template renders a conversation differently with ``tools``."""
+    if not getattr(tokenizer, "chat_template", None):
+        return False
+    user = [{"role": "user", "content": "Hi"}]
+    plain = tokenizer.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
+    return plain != tokenizer.apply_chat_template(
+        user, tokenize=False, add_generation_prompt=True, tools=[dict(t) for t in tools]
+    )
 
 
 def filter_by_prompt_length(

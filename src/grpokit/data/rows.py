@@ -80,6 +80,27 @@ def section_rows(recipe: Recipe, section: str) -> list[dict]:
         raise cls(f"{section}.dataset={sec.dataset!r} {section}.split={sec.split!r}: {e}") from e
 
 
+def prompt_tools(recipe: Recipe) -> list[dict] | None:
+    """The tool schemas the recipe's prompts are rendered with: ``rollout.env``'s ``tool_schemas``
+    (:class:`grpokit.envs.Environment`; the ``tools`` environment's ``json`` call format), or None
+    (no environment, or one without them).
+
+    Raises:
+        ValueError, ImportError: what :func:`grpokit.envs.load_env` raises (names ``rollout.env``).
+    """
+    r = recipe.rollout
+    if r.env is None:
+        return None
+    from grpokit.envs import load_env
+
+    env = load_env(r.env, r.env_options)
+    try:
+        schemas = getattr(env, "tool_schemas", None)
+    finally:
+        getattr(env, "close", lambda: None)()
+    return None if not schemas else [dict(x) for x in schemas]
+
+
 def load_prompts(
     recipe: Recipe,
     tokenizer,
@@ -111,7 +132,12 @@ def load_prompts(
         rows = load_data_rows(recipe, dataset=dataset, split=split, limit=limit)
     label = dataset_label(dataset, split)
     prompts = render_prompts(
-        tokenizer, rows, system_prompt=d.system_prompt, template=d.prompt_template, source=f"{section}: {label}"
+        tokenizer,
+        rows,
+        system_prompt=d.system_prompt,
+        template=d.prompt_template,
+        source=f"{section}: {label}",
+        tools=prompt_tools(recipe),
     )
     keep, skipped = filter_by_prompt_length(prompts, tokenizer, d.max_prompt_tokens)
     if not keep:

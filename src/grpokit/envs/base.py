@@ -58,7 +58,9 @@ class Environment(Protocol):
     """Makes an :class:`Episode` per row; ``stop_strings``: the texts at which a model turn pauses
     for the environment (empty: a turn ends only at an EOS or the token limit). An environment may
     also set ``parallel_steps = True``: its episodes may step at the same time, in threads (the
-    rows of a round ask them together; the built-in ``tools`` does)."""
+    rows of a round ask them together; the built-in ``tools`` does), and ``tool_schemas``: a list
+    of chat-template function specs the prompts are rendered with (``apply_chat_template(tools=…)``,
+    :func:`grpokit.data.render_prompts`), or None (the ``tools`` environment's ``json`` format sets it)."""
 
     stop_strings: Sequence[str]
 

@@ -30,6 +30,12 @@ Call formats (``rollout.env_options.call_format``):
   name is a tool's (``calculator``, ``python``, a function's name) or its tag, the arguments one
   text value (or the text itself); anything else is an ``error:`` result.
 
+With the ``json`` format the environment also gives the prompts the tools' descriptions
+(``tool_schemas``, JSON-schema function specs): the recipe's prompts are rendered with the chat
+template's ``tools=`` (:func:`grpokit.data.render_prompts`), so a template that lists tools in its
+system prompt (Qwen2.5, Hermes, Llama 3.1) shows them; ``schemas_in_prompt: false`` leaves them
+out.
+
 ``result_role`` (``tool``, ``user``; default None) appends the result as a message of that role in
 the tokenizer's chat template instead of plain text (``Observation.role``; default template then
 ``{output}``): ``<|im_end|>\n<|im_start|>tool\n87<|im_end|>\n<|im_start|>assistant\n`` for ChatML.
@@ -107,6 +113,7 @@ class ToolEnv:
         result_role: None (plain text) or the chat role the result is appended as (``tool``).
         max_output_chars: the longest output appended (>= 1).
         timeout_s: a user tool's time limit per call, seconds (> 0).
+        schemas_in_prompt: with the ``json`` format, give the prompts :attr:`tool_schemas`.
 
     Raises:
         ValueError: no tools, an unknown tool, two tools with one tag, a template without
@@ -127,6 +134,7 @@ class ToolEnv:
         call_format: str = "tags",
         isolation: str = "process",
         result_role: str | None = None,
+        schemas_in_prompt: bool = True,
     ):
         _check_options(call_format, isolation, result_role, max_output_chars, timeout_s)
         if result_template is None:
@@ -134,6 +142,7 @@ class ToolEnv:
         _check_template(result_template)
         self.call_format, self.isolation, self.result_role = call_format, isolation, result_role
         self.result_template, self.max_output_chars, self.timeout_s = result_template, max_output_chars, timeout_s
+        self.schemas_in_prompt = bool(schemas_in_prompt)
         self._workers: dict[int, Any] = {}  # id(user tool) -> (its worker process, a lock)
         self._lock = threading.Lock()
         self._add_tools(tools, python)
@@ -155,6 +164,7 @@ class ToolEnv:
         self.tools: dict[str, Callable[[str], Any]] = {}
         self.builtin: set[str] = set()  # tags of built-ins: bounded, they return (output, counts)
         self.names: dict[str, str] = {}  # a tool's name or tag -> its tag (the json call format)
+        self.display: dict[str, str] = {}  # tag -> the tool's name (a built-in's, a function's)
         for spec in map(str, tools):
             if spec in BUILTIN_TOOLS:
                 tag, fn = BUILTIN_TOOLS[spec], _builtin(spec, python or {})
@@ -163,11 +173,21 @@ class ToolEnv:
             else:
                 tag, fn = _tool(spec)
             self.names[tag] = tag
+            self.display.setdefault(tag, spec if spec in BUILTIN_TOOLS else tag)
             if tag in self.tools:
                 raise ValueError(f"rollout.env_options.tools: two tools with the tag <{tag}>")
             self.tools[tag] = fn
         if python is not None and "python" not in self.builtin:
             raise ValueError("rollout.env_options.python: set, but python is not one of rollout.env_options.tools")
+
+    @property
+    def tool_schemas(self) -> list[dict[str, Any]] | None:
+        """The tools as chat-template function specs (``{"type": "function", "function": {name,
+        description, parameters}}``, one text argument each: ``expression``, ``code`` or ``input``)
+        for the ``json`` call format with ``schemas_in_prompt``; else None."""
+        if self.call_format != "json" or not self.schemas_in_prompt:
+            return None
+        return [_schema(self.display[tag], tag in self.builtin, fn) for tag, fn in self.tools.items()]
 
     def start(self, row: Mapping[str, Any]) -> _ToolEpisode:
         """A new episode (tools see only the call's text, not the row)."""
@@ -274,6 +294,30 @@ class _ToolEpisode:
 
     def _result(self, out: str, counts: dict[str, int]) -> Observation:
         return Observation(text=self.env.result_template.format(output=out), counts=counts, role=self.env.result_role)
+
+
+#: a built-in tool's description and argument in :attr:`ToolEnv.tool_schemas`
+_BUILTIN_SCHEMAS = {
+    "calculator": ("Exact arithmetic on rational numbers: + - * / ^ and parentheses.", "expression"),
+    "python": ("Runs Python code in a fresh sandboxed process and returns what it prints.", "code"),
+}
+
+
+def _schema(name: str, builtin: bool, fn: Callable[[str], Any]) -> dict[str, Any]:
+    """One tool's function spec: a built-in's fixed text, a user tool's docstring (first paragraph)."""
+    if builtin:
+        description, arg = _BUILTIN_SCHEMAS[name]
+    else:
+        doc = (getattr(fn, "__doc__", None) or "").strip().split("\n\n")[0]
+        description, arg = " ".join(doc.split()) or f"The tool {name}.", "input"
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {"type": "object", "properties": {arg: {"type": "string"}}, "required": [arg]},
+        },
+    }
 
 
 def _check_options(

@@ -43,7 +43,15 @@ from grpokit.backends import model_device
 from grpokit.envs.base import Environment, Episode
 from grpokit.experience import Experience
 from grpokit.rollout.engine import SamplingParams, check_prompts
-from grpokit.rollout.turns import RowTranscript, append_observation, ask_episodes, keep_turn, turn_seed
+from grpokit.rollout.turns import (
+    ENV_COUNTS,
+    RowTranscript,
+    append_observation,
+    ask_episodes,
+    keep_turn,
+    transcripts_experience,
+    turn_seed,
+)
 
 if TYPE_CHECKING:
     from grpokit.config import RolloutConfig
@@ -57,9 +65,6 @@ __all__ = [
     "generate_multiturn",
     "turn_seed",
 ]
-
-#: the per-row counts a multi-turn rollout reports (besides an environment's own)
-ENV_COUNTS = ("turns", "env_tokens", "budget_cut")
 
 #: the values of ``rollout.turn_batching``: how a multi-turn rollout batches its rows' turns
 TURN_BATCHING = ("continuous", "lockstep")
@@ -178,7 +183,7 @@ def generate_multiturn(
         _continuous(run)
     else:
         _lockstep(run, static_cache=static_cache)
-    return _experience(tokenizer, prompt_lists, rows_t, G, pad_id, device, time.perf_counter() - t0)
+    return transcripts_experience(tokenizer, prompt_lists, rows_t, G, pad_id, device, time.perf_counter() - t0)
 
 
 @dataclass
@@ -299,45 +304,6 @@ def _continuous(run: _Rollout) -> None:
                     pad_id=run.pad_id,
                     prefill=prefill,
                 )
-
-
-def _experience(
-    tokenizer: Any,
-    prompt_lists: list[list[int]],
-    rows_t: list[RowTranscript],
-    group_size: int,
-    pad_id: int,
-    device: torch.device,
-    gen_s: float,
-) -> Experience:
-    """The transcripts as an :class:`Experience` (module docstring), per-row counts in ``env_counts``."""
-    from grpokit.rollout.hf import left_padded
-
-    n = len(rows_t)
-    t_width = max(1, max(len(t.ids) for t in rows_t))
-    prompt_ids, prompt_mask = left_padded([prompt_lists[r // group_size] for r in range(n)], pad_id)
-    completion_ids = torch.full((n, t_width), int(pad_id), dtype=torch.long)
-    completion_mask = torch.zeros((n, t_width), dtype=torch.bool)
-    attention = torch.zeros((n, t_width), dtype=torch.bool)
-    for r, t in enumerate(rows_t):
-        if t.ids:
-            completion_ids[r, : len(t.ids)] = torch.tensor(t.ids, dtype=torch.long)
-            completion_mask[r, : len(t.ids)] = torch.tensor(t.model, dtype=torch.bool)
-            attention[r, : len(t.ids)] = True
-    names = sorted({*ENV_COUNTS, *(k for t in rows_t for k in t.counts)})
-    counts = {k: torch.tensor([t.counts.get(k, 0) for t in rows_t], dtype=torch.long) for k in names}
-    return Experience.grouped(
-        prompt_ids.to(device),
-        prompt_mask.to(device),
-        completion_ids.to(device),
-        completion_mask.to(device),
-        group_size,
-        truncated=torch.tensor([t.truncated for t in rows_t], dtype=torch.bool, device=device),
-        completions=tokenizer.batch_decode([t.ids for t in rows_t], skip_special_tokens=True),
-        attention_mask=attention.to(device),
-        env_counts={k: v.to(device) for k, v in counts.items()},
-        gen_s=gen_s,
-    )
 
 
 def env_options(r: RolloutConfig) -> dict[str, Any] | None:

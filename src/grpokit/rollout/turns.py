@@ -2,7 +2,8 @@
 turns (:mod:`grpokit.rollout.multiturn`'s lockstep, :mod:`grpokit.rollout.continuous`): the row's
 transcript (:class:`RowTranscript`), a turn's seed (:func:`turn_seed`), where a turn ends
 (:func:`cut_turn`), keeping a turn (:func:`keep_turn`), the episodes' answers
-(:func:`ask_episodes`) and appending an observation (:func:`append_observation`).
+(:func:`ask_episodes`), appending an observation (:func:`append_observation`) and the rows'
+transcripts as one :class:`~grpokit.experience.Experience` (:func:`transcripts_experience`).
 """
 
 from __future__ import annotations
@@ -11,18 +12,26 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from grpokit.envs.base import Episode, Observation
+from grpokit.experience import Experience
 from grpokit.rollout.engine import request_seed
 
 __all__ = [
+    "ENV_COUNTS",
     "PARALLEL_STEPS",
     "RowTranscript",
     "append_observation",
     "ask_episodes",
     "cut_turn",
     "keep_turn",
+    "transcripts_experience",
     "turn_seed",
 ]
+
+#: the per-row counts a multi-turn rollout reports (besides an environment's own)
+ENV_COUNTS = ("turns", "env_tokens", "budget_cut")
 
 #: the most episodes stepping at once, for an environment with ``parallel_steps``
 PARALLEL_STEPS = 8
@@ -39,17 +48,23 @@ def turn_seed(seed: int, turn: int) -> int:
 
 @dataclass
 class RowTranscript:
-    """One row's turns: ``ids`` the transcript's token ids, ``model`` True on the model's tokens."""
+    """One row's turns: ``ids`` the transcript's token ids, ``model`` True on the model's tokens,
+    ``logprobs`` the sampler's log-prob of each model token where the engine reports them (0.0 on
+    the environment's tokens and where it does not)."""
 
     ids: list[int] = field(default_factory=list)
     model: list[bool] = field(default_factory=list)
     done: bool = False
     truncated: bool = False
     counts: dict[str, int] = field(default_factory=dict)
+    logprobs: list[float] = field(default_factory=list)
 
-    def add(self, ids: Sequence[int], by_model: bool) -> None:
+    def add(self, ids: Sequence[int], by_model: bool, logprobs: Sequence[float] | None = None) -> None:
+        if logprobs is not None and len(logprobs) != len(ids):
+            raise ValueError(f"RowTranscript.add: {len(ids)} tokens but {len(logprobs)} log-probs")
         self.ids.extend(int(i) for i in ids)
         self.model.extend([by_model] * len(ids))
+        self.logprobs.extend([0.0] * len(ids) if logprobs is None else [float(x) for x in logprobs])
 
     def count(self, counts: Mapping[str, int]) -> None:
         for k, v in counts.items():
@@ -79,12 +94,14 @@ def keep_turn(
     stops: Sequence[str],
     limit: int,
     budget: int,
+    logprobs: Sequence[float] | None = None,
 ) -> tuple[str, str] | None:
-    """Keep the turn's tokens in ``t``; ``(its text, "eos" | "stop")`` for the episode to answer, or
-    None when a token limit ended the row."""
+    """Keep the turn's tokens in ``t`` (and the sampler's ``logprobs`` of them, one per token of
+    ``new``, where given); ``(its text, "eos" | "stop")`` for the episode to answer, or None when a
+    token limit ended the row."""
     kept, how = cut_turn(tokenizer, new, eos, stops, limit)
     start = len(t.ids)
-    t.add(new[:kept], True)
+    t.add(new[:kept], True, None if logprobs is None else list(logprobs)[:kept])
     t.count({"turns": 1})
     if how == "limit":  # the turn's token limit or the row's budget
         t.done, t.truncated = True, True
@@ -134,3 +151,54 @@ def append_observation(
         return
     t.add(env_ids, False)
     t.count({"env_tokens": len(env_ids)})
+
+
+def transcripts_experience(
+    tokenizer: Any,
+    prompt_lists: list[list[int]],
+    rows_t: list[RowTranscript],
+    group_size: int,
+    pad_id: int,
+    device: torch.device,
+    gen_s: float,
+    *,
+    with_logprobs: bool = False,
+) -> Experience:
+    """The ``N`` transcripts as an :class:`Experience`: ``completion_ids`` ``(N, T)`` the whole
+    transcript (model and environment tokens, right-padded with ``pad_id``), ``completion_mask`` True
+    on the model's tokens only, ``attention_mask`` True on all of them; prompts left-padded (row
+    ``r`` has prompt ``r // group_size``); ``completions`` the transcripts decoded without special
+    tokens; ``env_counts`` the per-row counts (:data:`ENV_COUNTS` and the episodes' own) as
+    ``{name: (N,) long}``; with ``with_logprobs``, ``sampler_logprobs`` ``(N, T)`` float32 from
+    :attr:`RowTranscript.logprobs` (0 off the model's tokens)."""
+    from grpokit.rollout.hf import left_padded
+
+    n = len(rows_t)
+    t_width = max(1, max(len(t.ids) for t in rows_t))
+    prompt_ids, prompt_mask = left_padded([prompt_lists[r // group_size] for r in range(n)], pad_id)
+    completion_ids = torch.full((n, t_width), int(pad_id), dtype=torch.long)
+    completion_mask = torch.zeros((n, t_width), dtype=torch.bool)
+    attention = torch.zeros((n, t_width), dtype=torch.bool)
+    sampler = torch.zeros((n, t_width), dtype=torch.float32)
+    for r, t in enumerate(rows_t):
+        if t.ids:
+            completion_ids[r, : len(t.ids)] = torch.tensor(t.ids, dtype=torch.long)
+            completion_mask[r, : len(t.ids)] = torch.tensor(t.model, dtype=torch.bool)
+            attention[r, : len(t.ids)] = True
+            sampler[r, : len(t.ids)] = torch.tensor(t.logprobs, dtype=torch.float32)
+    names = sorted({*ENV_COUNTS, *(k for t in rows_t for k in t.counts)})
+    counts = {k: torch.tensor([t.counts.get(k, 0) for t in rows_t], dtype=torch.long) for k in names}
+    sampler_logprobs = sampler.masked_fill(~completion_mask, 0.0).to(device) if with_logprobs else None
+    return Experience.grouped(
+        prompt_ids.to(device),
+        prompt_mask.to(device),
+        completion_ids.to(device),
+        completion_mask.to(device),
+        group_size,
+        truncated=torch.tensor([t.truncated for t in rows_t], dtype=torch.bool, device=device),
+        completions=tokenizer.batch_decode([t.ids for t in rows_t], skip_special_tokens=True),
+        attention_mask=attention.to(device),
+        env_counts={k: v.to(device) for k, v in counts.items()},
+        sampler_logprobs=sampler_logprobs,
+        gen_s=gen_s,
+    )

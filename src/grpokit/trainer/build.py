@@ -306,9 +306,13 @@ def build_engines(
     from grpokit.rollout.multiturn import MultiTurnEngine, env_options
 
     multi_turn = env_options(r)
-    if multi_turn is not None:  # the hf engine's generation with the environment between turns
+    if multi_turn is not None:  # the engine's generation with the environment between turns
         on_model.update(multi_turn)
         make = MultiTurnEngine
+        if r.engine == "vllm":
+            from grpokit.rollout.vllm_multiturn import VLLMMultiTurnEngine
+
+            make = VLLMMultiTurnEngine
     engine = make(**on_model, **options, **extra)
     eval_engine = None
     if evaluation:  # the same environment (its tools) in held-out evaluation

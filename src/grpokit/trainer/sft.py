@@ -86,11 +86,17 @@ def completion_rows(rows: list[dict], completion_template: str) -> tuple[list[di
 
 
 def encode_rows(
-    tokenizer: Any, rows: list[dict], *, prompt_template: str, system_prompt: str | None = None
+    tokenizer: Any,
+    rows: list[dict],
+    *,
+    prompt_template: str,
+    system_prompt: str | None = None,
+    tools: list[dict] | None = None,
 ) -> list[dict[str, list[int]]]:
     """Token ids and labels of each row: the chat-templated prompt as GRPO sees it
-    (:func:`grpokit.data.render_prompts`, :func:`grpokit.models.loading.encode_prompts`), then the completion
-    and the end-of-turn token.
+    (:func:`grpokit.data.render_prompts`, :func:`grpokit.models.loading.encode_prompts`; ``tools``:
+    the tool schemas the chat template shows, :func:`grpokit.data.rows.prompt_tools`), then the
+    completion and the end-of-turn token.
 
     Returns:
         One dict per row: ``input_ids`` (P + C + 1 ints) and ``labels`` (``IGNORE_INDEX`` at the P
@@ -109,6 +115,7 @@ def encode_rows(
         template=prompt_template,
         source="sft",
         system_key="the system prompt (--system-prompt or data.system_prompt)",
+        tools=tools,
     )
     prompt_ids = encode_prompts(tokenizer, prompts)
     completion_ids = tokenizer([r["completion"] for r in rows], add_special_tokens=False)["input_ids"]
@@ -256,7 +263,7 @@ def main_sft(recipe: Recipe, *, model: str, out: str | Path, heldout_of: str | N
         OSError: ``out`` is a file, a non-empty folder, below a file or not writable (:func:`_check_out`).
         FileNotFoundError: unknown model or dataset file.
     """
-    from grpokit.data.rows import load_data_rows, section_rows
+    from grpokit.data.rows import load_data_rows, prompt_tools, section_rows
     from grpokit.models.loading import load_model, load_tokenizer, resolve_model_paths
     from grpokit.trainer.build import resolve_device
 
@@ -285,7 +292,8 @@ def main_sft(recipe: Recipe, *, model: str, out: str | Path, heldout_of: str | N
     device = resolve_device(recipe.model.device)
     resolve_model_paths(model)  # a LoRA adapter folder: its base model too
     tokenizer = load_tokenizer(model)
-    encoded = encode_rows(tokenizer, rows, prompt_template=template, system_prompt=system)
+    tools = prompt_tools(recipe)  # the prompts GRPO will see: the environment's tool schemas too
+    encoded = encode_rows(tokenizer, rows, prompt_template=template, system_prompt=system, tools=tools)
     policy = load_model(model, device=device)
     policy.train()
     info = {
@@ -298,6 +306,7 @@ def main_sft(recipe: Recipe, *, model: str, out: str | Path, heldout_of: str | N
         "heldout_of": heldout_of,
         "heldout_left_out": dropped,
         "example": rows[0]["completion"],
+        "tools": tools,
     }
     return run_sft(
         policy,
