@@ -17,11 +17,16 @@ What lives where:
 - :mod:`grpokit.process.wiring`: :func:`resolve_process_reward` turns ``algo.process_reward`` (a
   built-in name of :data:`BUILTIN_PROCESS_REWARDS`, ``module:function`` or ``path/to/file.py:function``)
   into a guarded callable, its signature checked.
+- :mod:`grpokit.process.labels`: automatic step labels (Math-Shepherd): :func:`label_steps` rolls
+  out completions from each step of a policy's own solutions through a rollout engine and labels
+  the step ``hard``/``soft`` by how many reach the answer; :class:`StepLabels` records kept in a
+  JSON-lines file that a run can resume (:func:`append_labels`, :func:`read_labels`).
 
 Token advantages from the step rewards are the algorithm's job (``grpokit.estimators.base.GRPO`` with
 ``grpokit.algo.process_advantages``).
 """
 
+from grpokit.process.labels import LabelFile, StepLabels, append_labels, label_steps, prefix_seed, read_labels
 from grpokit.process.prm import ClassificationPRM, TokenProbPRM
 from grpokit.process.scorer import ProcessScorer
 from grpokit.process.steps import (
@@ -39,11 +44,17 @@ __all__ = [
     "BUILTIN_PROCESS_REWARDS",
     "Claim",
     "ClassificationPRM",
+    "LabelFile",
     "MAX_BITS",
     "ProcessScorer",
+    "StepLabels",
     "TokenProbPRM",
+    "append_labels",
     "arithmetic_step_rewards",
     "find_claims",
+    "label_steps",
+    "prefix_seed",
+    "read_labels",
     "resolve_process_reward",
     "scatter_step_rewards",
     "split_steps",
