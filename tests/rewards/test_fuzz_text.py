@@ -475,7 +475,7 @@ def test_prm_tag_placement_total(prm, tok, text, rule, prompt):
     steps = step_texts(text, split_steps(text, rule))
     ids, pos = _timed(prm.build, prompt, steps)
     assert len(pos) == len(steps) and pos == sorted(set(pos))
-    assert all(0 <= p < len(ids) and ids[p] == prm._scorer.tag_ids[-1] for p in pos)
+    assert all(0 <= p < len(ids) and ids[p] == prm._scorer.layout.tag_ids[-1] for p in pos)
     (scores,) = _timed(prm, [prompt], [text], [steps])
     assert len(scores) == len(steps)
     for p, s in zip(pos, scores):  # beyond max_length: None; else a probability

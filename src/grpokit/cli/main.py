@@ -204,6 +204,12 @@ def _sft(argv: list[str]) -> int:
     return sft_command(argv)
 
 
+def _prm(argv: list[str]) -> int:
+    from grpokit.cli.prm import prm_command
+
+    return prm_command(argv)
+
+
 def _eval(argv: list[str]) -> int:
     from grpokit.cli.eval import eval_command
 
@@ -215,17 +221,18 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if not argv or argv[0] in ("-h", "--help"):
         print(
-            "usage: grpokit {train,eval,export,sft} ...\n  train [RECIPE] [key=value ...]  run GRPO "
+            "usage: grpokit {train,eval,export,sft,prm} ...\n  train [RECIPE] [key=value ...]  run GRPO "
             f"(RECIPE: a file or a packaged name: {', '.join(packaged_recipes())}; none: the demo)\n"
             "  eval MODEL --dataset NAME | --heldout-of RECIPE [--limit N] [eval.key=value ...]\n"
             "  export CHECKPOINT OUT [--merge]  the model of a checkpoint (LoRA: --merge = a full model)\n"
-            "  sft RECIPE | MODEL OUT --dataset NAME --completion-template T  supervised warm-up before GRPO"
+            "  sft RECIPE | MODEL OUT --dataset NAME --completion-template T  supervised warm-up before GRPO\n"
+            "  prm label|train RECIPE [key=value ...]  step labels of the policy, a PRM trained on them"
         )
         return 0
     cmd, rest = argv[0], argv[1:]
-    commands = {"train": _train, "eval": _eval, "export": _export, "sft": _sft}
+    commands = {"train": _train, "eval": _eval, "export": _export, "sft": _sft, "prm": _prm}
     if cmd not in commands:
-        print(f"grpokit: unknown command {cmd!r}; use train, eval, export or sft", file=sys.stderr)
+        print(f"grpokit: unknown command {cmd!r}; use train, eval, export, sft or prm", file=sys.stderr)
         return 2
     try:
         return commands[cmd](rest)

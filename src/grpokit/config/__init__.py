@@ -1,8 +1,9 @@
 """The recipe: typed dataclasses that are the one source of defaults, help text and validation.
 
 A recipe is a YAML file with the sections below (``model``, ``data``, ``rollout``, ``rewards``,
-``algo``, ``train``, ``eval``, and ``sft``, the settings of ``grpokit sft``); ``grpokit train RECIPE.yaml
-key.sub=value ...`` overrides single keys (``grpokit sft`` and ``grpokit eval`` take the same overrides).
+``algo``, ``train``, ``eval``, ``sft``, the settings of ``grpokit sft``, and ``prm``, those of
+``grpokit prm``); ``grpokit train RECIPE.yaml key.sub=value ...`` overrides single keys (``grpokit
+sft``, ``grpokit prm`` and ``grpokit eval`` take the same overrides).
 Each field's ``help`` metadata is what ``grpokit train --help`` prints.
 
 Modules: :mod:`grpokit.config.schema` (the sections and their fields), :mod:`grpokit.config.checks`
@@ -21,6 +22,7 @@ from grpokit.config.schema import (
     DuplicateKeyError,
     EvalConfig,
     ModelConfig,
+    PrmConfig,
     Recipe,
     RecipeError,
     Registry,
@@ -44,6 +46,7 @@ __all__ = [
     "Registry",
     "RewardsConfig",
     "RolloutConfig",
+    "PrmConfig",
     "SftConfig",
     "TrainConfig",
     "choices_of",

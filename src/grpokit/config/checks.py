@@ -7,7 +7,16 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from grpokit.config.schema import Recipe, RecipeError, SftConfig, _walk, check_elements, choices_of, lora_options
+from grpokit.config.schema import (
+    PrmConfig,
+    Recipe,
+    RecipeError,
+    SftConfig,
+    _walk,
+    check_elements,
+    choices_of,
+    lora_options,
+)
 
 
 def validate(recipe: Recipe) -> None:
@@ -22,6 +31,7 @@ def validate(recipe: Recipe) -> None:
     _check_combinations(recipe)
     _check_more_values(recipe)
     _check_sft(recipe.sft)
+    _check_prm(recipe.prm)
     _check_env(recipe)
 
 
@@ -254,6 +264,34 @@ def _check_env(recipe: Recipe) -> None:
         return
     if not r.env.strip():
         raise RecipeError("rollout.env: empty; tools, module:Class, or null (one completion per row)")
+
+
+def _check_prm(p: PrmConfig) -> None:
+    """The ``prm`` section's ranges (``grpokit prm``; its tokens are checked against the tokenizer
+    when it loads)."""
+    positive = {
+        "samples_per_problem": p.samples_per_problem,
+        "rollouts_per_step": p.rollouts_per_step,
+        "problems_per_call": p.problems_per_call,
+        "epochs": p.epochs,
+        "learning_rate": p.learning_rate,
+        "batch_size": p.batch_size,
+        "max_length": p.max_length,
+    }
+    for key, v in positive.items():
+        if v <= 0:
+            raise RecipeError(f"prm.{key}: must be > 0, got {v}")
+    if p.problems is not None and p.problems <= 0:
+        raise RecipeError(f"prm.problems: must be > 0 or null, got {p.problems}")
+    if not 0 <= p.eval_fraction < 1:
+        raise RecipeError(f"prm.eval_fraction: must be in [0, 1), got {p.eval_fraction}")
+    if p.warmup_steps < 0:
+        raise RecipeError(f"prm.warmup_steps: must be >= 0, got {p.warmup_steps}")
+    if p.max_steps <= 0 and p.max_steps != -1:
+        raise RecipeError(f"prm.max_steps: must be > 0, or -1 (train for prm.epochs), got {p.max_steps}")
+    for key in ("step_tag", "good_token", "bad_token", "judge"):
+        if not getattr(p, key).strip():
+            raise RecipeError(f"prm.{key}: empty")
 
 
 def _check_sft(s: SftConfig) -> None:

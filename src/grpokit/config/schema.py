@@ -402,7 +402,9 @@ class AlgoConfig:
         ("sum", "mean", "diff"),
     )
     process_reward: str = _f(
-        "arithmetic", "process supervision: step scorer (arithmetic, module:function or path/to/file.py:function)"
+        "arithmetic",
+        "process supervision: step scorer (arithmetic, prm:FOLDER a PRM from `grpokit prm train` "
+        "on rewards.rm_device/rm_dtype/rm_batch_size/rm_max_length, module:function or path/to/file.py:function)",
     )
     overlong_filter: bool = _f(
         False,
@@ -514,6 +516,39 @@ class SftConfig:
 
 
 @dataclass
+class PrmConfig:
+    """``grpokit prm label RECIPE`` and ``grpokit prm train RECIPE``: automatic step labels of this
+    recipe's model (``model.name_or_path``) on its training problems (``data``), sampled with its
+    ``rollout`` settings and split with ``algo.step_rule`` (Math-Shepherd), then a PRM trained on them
+    that ``algo.process_reward: prm:OUTPUT_DIR`` scores steps with. ``grpokit train`` reads none of
+    these keys."""
+
+    labels: str | None = _f(None, "the JSON-lines file of step labels (written by label, resumed, read by train)")
+    output_dir: str | None = _f(None, "the PRM folder `grpokit prm train` writes (must not exist or be empty)")
+    judge: str = _f("math_correct", "the outcome reward that says whether a text reaches the answer")
+    threshold: float = _f(1.0, "a judged text reaches the answer when the judge's value is >= this")
+    problems: int | None = _f(None, "label the first N training problems (null: all)")
+    samples_per_problem: int = _f(4, "solutions sampled per problem (Math-Shepherd's N)")
+    rollouts_per_step: int = _f(4, "continuations sampled from each step (Math-Shepherd's completions per step)")
+    problems_per_call: int = _f(4, "problems per labelling call; each call's records are appended to prm.labels")
+    seed: int = _f(0, "the labelling seed; and of the PRM's training order and held-out split")
+    model: str | None = _f(None, "the model trained into the PRM (default: model.name_or_path)")
+    label: str = _f(
+        "hard", "targets: hard (some continuation reaches the answer) or soft (the share)", ("hard", "soft")
+    )
+    eval_fraction: float = _f(0.1, "share of labelled problems held out to measure the PRM (AUC, F1)")
+    epochs: float = _f(1.0, "passes over the labelled solutions (> 0)")
+    max_steps: int = _f(-1, "optimizer steps; overrides prm.epochs when > 0 (-1 = by epochs)")
+    learning_rate: float = _f(1e-5, "peak learning rate (linear warm-up, then linear decay)")
+    batch_size: int = _f(8, "labelled solutions per optimizer step")
+    warmup_steps: int = _f(10, "optimizer steps of linear warm-up")
+    max_length: int = _f(512, "tokens per row; tags past it are not trained on (and score None)")
+    step_tag: str = _f("ки", "text after each step; the PRM is read at its last token")
+    good_token: str = _f("+", "the next token that means a good step (one token)")
+    bad_token: str = _f("-", "the next token that means a bad step (one token)")
+
+
+@dataclass
 class Recipe:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -523,6 +558,7 @@ class Recipe:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     sft: SftConfig = field(default_factory=SftConfig)
+    prm: PrmConfig = field(default_factory=PrmConfig)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

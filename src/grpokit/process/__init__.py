@@ -11,7 +11,10 @@ What lives where:
   ``fn(prompts, completions, steps, **columns) -> list[list[float | None]]`` and the built-in
   rule-based arithmetic step verifier (:func:`arithmetic_step_rewards`, :func:`find_claims`).
 - :mod:`grpokit.process.prm`: learned process reward models following the same protocol
-  (:class:`TokenProbPRM`, :class:`ClassificationPRM`).
+  (:class:`TokenProbPRM`, :class:`ClassificationPRM`) and their row layout (:class:`StepLayout`).
+- :mod:`grpokit.process.prm_train`: a ``TokenProbPRM`` trained on step labels (:func:`train_prm`,
+  :class:`PRMSpec`) and loaded back (:func:`load_prm`); :mod:`grpokit.process.prm_metrics` measures one
+  against labels (step accuracy, AUC, first-wrong-step F1).
 - :mod:`grpokit.process.scorer`: :class:`ProcessScorer`, the step scorer of the reward pipeline:
   completions -> steps -> scores -> ``(step_rewards, step_ends)`` and the step metrics.
 - :mod:`grpokit.process.wiring`: :func:`resolve_process_reward` turns ``algo.process_reward`` (a
@@ -27,7 +30,9 @@ Token advantages from the step rewards are the algorithm's job (``grpokit.estima
 """
 
 from grpokit.process.labels import LabelFile, StepLabels, append_labels, label_steps, prefix_seed, read_labels
-from grpokit.process.prm import ClassificationPRM, TokenProbPRM
+from grpokit.process.prm import ClassificationPRM, StepLayout, TokenProbPRM
+from grpokit.process.prm_metrics import prm_metrics
+from grpokit.process.prm_train import PRMSpec, load_prm, train_prm
 from grpokit.process.scorer import ProcessScorer
 from grpokit.process.steps import (
     scatter_step_rewards,
@@ -46,14 +51,18 @@ __all__ = [
     "ClassificationPRM",
     "LabelFile",
     "MAX_BITS",
+    "PRMSpec",
     "ProcessScorer",
     "StepLabels",
+    "StepLayout",
     "TokenProbPRM",
     "append_labels",
     "arithmetic_step_rewards",
     "find_claims",
     "label_steps",
+    "load_prm",
     "prefix_seed",
+    "prm_metrics",
     "read_labels",
     "resolve_process_reward",
     "scatter_step_rewards",
@@ -62,4 +71,5 @@ __all__ = [
     "step_texts",
     "step_token_ends",
     "token_char_ends",
+    "train_prm",
 ]

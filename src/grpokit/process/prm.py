@@ -39,7 +39,7 @@ import torch
 
 from grpokit.rewards.scoring import PositionScorer, Scores
 
-__all__ = ["TokenProbPRM", "ClassificationPRM"]
+__all__ = ["ClassificationPRM", "StepLayout", "TokenProbPRM"]
 
 
 def _default_format_prompt(prompt: str) -> str:
@@ -72,8 +72,44 @@ def _clean_step(step: str, tag: str | int) -> str:
     return s
 
 
+class StepLayout:
+    """The token layout of one PRM row (module docstring), without a model: what a PRM scores and
+    what :mod:`grpokit.process.prm_train` trains on are built by the same code.
+
+    Args:
+        tokenizer: the PRM's tokenizer.
+        tag: the step tag (or separator) text, or its token id.
+        tag_what: the tag's name in error messages (``step_tag``/``separator``).
+        step_suffix: text after each tag.
+        format_prompt: ``prompt -> text`` before the steps (default ``prompt.rstrip() + "\\n"``).
+
+    Raises:
+        ValueError: the tag is not in the tokenizer's vocabulary.
+    """
+
+    def __init__(self, tokenizer, tag, tag_what: str = "step_tag", step_suffix: str = "\n", format_prompt=None):
+        self.tokenizer, self.tag = tokenizer, tag
+        self.tag_ids = _tag_ids(tokenizer, tag, tag_what)
+        self.suffix_ids = tokenizer.encode(step_suffix, add_special_tokens=False) if step_suffix else []
+        self.format_prompt = format_prompt or _default_format_prompt
+
+    def build(self, prompt: str, steps: Sequence[str]) -> tuple[list[int], list[int]]:
+        """``(ids, tag_positions)`` of one row: the prompt's ids, then per step its ids, the tag's ids
+        (the position of the tag's last id recorded) and the suffix's ids."""
+        enc = self.tokenizer.encode
+        ids = list(enc(self.format_prompt(prompt), add_special_tokens=True))
+        positions = []
+        for step in steps:
+            text = _clean_step(step, self.tag)
+            ids += enc(text, add_special_tokens=False) if text else []
+            ids += self.tag_ids
+            positions.append(len(ids) - 1)
+            ids += self.suffix_ids
+        return ids, positions
+
+
 class _Scorer:
-    """A PRM's row layout (prompt, steps, tags) on the shared scoring base
+    """A PRM's row layout (:class:`StepLayout`) on the shared scoring base
     (:class:`grpokit.rewards.scoring.PositionScorer`); each PRM gives it a ``read`` function."""
 
     def __init__(
@@ -90,10 +126,7 @@ class _Scorer:
         padding_side,
         max_length,
     ):
-        self.tokenizer, self.tag = tokenizer, tag
-        self.tag_ids = _tag_ids(tokenizer, tag, tag_what)
-        self.suffix_ids = tokenizer.encode(step_suffix, add_special_tokens=False) if step_suffix else []
-        self.format_prompt = format_prompt or _default_format_prompt
+        self.layout = StepLayout(tokenizer, tag, tag_what, step_suffix, format_prompt)
         pad = tokenizer.pad_token_id
         side = padding_side or getattr(tokenizer, "padding_side", None) or "right"
         self.base = PositionScorer(
@@ -108,17 +141,8 @@ class _Scorer:
         self.model = self.base.model
 
     def build(self, prompt: str, steps: Sequence[str]) -> tuple[list[int], list[int]]:
-        """``(ids, tag_positions)`` of one row, laid out as in the module docstring."""
-        enc = self.tokenizer.encode
-        ids = list(enc(self.format_prompt(prompt), add_special_tokens=True))
-        positions = []
-        for step in steps:
-            text = _clean_step(step, self.tag)
-            ids += enc(text, add_special_tokens=False) if text else []
-            ids += self.tag_ids
-            positions.append(len(ids) - 1)
-            ids += self.suffix_ids
-        return ids, positions
+        """``(ids, tag_positions)`` of one row (:meth:`StepLayout.build`)."""
+        return self.layout.build(prompt, steps)
 
     def score(self, prompts, steps, read: Callable[[torch.Tensor], torch.Tensor]) -> Scores:
         if len(prompts) != len(steps):

@@ -1,0 +1,200 @@
+"""``grpokit prm label`` and ``grpokit prm train`` (:mod:`grpokit.cli.prm`): a recipe's ``prm``
+section (:class:`grpokit.config.PrmConfig`) turned into automatic step labels of its policy
+(:func:`grpokit.process.labels.label_steps`) and a PRM trained on them
+(:func:`grpokit.process.prm_train.train_prm`). Every check that needs no model runs before a model
+loads; errors name the recipe key at fault.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from grpokit.config import Recipe
+from grpokit.utils.outputs import check_output_dir
+
+__all__ = ["main_prm_label", "main_prm_train", "problem_runs"]
+
+_PROVENANCE = ("samples_per_problem", "rollouts_per_step", "seed", "step_rule", "threshold")
+
+
+def problem_runs(todo: list[int], size: int) -> list[tuple[int, int]]:
+    """``[(start, stop), ...]``: ``todo`` (sorted problem indices) cut into runs of consecutive
+    indices, each at most ``size`` long.
+
+    >>> problem_runs([0, 1, 2, 5, 6, 9], 2)
+    [(0, 2), (2, 3), (5, 7), (9, 10)]
+    """
+    runs: list[tuple[int, int]] = []
+    for b in todo:
+        if runs and runs[-1][1] == b and b - runs[-1][0] < size:
+            runs[-1] = (runs[-1][0], b + 1)
+        else:
+            runs.append((b, b + 1))
+    return runs
+
+
+def _settings(recipe: Recipe) -> dict[str, Any]:
+    p = recipe.prm
+    return {
+        "samples_per_problem": p.samples_per_problem,
+        "rollouts_per_step": p.rollouts_per_step,
+        "seed": p.seed,
+        "step_rule": recipe.algo.step_rule,
+        "threshold": p.threshold,
+    }
+
+
+def main_prm_label(recipe: Recipe) -> dict[str, Any]:
+    """Label the steps of ``recipe.model``'s own solutions to its first ``prm.problems`` training
+    problems and append the records to ``prm.labels``; problems already complete there are skipped
+    (a cut-off run resumes).
+
+    Returns:
+        ``labels`` (the file), ``problems`` (in scope), ``labelled`` (this call), ``skipped``
+        (complete before), ``records``/``steps``/``good_frac`` of this call's records, ``seconds``.
+
+    Raises:
+        ValueError: ``prm.labels`` not set; an unknown ``prm.judge``; the file holds records made with
+            other settings (named); bad data or step rule (names the key); a multi-turn recipe.
+        OSError: the file cannot be written.
+    """
+    from grpokit.data.rows import load_prompts, section_rows
+    from grpokit.models.loading import eos_token_ids, load_model, load_tokenizer, model_max_positions
+    from grpokit.process.labels import append_labels, label_steps, read_labels
+    from grpokit.process.steps import split_steps
+    from grpokit.rewards.base import get_reward_function
+    from grpokit.rollout.engine import SamplingParams, load_engine
+    from grpokit.trainer.build import resolve_device
+
+    p, m, r, d = recipe.prm, recipe.model, recipe.rollout, recipe.data
+    if p.labels is None:
+        raise ValueError("prm.labels: not set; the JSON-lines file the step labels are written to")
+    if r.env is not None:
+        raise ValueError("rollout.env: step labels sample single completions; set rollout.env=null")
+    try:
+        judge = get_reward_function(p.judge)
+    except ValueError as e:
+        raise ValueError(f"prm.judge: {e}") from e
+    try:
+        split_steps("a\nb", recipe.algo.step_rule)
+    except ValueError as e:
+        raise ValueError(f"algo.step_rule: {e}") from None
+    done = read_labels(p.labels)
+    want = _settings(recipe)
+    for rec in done.records:
+        got = {k: getattr(rec, k) for k in _PROVENANCE}
+        if got != want:
+            diff = {k: (got[k], want[k]) for k in _PROVENANCE if got[k] != want[k]}
+            raise ValueError(
+                f"prm.labels: {p.labels} holds records labelled with other settings (file, recipe): {diff}; "
+                "use another file or the same settings"
+            )
+    sampling = SamplingParams.from_config(r)
+    rows = section_rows(recipe, "data")
+    device = resolve_device(m.device)
+    tokenizer = load_tokenizer(m.name_or_path, trust_remote_code=m.trust_remote_code)
+    max_positions = model_max_positions(m.name_or_path, trust_remote_code=m.trust_remote_code)
+    rows, prompts, _ = load_prompts(
+        recipe,
+        tokenizer,
+        dataset=d.dataset,
+        split=d.split,
+        limit=d.limit,
+        rows=rows,
+        max_new_tokens=r.max_new_tokens,
+        max_positions=max_positions,
+    )
+    n = len(rows) if p.problems is None else min(p.problems, len(rows))
+    todo = [b for b in range(n) if b not in done.complete]
+    start = time.time()
+    new: list[Any] = []
+    if todo:
+        model = load_model(m.name_or_path, device=device, trust_remote_code=m.trust_remote_code).eval()
+        engine = load_engine(r.engine, model=model, tokenizer=tokenizer, eos_token_ids=eos_token_ids(model, tokenizer))
+        for lo, hi in problem_runs(todo, p.problems_per_call):
+            records = label_steps(
+                engine,
+                prompts[lo:hi],
+                rows[lo:hi],
+                judge=judge,
+                samples_per_problem=p.samples_per_problem,
+                rollouts_per_step=p.rollouts_per_step,
+                sampling=sampling,
+                seed=p.seed,
+                step_rule=recipe.algo.step_rule,
+                threshold=p.threshold,
+                first_problem=lo,
+            )
+            append_labels(p.labels, records)
+            new += records
+            print(
+                f"[grpokit] prm label: problems {lo}..{hi - 1} of {n} -> {p.labels} ({time.time() - start:.0f} s)",
+                flush=True,
+            )
+    flat = [h for rec in new for h in rec.hard]
+    return {
+        "labels": p.labels,
+        "problems": n,
+        "labelled": len(todo),
+        "skipped": n - len(todo),
+        "records": len(new),
+        "steps": len(flat),
+        "good_frac": sum(flat) / len(flat) if flat else None,
+        "seconds": round(time.time() - start, 1),
+    }
+
+
+def main_prm_train(recipe: Recipe) -> dict[str, Any]:
+    """Train ``prm.model`` (default ``model.name_or_path``) into a PRM on the records of
+    ``prm.labels`` and write it to ``prm.output_dir`` (:func:`grpokit.process.prm_train.train_prm`).
+
+    Returns:
+        The record written to ``prm.output_dir/prm_info.json``.
+
+    Raises:
+        ValueError: ``prm.labels``/``prm.output_dir`` not set; no records in the file; the step tag or
+            candidate tokens not in the tokenizer (named ``prm.step_tag``/``prm.good_token``/``prm.bad_token``).
+        OSError: ``prm.output_dir`` is a file or a folder that is not empty, or cannot be written;
+            ``prm.labels`` cannot be read.
+    """
+    from grpokit.models.loading import load_model, load_tokenizer
+    from grpokit.process.labels import read_labels
+    from grpokit.process.prm_train import PRMSpec, train_prm
+    from grpokit.trainer.build import resolve_device
+
+    p, m = recipe.prm, recipe.model
+    for key in ("labels", "output_dir"):
+        if getattr(p, key) is None:
+            raise ValueError(f"prm.{key}: not set")
+    assert p.labels is not None and p.output_dir is not None
+    out = check_output_dir(p.output_dir, "prm.output_dir", empty=True)
+    labels = read_labels(p.labels)
+    if not labels.records:
+        raise ValueError(f"prm.labels: {p.labels} holds no records; run `grpokit prm label` first")
+    name = p.model or m.name_or_path
+    tokenizer = load_tokenizer(name, trust_remote_code=m.trust_remote_code)
+    spec = PRMSpec(step_tag=p.step_tag, good_token=p.good_token, bad_token=p.bad_token)
+    try:
+        spec.layout(tokenizer)
+        spec.candidate_ids(tokenizer)
+    except ValueError as e:
+        raise ValueError(f"prm.{e}") from None  # the message starts with the key's name
+    model = load_model(name, device=resolve_device(m.device), trust_remote_code=m.trust_remote_code)
+    return train_prm(
+        model,
+        tokenizer,
+        labels.records,
+        out,
+        spec=spec,
+        label=p.label,
+        eval_fraction=p.eval_fraction,
+        epochs=p.epochs,
+        max_steps=p.max_steps,
+        learning_rate=p.learning_rate,
+        batch_size=p.batch_size,
+        warmup_steps=p.warmup_steps,
+        seed=p.seed,
+        max_length=p.max_length,
+        info={"model": name, "labels": p.labels, "labelled_with": _settings(recipe)},
+    )
