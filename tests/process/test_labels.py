@@ -5,6 +5,7 @@ the JSON-lines file and its resume rule, bad input; and one consistency run on t
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 import pytest
@@ -161,6 +162,12 @@ def test_jsonl_round_trip(tmp_path):
     got = read_labels(path)
     assert got.records == recs and got.complete == {0, 1} and (got.partial, got.replaced) == (0, 0)
     assert read_labels(tmp_path / "absent.jsonl").records == []
+    # a record written before the policy field: read with policy None; the policy given is kept
+    old = json.loads(recs[0].to_json())
+    del old["policy"]
+    assert StepLabels.from_json(json.dumps(old)) == recs[0]
+    named = dataclasses.replace(recs[0], policy="runs/long-sft")
+    assert StepLabels.from_json(named.to_json()).policy == "runs/long-sft"
 
 
 def test_partial_last_line_is_ignored_and_cut_before_appending(tmp_path):

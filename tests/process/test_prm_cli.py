@@ -57,6 +57,7 @@ def test_label_resumes_and_refuses_other_settings(tiny_model_dir, tmp_path, caps
         assert r.question == rows[r.problem]["prompt"] and r.answer == rows[r.problem]["answer"]
         assert len(r.steps) == len(r.hard) == len(r.soft)
         assert (r.seed, r.step_rule, r.rollouts_per_step, r.threshold) == (0, "regex:\\s", 2, 0.3)
+        assert r.policy == tiny_model_dir
         assert all(h == (s > 0) for h, s in zip(r.hard[:-1], r.soft[:-1]))
     before = labels.read_bytes()
     assert main(["prm", "label", str(path)]) == 0  # complete: nothing sampled, nothing written
@@ -67,6 +68,17 @@ def test_label_resumes_and_refuses_other_settings(tiny_model_dir, tmp_path, caps
     assert main(["prm", "label", str(path), "prm.seed=1"]) == 1
     err = capsys.readouterr().err
     assert "prm.labels" in err and "other settings" in err and "'seed': (0, 1)" in err
+
+
+def test_label_leaves_out_the_held_out_problems(tiny_model_dir, tmp_path, capsys):
+    rows = section_rows(tiny_recipe(tiny_model_dir, tmp_path / "run"), "data")
+    held = tmp_path / "held.jsonl"
+    held.write_text(json.dumps({"question": rows[1]["prompt"].upper(), "answer": "1"}) + "\n")
+    path, _ = _recipe(tiny_model_dir, tmp_path, problems=2, samples_per_problem=1)
+    args = ["prm", "label", str(path), f"eval.dataset={held}", "eval.split=test", "eval.limit=1"]
+    assert main(args) == 0
+    questions = [r.question for r in read_labels(tmp_path / "labels.jsonl").records]
+    assert questions == [rows[0]["prompt"], rows[2]["prompt"]]
 
 
 def test_train_writes_a_prm_that_a_grpo_step_scores_with(tiny_model_dir, tmp_path, capsys, monkeypatch):

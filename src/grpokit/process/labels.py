@@ -59,7 +59,8 @@ class StepLabels:
     ``steps`` are the solution's step texts (they concatenate to it); ``hard[k]`` in {0, 1} and
     ``soft[k]`` in [0, 1] label step ``k`` (module docstring). ``question`` is the row's ``prompt``
     column, ``prompt`` the formatted prompt the policy saw, ``answer`` the row's ``answer`` (or None).
-    The rest is provenance: how the labels were made.
+    The rest is provenance: how the labels were made (``policy``: the name of the model sampled, None
+    where not given).
     """
 
     problem: int
@@ -76,6 +77,7 @@ class StepLabels:
     seed: int
     step_rule: str
     threshold: float
+    policy: str | None = None
 
     def to_json(self) -> str:
         """One line of JSON (no newline), non-ASCII kept as is."""
@@ -92,9 +94,10 @@ class StepLabels:
         if not isinstance(d, dict):
             raise ValueError(f"StepLabels.from_json: expected a JSON object, got {type(d).__name__}")
         names = {f.name for f in dataclasses.fields(cls)}
-        if set(d) != names:
+        optional = {"policy"}  # not in the first files written
+        if not (names - optional <= set(d) <= names):
             raise ValueError(
-                f"StepLabels.from_json: missing field(s) {sorted(names - set(d))}, unknown {sorted(set(d) - names)}"
+                f"StepLabels.from_json: missing field(s) {sorted(names - optional - set(d))}, unknown {sorted(set(d) - names)}"
             )
         return cls(**d)
 
@@ -153,6 +156,7 @@ def label_steps(
     step_rule: str = "lines",
     threshold: float = 1.0,
     first_problem: int = 0,
+    policy: str | None = None,
 ) -> list[StepLabels]:
     """Label the steps of ``samples_per_problem`` sampled solutions of each prompt (module docstring).
 
@@ -171,6 +175,7 @@ def label_steps(
         step_rule: a :func:`~grpokit.process.steps.split_steps` rule.
         threshold: a judged text reaches the answer when its value is ``>= threshold``.
         first_problem: the data index of ``prompts[0]`` (a batch of a longer run).
+        policy: the name of the policy that ``engine`` samples from, kept in each record.
 
     Returns:
         ``B·K`` records, problem-major (``problem = first_problem + b``, ``sample = g``).
@@ -231,6 +236,7 @@ def label_steps(
                 seed=seed,
                 step_rule=step_rule,
                 threshold=float(threshold),
+                policy=policy,
             )
         )
     return records

@@ -15,7 +15,7 @@ from grpokit.utils.outputs import check_output_dir
 
 __all__ = ["main_prm_label", "main_prm_train", "problem_runs"]
 
-_PROVENANCE = ("samples_per_problem", "rollouts_per_step", "seed", "step_rule", "threshold")
+_PROVENANCE = ("policy", "samples_per_problem", "rollouts_per_step", "seed", "step_rule", "threshold")
 
 
 def problem_runs(todo: list[int], size: int) -> list[tuple[int, int]]:
@@ -37,6 +37,7 @@ def problem_runs(todo: list[int], size: int) -> list[tuple[int, int]]:
 def _settings(recipe: Recipe) -> dict[str, Any]:
     p = recipe.prm
     return {
+        "policy": recipe.model.name_or_path,
         "samples_per_problem": p.samples_per_problem,
         "rollouts_per_step": p.rollouts_per_step,
         "seed": p.seed,
@@ -47,12 +48,13 @@ def _settings(recipe: Recipe) -> dict[str, Any]:
 
 def main_prm_label(recipe: Recipe) -> dict[str, Any]:
     """Label the steps of ``recipe.model``'s own solutions to its first ``prm.problems`` training
-    problems and append the records to ``prm.labels``; problems already complete there are skipped
-    (a cut-off run resumes).
+    problems (the ``data`` rows whose question is not one of the ``eval`` section's held-out problems,
+    compared without case and spaces) and append the records to ``prm.labels``; problems already
+    complete there are skipped (a cut-off run resumes).
 
     Returns:
         ``labels`` (the file), ``problems`` (in scope), ``labelled`` (this call), ``skipped``
-        (complete before), ``records``/``steps``/``good_frac`` of this call's records, ``seconds``.
+        (complete before), ``heldout_left_out`` (training rows that are held-out problems), ``records``/``steps``/``good_frac`` of this call's records, ``seconds``.
 
     Raises:
         ValueError: ``prm.labels`` not set; an unknown ``prm.judge``; the file holds records made with
@@ -66,6 +68,7 @@ def main_prm_label(recipe: Recipe) -> dict[str, Any]:
     from grpokit.rewards.base import get_reward_function
     from grpokit.rollout.engine import SamplingParams, load_engine
     from grpokit.trainer.build import resolve_device
+    from grpokit.trainer.sft import drop_heldout_questions
 
     p, m, r, d = recipe.prm, recipe.model, recipe.rollout, recipe.data
     if p.labels is None:
@@ -92,6 +95,11 @@ def main_prm_label(recipe: Recipe) -> dict[str, Any]:
             )
     sampling = SamplingParams.from_config(r)
     rows = section_rows(recipe, "data")
+    heldout_dropped = 0
+    if recipe.eval.dataset:  # the held-out problems are never labelled
+        rows, heldout_dropped = drop_heldout_questions(rows, section_rows(recipe, "eval"))
+        if not rows:
+            raise ValueError("data: every training problem is one of the held-out (eval) problems")
     device = resolve_device(m.device)
     tokenizer = load_tokenizer(m.name_or_path, trust_remote_code=m.trust_remote_code)
     max_positions = model_max_positions(m.name_or_path, trust_remote_code=m.trust_remote_code)
@@ -125,6 +133,7 @@ def main_prm_label(recipe: Recipe) -> dict[str, Any]:
                 step_rule=recipe.algo.step_rule,
                 threshold=p.threshold,
                 first_problem=lo,
+                policy=m.name_or_path,
             )
             append_labels(p.labels, records)
             new += records
@@ -138,6 +147,7 @@ def main_prm_label(recipe: Recipe) -> dict[str, Any]:
         "problems": n,
         "labelled": len(todo),
         "skipped": n - len(todo),
+        "heldout_left_out": heldout_dropped,
         "records": len(new),
         "steps": len(flat),
         "good_frac": sum(flat) / len(flat) if flat else None,
