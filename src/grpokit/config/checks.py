@@ -289,6 +289,11 @@ def _check_prm(p: PrmConfig) -> None:
         raise RecipeError(f"prm.warmup_steps: must be >= 0, got {p.warmup_steps}")
     if p.max_steps <= 0 and p.max_steps != -1:
         raise RecipeError(f"prm.max_steps: must be > 0, or -1 (train for prm.epochs), got {p.max_steps}")
+    if p.refresh_steps < 0 or p.refresh_problems <= 0:
+        bad = "refresh_steps" if p.refresh_steps < 0 else "refresh_problems"
+        raise RecipeError(f"prm.{bad}: must be {'>= 0' if bad == 'refresh_steps' else '> 0'}, got {getattr(p, bad)}")
+    if not 0 <= p.replay_fraction < 1:
+        raise RecipeError(f"prm.replay_fraction: must be in [0, 1), got {p.replay_fraction}")
     for key in ("step_tag", "good_token", "bad_token", "judge"):
         if not getattr(p, key).strip():
             raise RecipeError(f"prm.{key}: empty")

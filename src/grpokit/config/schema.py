@@ -520,8 +520,9 @@ class PrmConfig:
     """``grpokit prm label RECIPE`` and ``grpokit prm train RECIPE``: automatic step labels of this
     recipe's model (``model.name_or_path``) on its training problems (``data``), sampled with its
     ``rollout`` settings and split with ``algo.step_rule`` (Math-Shepherd), then a PRM trained on them
-    that ``algo.process_reward: prm:OUTPUT_DIR`` scores steps with. ``grpokit train`` reads none of
-    these keys."""
+    that ``algo.process_reward: prm:OUTPUT_DIR`` scores steps with. ``grpokit train`` reads them only
+    with ``prm.refresh_steps > 0`` (iterative RL: the labelling and training keys apply to each
+    refresh)."""
 
     labels: str | None = _f(None, "the JSON-lines file of step labels (written by label, resumed, read by train)")
     output_dir: str | None = _f(None, "the PRM folder `grpokit prm train` writes (must not exist or be empty)")
@@ -546,6 +547,15 @@ class PrmConfig:
     step_tag: str = _f("ки", "text after each step; the PRM is read at its last token")
     good_token: str = _f("+", "the next token that means a good step (one token)")
     bad_token: str = _f("-", "the next token that means a bad step (one token)")
+    refresh_steps: int = _f(
+        0,
+        "iterative RL (DeepSeekMath 4.1.3) in grpokit train with algo.process_reward=prm:FOLDER: every N steps "
+        "label the policy's samples of prm.refresh_problems training problems, train the PRM on them with a "
+        "replay of earlier labels, and set the reference model to the policy (0 = never)",
+    )
+    refresh_problems: int = _f(8, "iterative RL: training problems labelled per refresh (the next ones, cycling)")
+    replay_fraction: float = _f(0.1, "iterative RL: share of a refresh's PRM training rows drawn from earlier labels")
+    sync_reference: bool = _f(True, "iterative RL: set the reference model to the policy at each refresh")
 
 
 @dataclass

@@ -96,9 +96,8 @@ class StepLabels:
         names = {f.name for f in dataclasses.fields(cls)}
         optional = {"policy"}  # not in the first files written
         if not (names - optional <= set(d) <= names):
-            raise ValueError(
-                f"StepLabels.from_json: missing field(s) {sorted(names - optional - set(d))}, unknown {sorted(set(d) - names)}"
-            )
+            missing, unknown = sorted(names - optional - set(d)), sorted(set(d) - names)
+            raise ValueError(f"StepLabels.from_json: missing field(s) {missing}, unknown {unknown}")
         return cls(**d)
 
 

@@ -212,6 +212,16 @@ class TokenProbPRM:
         ]
         self.__name__ = "token_prob_prm"
 
+    @property
+    def model(self) -> Any:
+        """The causal LM scored with (on its device; :mod:`grpokit.process.prm_train` trains it in place)."""
+        return self._scorer.model
+
+    @property
+    def layout(self) -> StepLayout:
+        """The row layout: what training builds its rows with."""
+        return self._scorer.layout
+
     def build(self, prompt: str, steps: Sequence[str]) -> tuple[list[int], list[int]]:
         """The token ids of one row and the positions of its step tags (module docstring)."""
         return self._scorer.build(prompt, steps)

@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # the parts' types; their modules are imported where the part
     from grpokit.models.logprobs import LogprobScorer
     from grpokit.rewards.pipeline import RewardPipeline
     from grpokit.rollout.engine import RolloutEngine, SamplingParams
+    from grpokit.trainer.prm_refresh import PRMRefresh
     from grpokit.trainer.state import TrainState
 
 
@@ -103,6 +104,8 @@ class Run:
     bound (:class:`grpokit.models.logprobs.LogprobScorer`)."""
     ranks: Ranks = SINGLE
     """This process's rank and the data-parallel mode (:mod:`grpokit.utils.distributed`)."""
+    prm_refresh: PRMRefresh | None = None
+    """Iterative RL's PRM refresh (``prm.refresh_steps > 0``: :mod:`grpokit.trainer.prm_refresh`), or None."""
 
 
 def build_rewards(recipe: Recipe, device: torch.device | str = "cpu") -> RewardPipeline:
@@ -176,6 +179,7 @@ def build_run(recipe: Recipe) -> Run:
     from grpokit.models.logprobs import LogprobScorer
     from grpokit.rollout.engine import SamplingParams
     from grpokit.trainer.optim import make_optimizer
+    from grpokit.trainer.prm_refresh import build_prm_refresh
     from grpokit.trainer.state import TrainState, seed_everything
 
     m, d, r = recipe.model, recipe.data, recipe.rollout
@@ -186,6 +190,7 @@ def build_run(recipe: Recipe) -> Run:
     ranks = start_ranks(recipe, device)
     device = rank_device(device, ranks)
     rewards = build_rewards(recipe, device)
+    prm_refresh = build_prm_refresh(recipe, rewards, Path(recipe.train.output_dir), parallel=ranks.active)
     algorithm = load_algorithm(recipe.algo, r.max_new_tokens)
     if recipe.train.optimizer == "adamw_8bit":  # an optional package: say so before the model loads
         from grpokit.utils.importing import require
@@ -279,6 +284,7 @@ def build_run(recipe: Recipe) -> Run:
         recipe=recipe,
         logprobs=logprobs,
         ranks=ranks,
+        prm_refresh=prm_refresh,
     )
 
 

@@ -94,6 +94,7 @@ def save_checkpoint(
     rng_ranks: list[dict[str, Any]] | None = None,
     model_state: dict[str, torch.Tensor] | None = None,
     optimizer_state: dict[str, Any] | None = None,
+    extra_state: dict[str, Any] | None = None,
 ) -> Path:
     """Write ``output_dir/checkpoint-<step>`` atomically, then keep only the newest ``keep``.
 
@@ -102,6 +103,7 @@ def save_checkpoint(
     (data parallel), saved under ``"rng_ranks"`` beside this process's ``"rng"``.
     ``model_state``/``optimizer_state``: full state dicts to save instead of ``model``'s and
     ``optimizer``'s own (a sharded FSDP2 model, gathered by :func:`grpokit.utils.distributed.full_state`).
+    ``extra_state``: more entries of ``training_state.pt`` (iterative RL's ``"prm_refresh"``).
 
     Raises:
         ValueError: a parameter is not finite (no checkpoint ever holds NaN weights).
@@ -137,6 +139,7 @@ def save_checkpoint(
         }
         if rng_ranks is not None:
             blob["rng_ranks"] = rng_ranks
+        blob.update(extra_state or {})
         torch.save(blob, tmp / "training_state.pt")
         (tmp / "recipe.json").write_text(json.dumps(recipe, indent=1))
         (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **trainer_state}))

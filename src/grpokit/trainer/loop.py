@@ -244,6 +244,10 @@ def _after_training(run: Run, logger: RunLogger | NullLogger, memory: LoopMemory
 def run_step(run: Run, logger: RunLogger | NullLogger, memory: LoopMemory) -> StepResult:
     """One GRPO step, 1-7 of the module docstring. Raises what sampling, scoring and the update raise."""
     recipe, ranks = run.recipe, run.ranks
+    refreshed = {}  # iterative RL: the PRM retrained on the policy's labels before this step
+    refresh = getattr(run, "prm_refresh", None)
+    if refresh is not None and refresh.due(run.state.step):
+        refreshed = refresh.refresh(run)
     t_start = time.perf_counter()
     step = run.state.step + 1
     # 1-3. prompts, their groups, rewards (the whole batch on every rank)
@@ -267,6 +271,7 @@ def run_step(run: Run, logger: RunLogger | NullLogger, memory: LoopMemory) -> St
     step_s = time.perf_counter() - t_start
     run.state.extra["train_s"] = run.state.extra.get("train_s", 0.0) + step_s  # checkpointed: resumes count on
     metrics = _step_metrics(run, batch, update, step_s=step_s, train_s=train_s)
+    metrics.update(refreshed)
     if run.evaluator is not None and recipe.eval.every_steps and step % recipe.eval.every_steps == 0:
         metrics.update(_periodic_eval(run, step, memory))
     logger.log(metrics)

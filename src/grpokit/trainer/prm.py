@@ -54,7 +54,8 @@ def main_prm_label(recipe: Recipe) -> dict[str, Any]:
 
     Returns:
         ``labels`` (the file), ``problems`` (in scope), ``labelled`` (this call), ``skipped``
-        (complete before), ``heldout_left_out`` (training rows that are held-out problems), ``records``/``steps``/``good_frac`` of this call's records, ``seconds``.
+        (complete before), ``heldout_left_out`` (training rows that are held-out problems),
+        ``records``/``steps``/``good_frac`` of this call's records, ``seconds``.
 
     Raises:
         ValueError: ``prm.labels`` not set; an unknown ``prm.judge``; the file holds records made with
