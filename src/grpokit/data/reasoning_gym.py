@@ -49,7 +49,8 @@ def load_reasoning_gym(
             config, passed to ``create_dataset``.
 
     Returns:
-        Rows with ``prompt``, ``answer``, ``rg_task``, ``rg_entry``.
+        Rows with ``prompt``, ``answer``, ``rg_task``, ``rg_entry`` (``basic_arithmetic``: and
+        ``solution``, :func:`_add_solutions`).
 
     Raises:
         ValueError: unknown task (lists the registered ones) or bad options.
@@ -80,7 +81,23 @@ def load_reasoning_gym(
         )
     if task == "basic_arithmetic":
         _check_arithmetic_answers(rows, opts)
+        _add_solutions(rows)
     return rows
+
+
+def _add_solutions(rows: list[dict[str, Any]]) -> None:
+    """Give each ``basic_arithmetic`` row a ``solution`` column: its expression solved one operation
+    per line (:func:`grpokit.data.solutions.arithmetic_solution`), for ``sft.completion_template:
+    "{solution}"``; None where the expression has ``/`` (reasoning_gym's answer there is not the exact
+    quotient) or cannot be solved so."""
+    from grpokit.data.solutions import arithmetic_solution
+
+    for row in rows:
+        expression = str(row["rg_entry"].get("metadata", {}).get("expression", ""))
+        try:
+            row["solution"] = None if not expression or "/" in expression else arithmetic_solution(expression)
+        except ValueError:
+            row["solution"] = None
 
 
 def _check_arithmetic_answers(rows: list[dict[str, Any]], options: dict[str, Any]) -> None:
