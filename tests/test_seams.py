@@ -223,6 +223,7 @@ def test_the_runs_parts_are_typed():
     from grpokit.estimators.base import Algorithm
     from grpokit.eval.evaluate import HeldOutEval
     from grpokit.models.logprobs import LogprobScorer
+    from grpokit.trainer.prm_refresh import PRMRefresh
     from grpokit.trainer.state import TrainState
 
     names = dict(
@@ -235,6 +236,7 @@ def test_the_runs_parts_are_typed():
         SamplingParams=SamplingParams,
         TrainState=TrainState,
         LogprobScorer=LogprobScorer,
+        PRMRefresh=PRMRefresh,
     )
     hints = typing.get_type_hints(build.Run, globalns=names)
     assert set(hints) == {f.name for f in dataclasses.fields(build.Run)}
@@ -249,6 +251,7 @@ def test_the_runs_parts_are_typed():
     assert hints["evaluator"] == HeldOutEval | None and hints["eval_engine"] == RolloutEngine | None
     assert hints["tokenizer"] is PreTrainedTokenizerBase and hints["optimizer"] is torch.optim.Optimizer
     assert hints["recipe"] is Recipe and hints["logprobs"] is LogprobScorer
+    assert hints["prm_refresh"] == PRMRefresh | None
 
 
 # -- device -------------------------------------------------------------------------------------------
