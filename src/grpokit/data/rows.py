@@ -168,3 +168,20 @@ def load_prompts(
             )
         keep, skipped = [keep[i] for i in fits], skipped + over
     return [rows[i] for i in keep], [prompts[i] for i in keep], skipped
+
+
+def training_prompts(recipe: Recipe, tokenizer, rows: list[dict], max_positions: int | None):
+    """:func:`load_prompts` of the recipe's training ``rows`` (the ``data`` section's, e.g. from
+    :func:`section_rows`): room left for ``rollout.max_new_tokens`` within ``max_positions``.
+    Returns ``(rows, prompts, skipped)`` and raises as :func:`load_prompts`."""
+    d = recipe.data
+    return load_prompts(
+        recipe,
+        tokenizer,
+        dataset=d.dataset,
+        split=d.split,
+        limit=d.limit,
+        rows=rows,
+        max_new_tokens=recipe.rollout.max_new_tokens,
+        max_positions=max_positions,
+    )

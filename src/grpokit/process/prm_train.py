@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -39,7 +37,7 @@ import torch
 
 from grpokit.process.prm import StepLayout, TokenProbPRM, _tag_ids
 from grpokit.process.prm_metrics import prm_metrics
-from grpokit.utils.filemodes import honour_umask
+from grpokit.utils.hf_trainer import atomic_folder, trainer_arguments
 from grpokit.utils.outputs import check_output_dir
 
 if TYPE_CHECKING:
@@ -76,6 +74,31 @@ class PRMSpec:
     def layout(self, tokenizer: Any) -> StepLayout:
         """The :class:`StepLayout` of this spec on ``tokenizer`` (ValueError: tag not in its vocabulary)."""
         return StepLayout(tokenizer, self.step_tag, "step_tag", self.step_suffix)
+
+    def scorer(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        batch_size: int = 8,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype | None = None,
+        max_length: int | None = None,
+    ) -> TokenProbPRM:
+        """``model`` as a :class:`TokenProbPRM` with this spec (ValueError: its tokens not in the
+        tokenizer's vocabulary)."""
+        return TokenProbPRM(
+            model,
+            tokenizer,
+            self.step_tag,
+            self.good_token,
+            self.bad_token,
+            batch_size=batch_size,
+            device=device,
+            dtype=dtype,
+            max_length=max_length,
+            step_suffix=self.step_suffix,
+        )
 
     def candidate_ids(self, tokenizer: Any) -> list[int]:
         """``[good_id, bad_id]`` (ValueError naming ``good_token``/``bad_token``: not exactly one
@@ -242,11 +265,6 @@ def _trainer_class():
     return PRMTrainer
 
 
-def _check_records(records: Sequence[StepLabels], what: str) -> None:
-    if not any(r.steps for r in records):
-        raise ValueError(f"train_prm: no {what} record has steps")
-
-
 def train_prm(
     model: torch.nn.Module,
     tokenizer: Any,
@@ -286,54 +304,32 @@ def train_prm(
         ValueError: no training record with steps; a bad ``label``/``eval_fraction``; the spec's
             tokens not in the tokenizer's vocabulary (names ``step_tag``/``good_token``/``bad_token``).
     """
-    from transformers import TrainingArguments
-
     out = check_output_dir(out, "OUT", empty=True)
     layout, candidates = spec.layout(tokenizer), spec.candidate_ids(tokenizer)
     train, held = split_by_problem(records, eval_fraction, seed)
-    _check_records(train, "training")
+    if not any(r.steps for r in train):
+        raise ValueError("train_prm: no training record has steps")
     examples, dropped = prm_examples(train, layout, label, max_length)
     if not examples:
         raise ValueError(f"train_prm: every training row was cut off by max_length={max_length}")
     device = next(model.parameters()).device
 
     def scorer() -> TokenProbPRM:
-        return TokenProbPRM(
-            model,
-            tokenizer,
-            spec.step_tag,
-            spec.good_token,
-            spec.bad_token,
-            batch_size=batch_size,
-            device=device,
-            max_length=max_length,
-            step_suffix=spec.step_suffix,
-        )
+        return spec.scorer(model, tokenizer, batch_size=batch_size, device=device, max_length=max_length)
 
     before = evaluate_prm(scorer(), held, threshold) if held else None
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    with atomic_folder(out) as tmp:
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        args = TrainingArguments(
-            output_dir=str(tmp / "trainer"),
-            per_device_train_batch_size=batch_size,
-            num_train_epochs=epochs,
+        args = trainer_arguments(
+            tmp / "trainer",
+            batch_size=batch_size,
+            epochs=epochs,
             max_steps=max_steps,
             learning_rate=learning_rate,
-            lr_scheduler_type="linear",
             warmup_steps=warmup_steps,
-            weight_decay=0.0,
-            max_grad_norm=1.0,
             seed=seed,
-            data_seed=seed,
             logging_steps=1,
-            save_strategy="no",
-            report_to="none",
-            use_cpu=device.type == "cpu",
-            remove_unused_columns=False,
-            dataloader_num_workers=0,
-            disable_tqdm=True,
+            on_cpu=device.type == "cpu",
         )
         model.train()
         trainer = _trainer_class()(
@@ -374,12 +370,6 @@ def train_prm(
         model.save_pretrained(tmp)  # type: ignore[operator]  # a transformers model (typed nn.Module)
         tokenizer.save_pretrained(tmp)
         (tmp / PRM_INFO).write_text(json.dumps(record, indent=1, default=str))
-        honour_umask(tmp)  # mkdtemp made it 0o700 and safetensors the weights 0o600
-        if out.exists():
-            out.rmdir()
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return record
 
 
@@ -409,15 +399,4 @@ def load_prm(
         raise ValueError(f"{info_path}: no valid 'spec' ({e})") from None
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder)
-    return TokenProbPRM(
-        model,
-        tokenizer,
-        spec.step_tag,
-        spec.good_token,
-        spec.bad_token,
-        batch_size=batch_size,
-        device=device,
-        dtype=dtype,
-        max_length=max_length,
-        step_suffix=spec.step_suffix,
-    )
+    return spec.scorer(model, tokenizer, batch_size=batch_size, device=device, dtype=dtype, max_length=max_length)

@@ -20,7 +20,7 @@ import torch
 
 from grpokit.config import Recipe
 from grpokit.data import dataset_label
-from grpokit.data.rows import load_prompts, section_rows
+from grpokit.data.rows import section_rows, training_prompts
 from grpokit.utils.distributed import SINGLE, GatheredEngine, Ranks, barrier, rank_device
 from grpokit.utils.dtypes import dtype_of
 from grpokit.utils.outputs import check_output_dir
@@ -210,16 +210,7 @@ def build_run(recipe: Recipe) -> Run:
     # 2. tokenizer, prompts (training and held-out: both must fit the context)
     tokenizer = load_tokenizer(m.name_or_path, trust_remote_code=m.trust_remote_code)
     max_positions = model_max_positions(m.name_or_path, trust_remote_code=m.trust_remote_code)
-    rows, prompts, skipped = load_prompts(
-        recipe,
-        tokenizer,
-        dataset=d.dataset,
-        split=d.split,
-        limit=d.limit,
-        rows=rows,
-        max_new_tokens=r.max_new_tokens,
-        max_positions=max_positions,
-    )
+    rows, prompts, skipped = training_prompts(recipe, tokenizer, rows, max_positions)
     if evaluator is not None:
         evaluator.prepare(tokenizer, max_positions)
     if len(rows) < recipe.train.prompts_per_step:

@@ -15,8 +15,6 @@ from grpokit.utils.outputs import check_output_dir
 
 __all__ = ["main_prm_label", "main_prm_train", "problem_runs"]
 
-_PROVENANCE = ("policy", "samples_per_problem", "rollouts_per_step", "seed", "step_rule", "threshold")
-
 
 def problem_runs(todo: list[int], size: int) -> list[tuple[int, int]]:
     """``[(start, stop), ...]``: ``todo`` (sorted problem indices) cut into runs of consecutive
@@ -35,6 +33,7 @@ def problem_runs(todo: list[int], size: int) -> list[tuple[int, int]]:
 
 
 def _settings(recipe: Recipe) -> dict[str, Any]:
+    """The labelling settings a record's provenance fields hold (:class:`grpokit.process.labels.StepLabels`)."""
     p = recipe.prm
     return {
         "policy": recipe.model.name_or_path,
@@ -62,7 +61,7 @@ def main_prm_label(recipe: Recipe) -> dict[str, Any]:
             other settings (named); bad data or step rule (names the key); a multi-turn recipe.
         OSError: the file cannot be written.
     """
-    from grpokit.data.rows import load_prompts, section_rows
+    from grpokit.data.rows import section_rows, training_prompts
     from grpokit.models.loading import eos_token_ids, load_model, load_tokenizer, model_max_positions
     from grpokit.process.labels import append_labels, label_steps, read_labels
     from grpokit.process.steps import split_steps
@@ -71,7 +70,7 @@ def main_prm_label(recipe: Recipe) -> dict[str, Any]:
     from grpokit.trainer.build import resolve_device
     from grpokit.trainer.sft import drop_heldout_questions
 
-    p, m, r, d = recipe.prm, recipe.model, recipe.rollout, recipe.data
+    p, m, r = recipe.prm, recipe.model, recipe.rollout
     if p.labels is None:
         raise ValueError("prm.labels: not set; the JSON-lines file the step labels are written to")
     if r.env is not None:
@@ -85,11 +84,11 @@ def main_prm_label(recipe: Recipe) -> dict[str, Any]:
     except ValueError as e:
         raise ValueError(f"algo.step_rule: {e}") from None
     done = read_labels(p.labels)
-    want = _settings(recipe)
+    want = _settings(recipe)  # the provenance each record carries
     for rec in done.records:
-        got = {k: getattr(rec, k) for k in _PROVENANCE}
+        got = {k: getattr(rec, k) for k in want}
         if got != want:
-            diff = {k: (got[k], want[k]) for k in _PROVENANCE if got[k] != want[k]}
+            diff = {k: (got[k], want[k]) for k in want if got[k] != want[k]}
             raise ValueError(
                 f"prm.labels: {p.labels} holds records labelled with other settings (file, recipe): {diff}; "
                 "use another file or the same settings"
@@ -104,16 +103,7 @@ def main_prm_label(recipe: Recipe) -> dict[str, Any]:
     device = resolve_device(m.device)
     tokenizer = load_tokenizer(m.name_or_path, trust_remote_code=m.trust_remote_code)
     max_positions = model_max_positions(m.name_or_path, trust_remote_code=m.trust_remote_code)
-    rows, prompts, _ = load_prompts(
-        recipe,
-        tokenizer,
-        dataset=d.dataset,
-        split=d.split,
-        limit=d.limit,
-        rows=rows,
-        max_new_tokens=r.max_new_tokens,
-        max_positions=max_positions,
-    )
+    rows, prompts, _ = training_prompts(recipe, tokenizer, rows, max_positions)
     n = len(rows) if p.problems is None else min(p.problems, len(rows))
     todo = [b for b in range(n) if b not in done.complete]
     start = time.time()

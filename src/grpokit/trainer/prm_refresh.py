@@ -123,7 +123,7 @@ class PRMRefresh:
             policy=f"step {run.state.step}",
         )
         run.model.train(was_training)
-        earlier = read_labels(self.labels_path).records if self.labels_path.exists() else []
+        earlier = read_labels(self.labels_path).records  # none before the first round
         self.lines += append_labels(self.labels_path, new)
         fresh = [r for r in new if r.steps]
         rng = random.Random(f"{p.seed}:{self.round}")

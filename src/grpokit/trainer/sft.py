@@ -18,10 +18,8 @@ interrupted run leaves no half-written model.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -31,7 +29,7 @@ import torch
 from grpokit.data import dataset_label, render_prompts
 from grpokit.data.heldout import drop_questions
 from grpokit.models.loading import encode_prompts
-from grpokit.utils.filemodes import honour_umask
+from grpokit.utils.hf_trainer import atomic_folder, trainer_arguments
 from grpokit.utils.outputs import check_output_dir
 
 if TYPE_CHECKING:
@@ -190,34 +188,23 @@ def run_sft(
         NotADirectoryError / PermissionError: ``out`` is below a file, or cannot be written.
         ValueError: ``encoded`` is empty.
     """
-    from transformers import Trainer, TrainingArguments
+    from transformers import Trainer
 
     out = _check_out(out)
     if not encoded:
         raise ValueError("sft: no training rows")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    with atomic_folder(out) as tmp:
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        args = TrainingArguments(
-            output_dir=str(tmp / "trainer"),
-            per_device_train_batch_size=batch_size,
-            num_train_epochs=epochs,
+        args = trainer_arguments(
+            tmp / "trainer",
+            batch_size=batch_size,
+            epochs=epochs,
             max_steps=max_steps,
             learning_rate=learning_rate,
-            lr_scheduler_type="linear",
             warmup_steps=warmup_steps,
-            weight_decay=0.0,
-            max_grad_norm=1.0,
             seed=seed,
-            data_seed=seed,
             logging_steps=10,
-            save_strategy="no",
-            report_to="none",
-            use_cpu=next(model.parameters()).device.type == "cpu",
-            remove_unused_columns=False,
-            dataloader_num_workers=0,
-            disable_tqdm=True,
+            on_cpu=next(model.parameters()).device.type == "cpu",
         )
         trainer = Trainer(
             model=model, args=args, train_dataset=encoded, data_collator=lambda feats: collate(feats, pad)
@@ -242,12 +229,6 @@ def run_sft(
         cast("PreTrainedModel", model).save_pretrained(tmp)  # a transformers model (typed nn.Module)
         tokenizer.save_pretrained(tmp)
         (tmp / "sft_info.json").write_text(json.dumps(record, indent=1, default=str))
-        honour_umask(tmp)  # mkdtemp made it 0o700 and safetensors the weights 0o600
-        if out.exists():
-            out.rmdir()
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return record
 
 
