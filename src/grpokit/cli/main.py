@@ -103,8 +103,8 @@ def _train(argv: list[str]) -> int:
         return 2
     import warnings
 
+    from grpokit.api import train_recipe
     from grpokit.metrics import RunWarning
-    from grpokit.trainer.loop import train
     from grpokit.utils.importing import MissingExtraWarning
 
     show = warnings.showwarning
@@ -118,7 +118,7 @@ def _train(argv: list[str]) -> int:
     warnings.showwarning = say
     rank = f" (rank {os.environ.get('RANK')})" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
     try:
-        summary = train(recipe, progress=not ns.no_progress)
+        summary = train_recipe(recipe, progress=not ns.no_progress)
     except RecipeError as e:  # found only once the run's folder is read (a key a checkpoint holds changed)
         print(
             f"grpokit train{rank}: recipe error: {_one_line(e)}{source_note(str(e), sources, recipe)}", file=sys.stderr

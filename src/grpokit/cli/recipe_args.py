@@ -22,7 +22,8 @@ import yaml
 
 from grpokit.config import Recipe, RecipeError, load_recipe, recipe_from_dict
 from grpokit.config.loading import apply_overrides
-from grpokit.config.schema import _walk, _yaml_load
+from grpokit.config.packaged import DEFAULT_RECIPE, PACKAGED_RECIPES, demo_raw, find_recipe, packaged_recipes
+from grpokit.config.schema import _walk
 from grpokit.utils.textio import read_utf8
 
 __all__ = [
@@ -39,42 +40,10 @@ __all__ = [
     "split_overrides",
 ]
 
-PACKAGED_RECIPES = Path(__file__).resolve().parents[1] / "recipes"
-DEFAULT_RECIPE = PACKAGED_RECIPES / "demo.yaml"
-
 #: with no recipe (the demo runs), an override of one of these keys starts its section from the defaults
 DEMO_SECTION_OF = {"data.dataset": "data", "rewards.functions": "rewards"}
 
 _DEMO_ORIGIN = "from the demo recipe (no recipe was given)"
-
-
-def packaged_recipes() -> list[str]:
-    """The names of the packaged recipes (``grpokit/recipes/*.yaml``), sorted: ``["arith", "demo", ...]``."""
-    return sorted(p.stem for p in PACKAGED_RECIPES.glob("*.yaml"))
-
-
-def find_recipe(name: str | Path) -> Path:
-    """The recipe file a command-line argument names: the path itself when it exists, else the
-    packaged recipe of that name (``arith``, ``arith.yaml``, ``recipes/arith.yaml``), from any folder.
-
-    Raises:
-        RecipeError: neither (the message lists the packaged names).
-    """
-    path = Path(name).expanduser()
-    if path.exists():
-        return path
-    stem = path.name[: -len(path.suffix)] if path.suffix in (".yaml", ".yml") else path.name
-    if path.parent in (Path("."), Path("recipes")) and stem in packaged_recipes():
-        return PACKAGED_RECIPES / f"{stem}.yaml"
-    raise RecipeError(
-        f"recipe file not found: {name}; the packaged recipes, found by name from any folder: "
-        f"{', '.join(packaged_recipes())}"
-    )
-
-
-def demo_raw() -> dict:
-    """The packaged demo recipe's nested dicts."""
-    return _yaml_load(read_utf8(DEFAULT_RECIPE)) or {}
 
 
 def _file_key_lines(path: Path) -> dict[str, int]:

@@ -9,6 +9,8 @@ Files may start with a UTF-8 byte-order mark (:mod:`grpokit.utils.textio`).
 
 ``dataset`` is resolved in this order:
 
+0. ``obj:<name>`` -> rows given to the library API (:mod:`grpokit.utils.given`), mapped like a
+   local file's (``prompt_field``/``answer_field``).
 1. ``reasoning_gym:<task>`` -> :func:`grpokit.data.reasoning_gym.load_reasoning_gym`.
 2. ``hf:<name>`` -> ``datasets.load_dataset(name, split=split, **options)``.
 3. A packaged name (:data:`PACKAGED_DATASETS`: ``gsm8k``, ``math``, ``math500``, ``svamp``,
@@ -25,6 +27,7 @@ from typing import Any
 from grpokit.data.files import looks_like_path, map_fields, read_hf_dataset, read_local_file
 from grpokit.data.packaged import PACKAGED_DATASETS, load_packaged
 from grpokit.data.prompts import build_chat_prompt, filter_by_prompt_length, render_prompts
+from grpokit.utils.given import given_rows, is_given
 
 __all__ = [
     "PACKAGED_DATASETS",
@@ -115,6 +118,11 @@ def load_rows(
     opts = dict(options or {})
     fields_given = prompt_field is not None or answer_field is not None
 
+    if is_given(dataset):  # rows given to grpokit's API (grpokit.utils.given)
+        if opts:
+            raise ValueError(f"dataset {dataset!r}: options do not apply to rows given in Python")
+        records = given_rows(dataset)
+        return _validate(map_fields(records[:limit], dataset, prompt_field, answer_field), dataset)
     if dataset.startswith("reasoning_gym:"):
         from grpokit.data.reasoning_gym import load_reasoning_gym
 

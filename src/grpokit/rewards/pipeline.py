@@ -195,16 +195,19 @@ class ScoredRows:
 def reward_metrics(exp: Any, per_function: Mapping[str, Sequence]) -> dict[str, Any]:
     """The reward metrics of a scored experience (``exp.rewards`` set; ``exp.step_rewards`` and
     ``exp.step_ends`` with process supervision): ``rewards/<name>`` (mean of the function's
-    non-None values, None if none), ``unscorable_frac``, ``frac_zero_std``, ``reward_mean`` /
+    non-None values, None if none; a function given to the library API as ``obj:NAME`` is
+    ``rewards/NAME``), ``unscorable_frac``, ``frac_zero_std``, ``reward_mean`` /
     ``reward_std`` (over the finite rewards; None / 0.0 with fewer than 1 / 2), and with step
     rewards :func:`step_metrics` and ``step_frac_zero_std`` (groups whose pooled step rewards are
     equal: no process signal, ``algo.process_constant_groups``)."""
     from grpokit import algo
+    from grpokit.utils.given import PREFIX, is_given
 
     metrics: dict[str, Any] = {}
     for name, vals in per_function.items():
         ok = [v for v in vals if v is not None]
-        metrics[f"rewards/{name}"] = sum(ok) / len(ok) if ok else None
+        label = name[len(PREFIX) :] if is_given(name) else name  # obj:exact (a Python object): rewards/exact
+        metrics[f"rewards/{label}"] = sum(ok) / len(ok) if ok else None
     rewards = exp.rewards.double().cpu()
     metrics["unscorable_frac"] = float((~torch.isfinite(rewards)).float().mean())
     metrics["frac_zero_std"] = float(algo.constant_groups(rewards, exp.group_size).float().mean())

@@ -47,6 +47,7 @@ from grpokit.experience import Experience
 from grpokit.metrics import NullLogger, RunLogger, plot_curves, sample_lines, warn_if_step_did_nothing
 from grpokit.models.lora import adapter_dropout
 from grpokit.trainer.build import Run, build_run
+from grpokit.trainer.callbacks import CallbackError, Callbacks
 from grpokit.trainer.checkpoint import find_resume_checkpoint
 from grpokit.trainer.collect import refill_groups_with_signal, sample_and_score
 from grpokit.trainer.resume import check_resume_recipe, resume, save_run_checkpoint
@@ -63,6 +64,8 @@ class LoopMemory:
     """Warning kind -> the step it was last said (:func:`warn_if_step_did_nothing`)."""
     last_eval: tuple[int, dict[str, Any] | None] | None = None
     """``(step, result)`` of the last periodic held-out evaluation (rank 0's result; None elsewhere)."""
+    callbacks: Callbacks = field(default_factory=Callbacks)
+    """The user's hooks (:mod:`grpokit.trainer.callbacks`)."""
 
 
 @dataclass
@@ -75,8 +78,13 @@ class StepResult:
     experience: Experience
 
 
-def train(recipe: Recipe, *, progress: bool = True, run: Run | None = None) -> dict[str, Any]:
+def train(
+    recipe: Recipe, *, progress: bool = True, run: Run | None = None, callbacks: Callbacks | None = None
+) -> dict[str, Any]:
     """Run GRPO as the recipe says; returns a summary (last metrics, eval results, paths).
+
+    ``callbacks``: the user's hooks (:mod:`grpokit.trainer.callbacks`); one that asks to stop ends
+    the run after its step with ``early_stopped_at`` and ``stopped_by`` in the summary.
 
     ``run``: parts already built from ``recipe`` (:func:`grpokit.trainer.build.build_run`; tests pass
     their own, and close them), else built here after the checks below and its reward workers
@@ -94,7 +102,9 @@ def train(recipe: Recipe, *, progress: bool = True, run: Run | None = None) -> d
         ValueError: ``train.resume`` names no complete checkpoint; bad data, rewards or device
             (:func:`grpokit.trainer.build.build_run`); a ``RecipeError`` when the recipe changes a key that
             cannot change on resume (:func:`check_resume_recipe`, before anything loads).
-        RuntimeError: a fault of the run (reward failures, non-finite updates).
+        RuntimeError: a fault of the run (reward failures, non-finite updates);
+            :class:`~grpokit.trainer.callbacks.CallbackError` when a callback raised (the run stopped
+            after that step, its checkpoint written).
     """
     from grpokit.utils.outputs import check_output_dir
 
@@ -105,17 +115,20 @@ def train(recipe: Recipe, *, progress: bool = True, run: Run | None = None) -> d
         return finished
     # keys that cannot change on resume: refused before anything loads; the others said on resume
     changes = check_resume_recipe(start, recipe) if start is not None else []
+    hooks = callbacks if callbacks is not None else Callbacks()
     if run is not None:
-        return _train(run, start, progress, changes)
+        return _train(run, start, progress, changes, hooks)
     run = build_run(recipe)  # validates data and rewards before any model loads, then loads models
     try:
-        return _train(run, start, progress, changes)
+        return _train(run, start, progress, changes, hooks)
     finally:
         run.rewards.close()  # the reward worker processes
         shutdown(run.ranks)  # the process group build_run joined (torchrun)
 
 
-def _train(run: Run, start: Path | None, progress: bool, changes: list[tuple[str, Any, Any]]) -> dict[str, Any]:
+def _train(
+    run: Run, start: Path | None, progress: bool, changes: list[tuple[str, Any, Any]], callbacks: Callbacks
+) -> dict[str, Any]:
     """:func:`train` once the run's parts exist: start (or resume), the steps, the end."""
     recipe, main = run.recipe, run.ranks.is_main  # with several ranks only rank 0 writes files and prints
     logger = RunLogger(run.out) if main else NullLogger(run.out)
@@ -125,18 +138,24 @@ def _train(run: Run, start: Path | None, progress: bool, changes: list[tuple[str
         "world_size": run.ranks.world_size,
         "parallel": run.ranks.parallel,
     }
-    memory = LoopMemory()
-    _begin(run, start, changes, logger, summary)
+    memory = LoopMemory(callbacks=callbacks)
+    _begin(run, start, changes, logger, memory, summary)
     summary["last_metrics"] = _steps(run, logger, memory, summary, progress)
-    if "stopped_at" not in summary:
+    error = callbacks.error
+    if error is not None:
+        summary["callback_error"] = str(error)
+    if "stopped_at" not in summary and error is None:
         _after_training(run, logger, memory, summary)
-    elif main:
+    elif main and error is None:
         _say_stopped(recipe, summary)
     logger.close()
     if main:
         (run.out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
-    if "stopped_at" in summary:  # a stopped rank exits non-zero and torchrun then ends the others: not before
-        barrier(run.ranks)  # rank 0 has written everything
+    if "stopped_at" in summary or error is not None:  # a stopped rank exits non-zero and torchrun then ends
+        barrier(run.ranks)  # the others: not before rank 0 has written everything
+    callbacks.call("on_train_end", summary, step=run.state.step)
+    if error is not None:
+        raise CallbackError(f"{error}; the run stopped there with its checkpoint ({run.out})") from error.__cause__
     return summary
 
 
@@ -145,20 +164,24 @@ def _begin(
     start: Path | None,
     changes: list[tuple[str, Any, Any]],
     logger: RunLogger | NullLogger,
+    memory: LoopMemory,
     summary: dict[str, Any],
 ) -> None:
     """Resume from ``start``, or begin afresh (replacing an earlier run's metrics in the folder) with
-    the held-out evaluation before training when the recipe asks for it."""
+    the held-out evaluation before training when the recipe asks for it; then ``on_train_begin``."""
     if start is not None:
         resume(run, start, changes)
         logger.truncate_after(run.state.step)
         summary["resumed_from"] = str(start)
         if run.ranks.is_main:
             print(f"[grpokit] resumed from {start} at step {run.state.step}", flush=True)
-        return
-    logger.truncate_after(0)
-    if run.evaluator is not None and run.recipe.eval.before:
-        summary["eval_before"] = evaluate_on_main(run, "before")
+    else:
+        logger.truncate_after(0)
+        if run.evaluator is not None and run.recipe.eval.before:
+            summary["eval_before"] = res = evaluate_on_main(run, "before")
+            if res is not None:
+                memory.callbacks.call("on_evaluate", 0, res, step=0)
+    memory.callbacks.call("on_train_begin", run.state.step, run.recipe, step=run.state.step)
 
 
 def _steps(
@@ -181,9 +204,11 @@ def _steps(
         dynamic_ncols=True,
     )
     last: dict[str, Any] = {}
+    hooks = memory.callbacks
     with StopFlag() as stop:
-        while run.state.step < t.max_steps:
+        while run.state.step < t.max_steps and not hooks.stop_requested:  # on_train_begin may have raised
             last = run_step(run, logger, memory).metrics
+            hooks.call("on_step_end", run.state.step, last, step=run.state.step, can_stop=True)
             bar.update(1)
             bar.set_postfix(reward=f"{last['reward_mean'] or 0:.3f}", step_s=f"{last['step_s']:.1f}")
             step = run.state.step
@@ -193,11 +218,19 @@ def _steps(
                     f"(loss or gradient norm) up to step {step}; stopping "
                     f"(train.max_consecutive_skips={t.max_consecutive_skips}). See metrics.jsonl."
                 )
-            stopping = any_rank(stop.requested, run.ranks)  # a signal to any rank stops all after this step
-            if (t.save_steps and step % t.save_steps == 0) or stopping or step == t.max_steps:
-                save_run_checkpoint(run, run.recipe)
-            if stopping:
+            signalled = any_rank(stop.requested, run.ranks)  # a signal to any rank stops all after this step
+            asked = any_rank(hooks.stop_requested, run.ranks)  # so does a callback's stop (or fault)
+            if (t.save_steps and step % t.save_steps == 0) or signalled or asked or step == t.max_steps:
+                path = save_run_checkpoint(run, run.recipe)
+                if path is not None:
+                    hooks.call("on_save", step, str(path), step=step)
+            if signalled:
                 summary["stopped_at"], summary["stop_signal"] = step, stop_signal(stop, run.ranks)
+                break
+            if asked:
+                hooks.stop_requested = True
+                if hooks.error is None:
+                    summary["early_stopped_at"], summary["stopped_by"] = step, hooks.stopped_by or "another rank"
                 break
     bar.close()
     return last
@@ -230,6 +263,8 @@ def _after_training(run: Run, logger: RunLogger | NullLogger, memory: LoopMemory
             )
         else:
             summary["eval_after"] = evaluate_on_main(run, "after")
+            if summary["eval_after"] is not None:
+                memory.callbacks.call("on_evaluate", run.state.step, summary["eval_after"], step=run.state.step)
     if main and logger.metrics_path.exists():
         before = run.out / "eval_before.json"  # also there when this process resumed the run
         plot_curves(
@@ -309,9 +344,12 @@ def _step_metrics(run: Run, batch: Any, update: dict[str, Any], *, step_s: float
 
 
 def _periodic_eval(run: Run, step: int, memory: LoopMemory) -> dict[str, float]:
-    """The held-out evaluation of step ``step``, remembered in ``memory``; its ``eval/*`` metrics."""
+    """The held-out evaluation of step ``step``, remembered in ``memory`` (and given to the callbacks'
+    ``on_evaluate``); its ``eval/*`` metrics."""
     res = evaluate_on_main(run, f"step{step}")
     memory.last_eval = (step, res)
+    if res is not None:
+        memory.callbacks.call("on_evaluate", step, res, step=step, can_stop=True)
     out = {}
     for name, m in ((res or {}).get("metrics") or {}).get("metrics", {}).items():
         out.update({f"eval/{name}": m["value"], f"eval/{name}_lo": m["lo"], f"eval/{name}_hi": m["hi"]})

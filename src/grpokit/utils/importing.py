@@ -143,6 +143,10 @@ def import_object(spec: str, *, what: str = "object") -> Callable[..., Any]:
     ...
     ValueError: reward 'os.path': expected 'module:function' or 'path/to/file.py:function'
     """
+    from grpokit.utils.given import given_object, is_given
+
+    if is_given(spec):  # a Python object given to grpokit's API (grpokit.utils.given)
+        return given_object(spec, what=what)
     module_name, _, attr_path = spec.rpartition(":")
     if not module_name or not attr_path:
         raise ValueError(f"{what} {spec!r}: expected 'module:function' or 'path/to/file.py:function'")

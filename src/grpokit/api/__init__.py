@@ -1,0 +1,199 @@
+"""grpokit as a Python library: a run from a recipe plus Python objects (:class:`Trainer`).
+
+    import grpokit
+
+    def exact(completions, answer, **kw):          # TRL's form, or (prompts, completions, **columns)
+        return [float(c.strip() == a) for c, a in zip(completions, answer)]
+
+    trainer = grpokit.Trainer("arith", rows=[{"prompt": "2+3=", "answer": "5"}, ...],
+                              rewards=[exact], overrides={"train.max_steps": 2})
+    summary = trainer.train()        # what `grpokit train` prints, as a dict
+    result = trainer.evaluate()      # the held-out numbers `grpokit eval --heldout-of` prints
+
+The recipe is a packaged name (``arith``), a YAML path, a dict of sections (values may be the
+Python objects below), a :class:`grpokit.Recipe`, or None (the packaged demo recipe, as ``grpokit
+train`` with no recipe: then ``rows=`` starts the data section, and ``rewards=`` the rewards section,
+from the defaults). ``overrides`` are ``"section.key=value"`` strings or a ``{"section.key": value}``
+mapping, applied last.
+
+Python objects take the place of the recipe's names (:mod:`grpokit.utils.given` keeps them for
+this process under ``obj:NAME``, the name the recipe and the run folder hold):
+
+- ``rows=`` / ``eval_rows=``: the training / held-out rows: a list of dicts, a ``datasets.Dataset``,
+  a pandas ``DataFrame`` or any iterable of mappings, each with a prompt and an answer column
+  (``data.prompt_field`` / ``data.answer_field`` name others) -> ``data.dataset`` / ``eval.dataset``;
+- ``rewards=``: reward functions (plain functions, ``functools.partial``, bound methods, objects
+  with ``__call__``, ``async`` ones; names of built-ins or ``module:function`` mixed in) ->
+  ``rewards.functions``, ``reward_weights=`` -> ``rewards.weights``;
+- ``process_reward=``: a step scorer -> ``algo.process_reward`` (and ``algo.supervision=process``);
+- ``env=``: an environment class or instance (:class:`grpokit.envs.Environment`) -> ``rollout.env``;
+  ``tools=``: tool functions ``str -> str`` (or built-in tool names) -> the ``tools`` environment.
+
+A function that can be imported back by its module and name (defined in a module, not in a
+notebook or inside another function) is recorded as ``module:function`` instead, so the run folder
+resumes from the command line too.
+
+Reward and tool functions run where ``rewards.isolation`` says. ``process`` (the default) calls them
+in a worker process forked from this one: lambdas and closures work (nothing is pickled), but what a
+call changes (a counter, a list it appends to) changes the worker's copy, not this process's; use
+``rewards.isolation=thread`` for a function that must share this process's memory.
+
+Callbacks (``callbacks=``): :mod:`grpokit.trainer.callbacks`. The command line (``grpokit train``)
+runs through :func:`train_recipe`, so both give the same metrics for the same recipe and seed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from grpokit.api.recipe import Objects, make_recipe
+from grpokit.config import Recipe
+from grpokit.trainer.callbacks import Callback, CallbackError, Callbacks
+
+__all__ = ["Callback", "CallbackError", "Trainer", "make_recipe", "train_recipe"]
+
+
+def train_recipe(recipe: Recipe, *, progress: bool = True, callbacks: Iterable[Any] = ()) -> dict[str, Any]:
+    """Run GRPO as ``recipe`` says (:func:`grpokit.trainer.loop.train`) with ``callbacks``; returns the
+    run's summary. What ``grpokit train`` and :meth:`Trainer.train` call.
+
+    Raises:
+        what :func:`grpokit.trainer.loop.train` raises; :class:`CallbackError` when a callback raised.
+    """
+    from grpokit.trainer.loop import train
+
+    return train(recipe, progress=progress, callbacks=Callbacks(callbacks))
+
+
+class Trainer:
+    """A GRPO run from a recipe and Python objects (the module docstring); :meth:`train` runs it.
+
+    Args:
+        recipe: a packaged recipe's name, a YAML path, a dict of sections, a :class:`grpokit.Recipe`,
+            or None (the packaged demo recipe).
+        rows, eval_rows, rewards, reward_weights, process_reward, env, tools: Python objects in the
+            recipe's keys (the module docstring).
+        callbacks: hooks called during training (:class:`grpokit.Callback` objects or functions
+            ``(step, metrics)``; :mod:`grpokit.trainer.callbacks`).
+        overrides: ``"section.key=value"`` strings or ``{"section.key": value}``, applied last.
+        progress: show the progress bar.
+
+    Raises (when built, before any model loads):
+        RecipeError: an unknown key or a value out of range (names the key).
+        TypeError: rows that are not mappings, an object that is not callable where a function belongs,
+            a callback with no hook.
+    """
+
+    def __init__(
+        self,
+        recipe: Any = None,
+        *,
+        rows: Any = None,
+        eval_rows: Any = None,
+        rewards: Sequence[Any] | None = None,
+        reward_weights: Sequence[float] | None = None,
+        process_reward: Any = None,
+        env: Any = None,
+        tools: Sequence[Any] | None = None,
+        callbacks: Iterable[Any] = (),
+        overrides: Mapping[str, Any] | Sequence[str] = (),
+        progress: bool = True,
+    ):
+        self._objects = Objects()
+        self.recipe: Recipe = make_recipe(
+            recipe,
+            rows=rows,
+            eval_rows=eval_rows,
+            rewards=rewards,
+            reward_weights=reward_weights,
+            process_reward=process_reward,
+            env=env,
+            tools=tools,
+            overrides=overrides,
+            _objects=self._objects,
+        )
+        self.callbacks = list(callbacks)
+        Callbacks(self.callbacks)  # a callback with no hook is refused now, not mid-run
+        self.progress = progress
+        self.summary: dict[str, Any] | None = None
+
+    @property
+    def output_dir(self) -> Path:
+        """The run folder (``train.output_dir``)."""
+        return Path(self.recipe.train.output_dir)
+
+    def train(self) -> dict[str, Any]:
+        """Run (or resume, per ``train.resume``) the training; returns the run's summary: ``output_dir``,
+        ``last_metrics`` (the last ``metrics.jsonl`` line), ``eval_before``/``eval_after`` (held-out
+        results, with an ``eval`` section), and ``early_stopped_at``/``stopped_by`` when a callback
+        stopped it.
+
+        Raises:
+            what ``grpokit train`` reports as errors (:mod:`grpokit.cli.main`): ``ValueError`` for bad
+            data or rewards, ``OSError`` for files, ``ImportError`` for a missing extra,
+            ``RuntimeError`` for a fault of the run; :class:`CallbackError` when a callback raised
+            (the run stopped with its checkpoint).
+        """
+        self._objects.give_all()
+        self.summary = train_recipe(self.recipe, progress=self.progress, callbacks=self.callbacks)
+        return self.summary
+
+    def evaluate(self, model: str | Path | None = None, *, when: str = "api") -> dict[str, Any]:
+        """Held-out evaluation of ``model`` (None: the newest checkpoint of ``train.output_dir``, else
+        ``model.name_or_path``) on the recipe's held-out rows, as ``grpokit eval MODEL --heldout-of
+        RECIPE`` does: greedy accuracy with its interval, and ``eval.num_samples`` samples' metrics.
+        Writes ``<output_dir>/eval_<when>.json`` and returns what it holds.
+
+        Raises:
+            ValueError: no ``eval`` section (``eval.dataset`` or ``eval_rows=``); what
+                :class:`grpokit.eval.evaluate.HeldOutEval` raises.
+            OSError: a model that cannot be found.
+        """
+        from grpokit.api.evaluate import evaluate_heldout
+
+        self._objects.give_all()
+        return evaluate_heldout(self.recipe, model, when=when)
+
+
+def sft(recipe: Any, *, model: str | None = None, out: str | Path | None = None, **objects: Any) -> dict[str, Any]:
+    """The supervised warm-up of ``recipe``'s ``sft`` section, as ``grpokit sft RECIPE`` runs it:
+    ``model`` (default ``sft.model``) trained on ``sft.dataset``'s rows and written to ``out`` (default
+    ``model.name_or_path``, the model GRPO then starts from); with an ``eval`` section its held-out
+    questions are left out. ``objects``: as :func:`make_recipe` (``overrides=`` included). Returns
+    the record ``grpokit sft`` prints.
+
+    Raises:
+        RecipeError: ``sft.model`` not set and no ``model``; the warm-up would be written over its start.
+        ValueError: ``sft.dataset``/``sft.completion_template`` not set; bad data.
+        OSError: ``out`` not empty or not writable.
+    """
+    from grpokit.config import RecipeError
+    from grpokit.trainer.sft import main_sft
+
+    r = make_recipe(recipe, **objects)
+    start, target = model or r.sft.model, out if out is not None else r.model.name_or_path
+    if start is None:
+        raise RecipeError("sft.model: not set; the model to fine-tune (or give model=)")
+    if Path(start).expanduser().resolve() == Path(target).expanduser().resolve():
+        raise RecipeError(f"sft.model and the output are both {start}: the warm-up would be written over its start")
+    label = str(recipe) if isinstance(recipe, (str, Path)) else "the recipe"
+    return main_sft(r, model=start, out=target, heldout_of=label if r.eval.dataset else None)
+
+
+def prm_label(recipe: Any, **objects: Any) -> dict[str, Any]:
+    """``grpokit prm label RECIPE``: the policy's step labels (:func:`grpokit.trainer.prm.main_prm_label`)."""
+    from grpokit.trainer.prm import main_prm_label
+
+    return main_prm_label(make_recipe(recipe, **objects))
+
+
+def prm_train(recipe: Any, **objects: Any) -> dict[str, Any]:
+    """``grpokit prm train RECIPE``: a PRM trained on those labels (:func:`grpokit.trainer.prm.main_prm_train`)."""
+    from grpokit.trainer.prm import main_prm_train
+
+    return main_prm_train(make_recipe(recipe, **objects))
+
+
+__all__ += ["sft", "prm_label", "prm_train"]
