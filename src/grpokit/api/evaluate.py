@@ -52,3 +52,90 @@ def evaluate_heldout(recipe: Recipe, model: str | Path | None = None, *, when: s
     res = held.run(engine, out, when)
     res["model"] = name
     return res
+
+
+def shortest_context(models: list[str]) -> int | None:
+    """The fewest positions (prompt + new tokens) of ``models``' configs (None: none states any), so
+    that every prompt kept fits each model compared."""
+    from grpokit.models.loading import model_max_positions
+
+    sizes = [n for n in (model_max_positions(m) for m in models) if n is not None]
+    return min(sizes) if sizes else None
+
+
+def evaluate_models(
+    models: list[str],
+    device: Any,
+    tokenizer: Any,
+    prompts: list[str],
+    rows: list[dict],
+    scorer: Any,
+    scorer_name: str,
+    *,
+    dataset: str,
+    split: str,
+    skip: int = 0,
+    max_new_tokens: int,
+    batch_size: int,
+    samples: int = 0,
+    temperature: float = 1.0,
+    seed: int = 0,
+    settings: dict[str, Any] | None = None,
+    env: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """What ``grpokit eval`` measures once its input is checked: each of ``models`` (one, or two to
+    pair) loaded and scored on the same ``prompts``/``rows`` (greedy, and ``samples`` completions at
+    ``temperature`` with ``seed``; with ``env``, :func:`grpokit.rollout.multiturn.env_options`'s
+    environment between turns), its summary printed; with two, the paired comparison (exact McNemar)
+    printed and added. Returns the dict ``grpokit eval`` writes to its JSON file (``models``: each
+    model's :func:`grpokit.eval.evaluate.evaluate` result).
+
+    Raises:
+        OSError, ValueError: a model that cannot be loaded; RuntimeError: a fault while evaluating.
+    """
+    from grpokit.backends import install_backend
+    from grpokit.data import dataset_label
+    from grpokit.data.heldout import answer_extractor
+    from grpokit.eval.compare import compare
+    from grpokit.eval.evaluate import evaluate
+    from grpokit.eval.stats import format_summary
+    from grpokit.models.loading import eos_token_ids, load_model
+    from grpokit.rollout.engine import load_engine
+    from grpokit.rollout.multiturn import MultiTurnEngine
+
+    results = {}
+    for m in models:
+        model = load_model(m, device=device).eval()
+        install_backend(model, "auto", announce=False)  # the fast generation path where it is exact
+        on_model = dict(model=model, tokenizer=tokenizer, eos_token_ids=eos_token_ids(model, tokenizer))
+        engine = load_engine("hf", **on_model) if env is None else MultiTurnEngine(**on_model, **env)
+        results[m] = r = evaluate(
+            engine,
+            prompts,
+            rows,
+            max_new_tokens=max_new_tokens,
+            batch_size=batch_size,
+            scorer=scorer,
+            num_samples=samples,
+            temperature=temperature,
+            seed=seed,
+            extract_answer=answer_extractor(scorer_name),
+        )
+        print(
+            f"{m} on {dataset_label(dataset, split)} ({r['total']} problems, scorer {scorer_name}, "
+            f"{r['seconds']:.0f} s):\n{format_summary(r['metrics'])}",
+            flush=True,
+        )
+    out: dict[str, Any] = {
+        "dataset": dataset,
+        "split": split,
+        "skip": skip,
+        "scorer": scorer_name,
+        "settings": settings or {},
+        "models": results,
+    }
+    if len(models) == 2:
+        paired, lines = compare(results[models[0]], results[models[1]], models[0], models[1], samples)
+        out.update(paired)
+        print("\n".join(lines))
+    return out

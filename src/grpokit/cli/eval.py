@@ -218,10 +218,11 @@ def _newest_checkpoint_of_run(model: str) -> str:
 
 def eval_command(argv: list[str]) -> int:
     ns = _eval_args(argv)
+    from grpokit.api.evaluate import evaluate_models, shortest_context
     from grpokit.config import RecipeError
     from grpokit.data.heldout import check_scorer, default_scorer
     from grpokit.data.rows import load_data_rows, load_prompts
-    from grpokit.eval.evaluate import default_output_name
+    from grpokit.eval.evaluate import default_output_name, measured_little
     from grpokit.models.loading import load_tokenizer, resolve_model_paths
     from grpokit.rewards import get_reward_function
     from grpokit.trainer.build import resolve_device
@@ -284,7 +285,7 @@ def eval_command(argv: list[str]) -> int:
             limit=None,
             rows=rows,
             max_new_tokens=ns.max_new_tokens,
-            max_positions=_shortest_context(models),
+            max_positions=shortest_context(models),
             new_tokens_key="--max-new-tokens",
         )
         settings = _eval_settings(ns, recipe, tok, skipped)
@@ -293,7 +294,32 @@ def eval_command(argv: list[str]) -> int:
             raise
         return fail(_one_line(e))
     try:
-        return _eval_models(ns, models, device, tok, prompts, rows, scorer, scorer_name, out_path, settings, env)
+        out = evaluate_models(
+            models,
+            device,
+            tok,
+            prompts,
+            rows,
+            scorer,
+            scorer_name,
+            dataset=ns.dataset,
+            split=ns.split,
+            skip=ns.skip,
+            max_new_tokens=ns.max_new_tokens,
+            batch_size=ns.batch_size,
+            samples=ns.samples or 0,
+            temperature=ns.temperature,
+            seed=ns.seed,
+            settings=settings,
+            env=env,
+        )
+        for m in models:
+            for text in measured_little(out["models"][m], budget=f"--max-new-tokens={ns.max_new_tokens}"):
+                print(f"[grpokit] warning: {m}: {text}", file=sys.stderr, flush=True)
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        out_path.write_text(json.dumps(out, indent=1, default=str))
+        print(f"-> {out_path}")
+        return 0
     except USER_ERRORS as e:  # a model that does not load, a fault while evaluating
         if _show_traceback():
             raise
@@ -325,15 +351,6 @@ def _eval_settings(ns: argparse.Namespace, recipe, tok, skipped: int) -> dict:
     }
 
 
-def _shortest_context(models: list[str]) -> int | None:
-    """The fewest positions (prompt + new tokens) of ``models``' configs (None: none states any), so
-    that every prompt kept fits each model compared."""
-    from grpokit.models.loading import model_max_positions
-
-    sizes = [n for n in (model_max_positions(m) for m in models) if n is not None]
-    return min(sizes) if sizes else None
-
-
 def _data_options(text: str | None) -> dict:
     """``--data-options`` as a mapping ({} when not given).
 
@@ -352,62 +369,3 @@ def _data_options(text: str | None) -> dict:
     if not isinstance(value, dict):
         raise ValueError(f"--data-options {text!r}: expected a mapping such as '{{size: 500, max_digits: 2}}'")
     return value
-
-
-def _eval_models(
-    ns, models, device, tok, prompts, rows, scorer, scorer_name, out_path: Path, settings: dict, env=None
-) -> int:
-    """``grpokit eval`` after its checks: each model loaded and scored (what measured little said on
-    stderr, :func:`grpokit.eval.evaluate.measured_little`), the paired comparison, the JSON (with
-    ``settings``)."""
-    from grpokit.backends import install_backend
-    from grpokit.data.heldout import answer_extractor
-    from grpokit.eval.compare import compare
-    from grpokit.eval.evaluate import evaluate, measured_little
-    from grpokit.eval.stats import format_summary
-    from grpokit.models.loading import eos_token_ids, load_model
-    from grpokit.rollout.engine import load_engine
-    from grpokit.rollout.multiturn import MultiTurnEngine
-
-    results = {}
-    for m in models:
-        model = load_model(m, device=device).eval()
-        install_backend(model, "auto", announce=False)  # the fast generation path where it is exact
-        on_model = dict(model=model, tokenizer=tok, eos_token_ids=eos_token_ids(model, tok))
-        engine = load_engine("hf", **on_model) if env is None else MultiTurnEngine(**on_model, **env)
-        results[m] = evaluate(
-            engine,
-            prompts,
-            rows,
-            max_new_tokens=ns.max_new_tokens,
-            batch_size=ns.batch_size,
-            scorer=scorer,
-            num_samples=ns.samples or 0,
-            temperature=ns.temperature,
-            seed=ns.seed,
-            extract_answer=answer_extractor(scorer_name),
-        )
-        r = results[m]
-        print(
-            f"{m} on {dataset_label(ns.dataset, ns.split)} ({r['total']} problems, scorer {scorer_name}, "
-            f"{r['seconds']:.0f} s):\n{format_summary(r['metrics'])}",
-            flush=True,
-        )
-        for text in measured_little(r, budget=f"--max-new-tokens={ns.max_new_tokens}"):
-            print(f"[grpokit] warning: {m}: {text}", file=sys.stderr, flush=True)
-    out = {
-        "dataset": ns.dataset,
-        "split": ns.split,
-        "skip": ns.skip,
-        "scorer": scorer_name,
-        "settings": settings,
-        "models": results,
-    }
-    if ns.against:
-        paired, lines = compare(results[ns.model], results[ns.against], ns.model, ns.against, ns.samples or 0)
-        out.update(paired)
-        print("\n".join(lines))
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(out, indent=1, default=str))
-    print(f"-> {out_path}")
-    return 0
