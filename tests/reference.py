@@ -49,6 +49,82 @@ def group_advantages(
     return out
 
 
+def rloo_advantages(rewards: list[float], group_size: int, rounding_eps: float = F64_EPS) -> list[float]:
+    """RLOO: each scorable reward minus the mean of the *other* scorable rewards of its group."""
+    out = []
+    for g in range(0, len(rewards), group_size):
+        group = rewards[g : g + group_size]
+        valid = [r for r in group if math.isfinite(r)]
+        for r in group:
+            if not math.isfinite(r) or _constant(valid, rounding_eps):
+                out.append(0.0)
+                continue
+            others = list(valid)
+            others.remove(r)  # one copy of r left out (an equal reward of a sibling stays)
+            out.append(r - sum(others) / len(others))
+    return out
+
+
+def reinforce_pp_advantages(
+    rewards: list[float],
+    group_size: int,
+    lengths: list[int],
+    scale: str = "batch",
+    eps: float = 1e-4,
+    rounding_eps: float = F64_EPS,
+) -> list[float]:
+    """REINFORCE++-baseline: c = r − group mean; then over every *token* of the scorable completions
+    (each token of row i carries c_i): minus their mean, divided by max(population std, eps)."""
+    centred = []  # (c_i or None for unscorable, signal)
+    for g in range(0, len(rewards), group_size):
+        group = rewards[g : g + group_size]
+        valid = [r for r in group if math.isfinite(r)]
+        const = _constant(valid, rounding_eps)
+        m = sum(valid) / len(valid) if valid else 0.0
+        for r in group:
+            if not math.isfinite(r):
+                centred.append((None, False))
+            else:
+                centred.append((0.0 if const else r - m, not const))
+    tokens = [c for (c, _), n in zip(centred, lengths) if c is not None for _ in range(n)]
+    if not tokens or not any(sig for _, sig in centred):
+        return [0.0] * len(rewards)
+    mu = sum(tokens) / len(tokens)
+    std = math.sqrt(sum((t - mu) ** 2 for t in tokens) / len(tokens))
+    denom = max(std, eps) if scale == "batch" else 1.0
+    return [(c - mu) / denom if sig else 0.0 for c, sig in centred]
+
+
+def normalized_reward_sum(rows: list[list[float]], weights: list[float], group_size: int, eps: float = 1e-4):
+    """``rows[i][k]``: function k's reward of completion i (NaN = unscorable). A row with a NaN in a
+    weighted column is unscorable (NaN) and out of every column's statistics; each weighted column
+    is z-scored in the group over the scorable rows (sample std; constant -> 0); then Σ_k w_k z_k."""
+    n = len(rows)
+    live = [k for k, w in enumerate(weights) if w != 0]
+    ok = [all(math.isfinite(rows[i][k]) for k in live) for i in range(n)]
+    out = [0.0 if ok[i] else math.nan for i in range(n)]
+    for k in live:
+        col = [rows[i][k] if ok[i] else math.nan for i in range(n)]
+        z = group_advantages(col, group_size, "group", eps)
+        for i in range(n):
+            if ok[i]:
+                out[i] += weights[k] * z[i]
+    return out
+
+
+def overlong_penalty(lengths: list[int], max_length: int, buffer: int) -> list[float]:
+    """DAPO eq. 13, case by case."""
+    out = []
+    for y in lengths:
+        if buffer == 0 or y <= max_length - buffer:
+            out.append(0.0)
+        elif y <= max_length:
+            out.append((max_length - buffer - y) / buffer)
+        else:
+            out.append(-1.0)
+    return out
+
+
 def process_advantages(step_rewards, step_end_mask, completion_mask, group_size, eps=1e-4, rounding_eps=F64_EPS):
     """step_rewards etc. as nested lists (N x T); ``rounding_eps`` as in ``group_advantages``."""
     n, t = len(step_rewards), len(step_rewards[0])
@@ -165,3 +241,140 @@ def gae(rewards, values, mask, gamma, lam):
                 total += (gamma * lam) ** l * delta
             adv[i][s] = total
     return adv
+
+
+# -- policy-loss variants (grpokit.algo.surrogates; docs/loss_variants.md) ---------------------------
+
+
+def _variant_terms(logp, old_logp, adv, mask, level, surrogate, eps_low, eps_high, dual_clip_c, delta):
+    """Per counted token ``(i, t)``: ``(loss term l, d l / d logp_it through the token's own ratio
+    or weight, the ratio used)`` of one variant, written piecewise from the papers' formulas.
+    ``adv[i]`` is a float or a per-token list."""
+    out = {}
+    for i in range(len(logp)):
+        counted = [t for t in range(len(logp[i])) if mask[i][t]]
+        seq = math.exp(sum(logp[i][t] - old_logp[i][t] for t in counted) / len(counted)) if counted else 1.0
+        for t in counted:
+            a = adv[i][t] if isinstance(adv[i], list) else adv[i]
+            r = seq if level != "token" else math.exp(logp[i][t] - old_logp[i][t])
+            if a == 0:
+                out[i, t] = (0.0, 0.0, r)
+                continue
+            if surrogate == "cispo":  # -sg(clip(r))·A·logp: the weight is a constant
+                w = min(r, 1 + eps_high) if eps_low >= 1 else min(max(r, 1 - eps_low), 1 + eps_high)
+                out[i, t] = (-w * a * logp[i][t], -w * a, r)
+                continue
+            rc = min(max(r, 1 - eps_low), 1 + eps_high)
+            ru = min(r, delta) if delta > 0 else r
+            obj = min(ru * a, rc * a)
+            if dual_clip_c > 0 and a < 0:
+                obj = max(obj, dual_clip_c * a)
+            # d obj / d r: A where the objective is r·A near r (unclipped, below δ and c), else 0
+            if a > 0:
+                slope = a if r < 1 + eps_high else 0.0
+            else:
+                held = (delta > 0 and r >= delta) or (dual_clip_c > 0 and r >= dual_clip_c)  # at -bound·A
+                slope = a if r > 1 - eps_low and not held else 0.0
+            out[i, t] = (-obj, -slope * r, r)
+    return out
+
+
+def sampler_weights(old_logp, sampler_logp, mask, cap, mode):
+    """Per counted token: the TIS / MIS weight (N x T nested lists, 0.0 where not counted)."""
+    n, t_len = len(old_logp), len(old_logp[0])
+    w = [[0.0] * t_len for _ in range(n)]
+    for i in range(n):
+        counted = [t for t in range(t_len) if mask[i][t]]
+        rho = math.exp(sum(old_logp[i][t] - sampler_logp[i][t] for t in counted))  # the sequence's Π w_t
+        for t in counted:
+            wt = math.exp(old_logp[i][t] - sampler_logp[i][t])
+            if mode == "tis":
+                w[i][t] = min(wt, cap)
+            elif mode == "mis_token":
+                w[i][t] = wt if 1 / cap <= wt <= cap else 0.0
+            else:
+                w[i][t] = rho if 1 / cap <= rho <= cap else 0.0
+    return w
+
+
+def _aggregation_weights(mask, aggregation, max_len):
+    """Per counted token, its weight in the aggregated loss."""
+    n = len(mask)
+    total = sum(sum(1 for m in row if m) for row in mask)
+    out = {}
+    for i, row in enumerate(mask):
+        count = sum(1 for m in row if m)
+        for t, m in enumerate(row):
+            if m:
+                if aggregation == "seq_mean_token_mean":
+                    out[i, t] = 1 / (n * count)
+                elif aggregation == "token_mean":
+                    out[i, t] = 1 / max(total, 1)
+                else:
+                    out[i, t] = 1 / (n * max_len)
+    return out
+
+
+def policy_loss_variant(
+    logp,
+    old_logp,
+    adv,
+    mask,
+    *,
+    level="token",
+    surrogate="clip",
+    eps_low=0.2,
+    eps_high=0.2,
+    dual_clip_c=0.0,
+    delta=0.0,
+    aggregation="seq_mean_token_mean",
+    max_len=None,
+    ref_logp=None,
+    beta=0.0,
+    kind="k3",
+    sampler_logp=None,
+    cap=0.0,
+    is_correction="tis",
+    entropy=None,
+    entropy_coef=0.0,
+):
+    """The loss of :func:`grpokit.algo.policy_loss` with its variants, and its gradient w.r.t. ``logp``
+    (N x T nested lists; the KL's and the entropy's gradients left out), by loops over tokens and
+    sequences. At sequence level each counted token carries its row's loss ``l_i``, whose gradient
+    w.r.t. ``logp_it`` is ``d l_i / d s_i · s_i / |o_i|`` at every counted token."""
+    terms = _variant_terms(logp, old_logp, adv, mask, level, surrogate, eps_low, eps_high, dual_clip_c, delta)
+    weights = sampler_weights(old_logp, sampler_logp, mask, cap, is_correction) if cap > 0 else None
+    agg = _aggregation_weights(mask, aggregation, max_len)
+    loss = 0.0
+    grad = [[0.0] * len(row) for row in logp]
+    for (i, t), (lt, dlt, _) in terms.items():
+        w = weights[i][t] if weights is not None else 1.0
+        kl_t = kl(logp[i][t], ref_logp[i][t], kind) if beta > 0 else 0.0
+        loss += agg[i, t] * (w * lt + beta * kl_t)
+        if level != "sequence":
+            grad[i][t] += agg[i, t] * w * dlt
+        else:  # l_i at each of the row's tokens, each depending on every logp of the row through s_i
+            row = [u for u in range(len(logp[i])) if mask[i][u]]
+            for u in row:
+                grad[i][u] += agg[i, t] * w * dlt / len(row)
+    if entropy_coef > 0:
+        counted = [entropy[i][t] for i in range(len(mask)) for t in range(len(mask[i])) if mask[i][t]]
+        loss -= entropy_coef * sum(counted) / max(len(counted), 1)
+    return loss, grad
+
+
+def sequence_clip_fraction(logp, old_logp, adv, mask, eps_low, eps_high, side):
+    """Share of sequences (of all ``N``) with a counted token whose sequence-level term is clipped
+    on ``side`` (``low``: s < 1 - ε_low and A < 0; ``high``: s > 1 + ε_high and A > 0)."""
+    hits = 0
+    for i in range(len(logp)):
+        counted = [t for t in range(len(logp[i])) if mask[i][t]]
+        if not counted:
+            continue
+        s = math.exp(sum(logp[i][t] - old_logp[i][t] for t in counted) / len(counted))
+        signs = [adv[i][t] if isinstance(adv[i], list) else adv[i] for t in counted]
+        if side == "low" and s < 1 - eps_low and any(a < 0 for a in signs):
+            hits += 1
+        if side == "high" and s > 1 + eps_high and any(a > 0 for a in signs):
+            hits += 1
+    return hits / len(logp)

@@ -149,7 +149,7 @@ def _fault_case(case: str, model: str, tmp_path, monkeypatch) -> tuple[list[str]
         "override_without_section": (
             ["train", recipe(), "max_steps=3"],
             2,
-            ["max_steps=3", "section.name, e.g. train.max_steps"],
+            ["max_steps=3", "key must be section.name; use train.max_steps=3"],
         ),
         "duplicate_section": (
             ["train", str(write_text(tmp_path / "d.yaml", good_text(recipe()) + "train:\n  max_steps: 20\n"))],

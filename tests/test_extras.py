@@ -31,7 +31,8 @@ EXTRAS = {  # extra -> the modules it installs (as imported)
     "datasets": ["datasets", "pyarrow"],
     "lora": ["peft"],
 }
-OPTIONAL = [m for mods in EXTRAS.values() for m in mods] + ["pandas", "peft", "vllm"]
+TRACKERS = {"wandb": ["wandb"], "mlflow": ["mlflow", "sqlalchemy"], "trackio": ["trackio"]}  # train.report_to
+OPTIONAL = [m for mods in (*EXTRAS.values(), *TRACKERS.values()) for m in mods] + ["pandas", "peft", "vllm"]
 
 
 def _block(monkeypatch, *names: str) -> None:
@@ -74,6 +75,7 @@ def test_core_dependencies_are_ranges_without_the_optional_packages():
     names = {_name(d) for d in deps}
     assert {"torch", "transformers", "math-verify", "pyyaml", "safetensors"} <= names
     optional = {"reasoning-gym", "torchao", "matplotlib", "tensorboard", "datasets", "pyarrow", "peft", "vllm"}
+    optional |= {"wandb", "mlflow-skinny", "trackio"}
     assert not names & optional, names & optional
 
 
@@ -85,6 +87,7 @@ def test_each_optional_package_is_an_extra_and_all_and_test_hold_them():
         assert not any("==" in r for r in extras[extra]), extras[extra]
     assert extras["all"] == [f"grpokit[{','.join(EXTRAS)}]"]
     assert "grpokit[all]" in extras["test"]  # the tests exercise every extra
+    assert f"grpokit[{','.join(TRACKERS)}]" in extras["test"]  # and read every tracker's files back
 
 
 def test_lock_pins_every_package_exactly():

@@ -449,7 +449,9 @@ def test_lora_outputs_honour_the_umask_name_the_users_base_and_evaluate_as_any_m
     for folder in (ckpt, tmp_path / "adapter"):  # the base as the recipe names it, in the adapter and the card
         assert json.loads((folder / "adapter_config.json").read_text())["base_model_name_or_path"] == "base"
     card = (ckpt / "README.md").read_text()
-    assert "base_model: base\n" in card and "base_model:adapter:base\n" in card and str(tmp_path) not in card
+    front = card.split("---\n", 2)[1]  # the card's metadata (its recipe block holds train.output_dir, a path here)
+    assert "base_model: base\n" in front and "base_model:adapter:base\n" in front and str(tmp_path) not in front
+    assert 'from_pretrained("base")' in card  # how to load it names the base as the recipe does
     # the checkpoint is a model for grpokit eval, first or --against: both give the same greedy answers
     out = tmp_path / "e.json"
     args = ["--dataset", "mawps", "--split", "singleop", "--limit", "2", "--max-new-tokens", "3"]

@@ -1,4 +1,5 @@
-"""Run outputs: metrics.jsonl, TensorBoard events, samples.jsonl, and curves.png.
+"""Run outputs: metrics.jsonl, samples.jsonl, curves.png, and the same sent to the run's trackers
+(TensorBoard events by default; wandb, mlflow, trackio: :mod:`grpokit.trackers`, ``train.report_to``).
 
 ``curves.png`` shows what a run did, one panel per question a user asks of it.
 
@@ -26,6 +27,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from grpokit.trackers import TRACKERS, Tracker, scalars, tracker_names
 from grpokit.utils.importing import require, warn_missing
 from grpokit.utils.textio import NotUtf8Error, read_utf8
 
@@ -61,7 +63,7 @@ METRIC_KEYS = (
 
 class RunWarning(UserWarning):
     """A step (or an evaluation) that trained on, or measured, little or nothing
-    (:func:`warn_if_step_did_nothing`)."""
+    (:func:`warn_if_step_did_nothing`); or a tracker that raised and was dropped (:class:`RunLogger`)."""
 
 
 #: warn when at least this fraction of the completions was cut at the new-token limit
@@ -93,35 +95,74 @@ class NullLogger:
     def log_samples(self, step: int, samples: list) -> None:
         """Nothing (rank 0 logs)."""
 
+    def log_image(self, name: str, path: str | Path) -> None:
+        """Nothing (rank 0 logs)."""
+
     def close(self) -> None:
         """Nothing to close."""
 
 
 class RunLogger:
-    """Appends one JSON line per step to ``metrics.jsonl`` and mirrors scalars to TensorBoard.
+    """Appends one JSON line per step to ``metrics.jsonl`` (and the sampled completions to
+    ``samples.jsonl``) and sends the same to the run's trackers (:mod:`grpokit.trackers`).
 
-    TensorBoard is the optional extra ``grpokit[tensorboard]``: without it (``tensorboard=True``)
-    a :class:`~grpokit.utils.importing.MissingExtraWarning` naming the extra is given once and only the
-    jsonl files are written."""
+    Args:
+        output_dir: the run folder (made if missing).
+        report_to: tracker names, as ``train.report_to`` takes them (None: ``["tensorboard"]``).
+        config: the run's config for the trackers (``Recipe.to_dict()``).
+        tensorboard: False leaves ``tensorboard`` out of ``report_to``.
 
-    def __init__(self, output_dir: str | Path, *, tensorboard: bool = True):
+    The trackers start at the first line logged, after :meth:`truncate_after` has said whether the
+    run resumes (their run continues then, :mod:`grpokit.trackers`). A tracker that raises, at its
+    start or later, is dropped with one :class:`RunWarning` naming it and the error; the files and
+    the other trackers go on. TensorBoard is the optional extra ``grpokit[tensorboard]``: without it
+    a :class:`~grpokit.utils.importing.MissingExtraWarning` naming the extra is given once and it is
+    left out.
+
+    Raises:
+        ValueError: a name that is not a tracker (:func:`grpokit.trackers.tracker_names`).
+        ImportError: a tracker other than ``tensorboard`` whose package is missing; the message names
+            the extra (``pip install 'grpokit[wandb]'``).
+    """
+
+    def __init__(
+        self,
+        output_dir: str | Path,
+        *,
+        report_to: list[str] | str | None = None,
+        config: dict[str, Any] | None = None,
+        tensorboard: bool = True,
+    ):
         self.dir = Path(output_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.dir / "metrics.jsonl"
         self.samples_path = self.dir / "samples.jsonl"
-        self._tb = None
-        if tensorboard:
+        names = tracker_names(["tensorboard"] if report_to is None else report_to)
+        names = [n for n in names if tensorboard or n != "tensorboard"]
+        self._trackers: list[Tracker] = []
+        for name in names:
+            tracker = TRACKERS[name]()
             try:
-                require("tensorboard", extra="tensorboard", why="the TensorBoard mirror of the metrics")
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError as e:  # tensorboard not installed: jsonl only
-                warn_missing(e, f"writing {self.metrics_path.name} only")
-            else:
-                self._tb = SummaryWriter(str(self.dir / "tensorboard"))
+                tracker.require()
+            except ImportError as e:
+                if name != "tensorboard":
+                    raise
+                # tensorboard not installed: the other files (as before train.report_to)
+                alone = (
+                    f"writing {self.metrics_path.name} only" if names == ["tensorboard"] else "no TensorBoard events"
+                )
+                warn_missing(e, alone)
+                continue
+            self._trackers.append(tracker)
+        self._config = config or {}
+        self._resume_step = 0
+        self._started = False
+        self._step = 0  # the last step logged (an image is logged at it)
 
     def truncate_after(self, step: int) -> None:
         """Drop lines of steps > ``step`` (a resumed run rewrites them), and a line torn by a kill
-        mid-write. The file is replaced atomically.
+        mid-write. The file is replaced atomically. ``step > 0`` also tells the trackers that the
+        run resumes from there; 0 that it is a fresh run.
 
         Raises:
             ValueError: on resume (``step > 0``), ``metrics.jsonl`` or ``samples.jsonl`` holds bytes
@@ -142,25 +183,72 @@ class RunLogger:
                 tmp = path.with_name(path.name + ".tmp")
                 tmp.write_text("".join(l + "\n" for l in keep))
                 os.replace(tmp, path)
+        self._resume_step = self._step = step
+
+    def _each(self, what: str, call: Any) -> None:
+        """``call(tracker)`` for each tracker, started first; one that raises is dropped (warned once)."""
+        if not self._started and self._trackers:
+            self._started = True
+            name = self.dir.resolve().name
+            for t in list(self._trackers):
+                self._guard(
+                    t,
+                    "start",
+                    lambda t: t.start(
+                        config=self._config, run_dir=self.dir, run_name=name, resume_step=self._resume_step
+                    ),
+                )
+        for t in list(self._trackers):
+            self._guard(t, what, call)
+
+    def _guard(self, tracker: Tracker, what: str, call: Any) -> None:
+        try:
+            call(tracker)
+        except Exception as e:  # noqa: BLE001 - a tracker's fault never stops the run
+            self._trackers.remove(tracker)
+            warnings.warn(
+                f"tracker {tracker.name} raised {type(e).__name__}: {e} (in {what}); it is dropped and the "
+                f"run goes on without it ({self.metrics_path} has every step)",
+                RunWarning,
+                stacklevel=4,
+            )
+            if what != "finish":
+                try:
+                    tracker.finish()
+                except Exception:  # noqa: BLE001 - closing what is left of it, best effort
+                    pass
 
     def log(self, metrics: dict[str, Any]) -> None:
+        """Append ``metrics`` (a dict with ``step``) to ``metrics.jsonl`` (non-finite floats as null)
+        and send its numbers to the trackers (:func:`grpokit.trackers.scalars`)."""
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(clean) + "\n")
-        if self._tb is not None:
-            for k, v in metrics.items():
-                if k != "step" and isinstance(v, (int, float)) and math.isfinite(v):
-                    self._tb.add_scalar(k, v, metrics["step"])
-            self._tb.flush()
+        self._step = step = metrics["step"]
+        numbers = scalars(metrics)
+        self._each("log", lambda t: t.log(numbers, step))
 
     def log_samples(self, step: int, samples: list[dict[str, Any]]) -> None:
+        """Append ``samples`` (:func:`sample_lines`) to ``samples.jsonl`` with their ``step`` and send
+        them to the trackers as the table ``samples`` (those that take tables)."""
         with self.samples_path.open("a") as f:
             for s in samples:
                 f.write(json.dumps({"step": step, **s}) + "\n")
+        self._each("log_table", lambda t: t.log_table("samples", samples, step))
+
+    def log_image(self, name: str, path: str | Path) -> None:
+        """Send the image file ``path`` (``curves.png``) to the trackers as ``name``, at the last
+        step logged; nothing when the file is not there (no matplotlib)."""
+        image = Path(path)
+        if image.is_file():
+            self._each("log_image", lambda t: t.log_image(name, image, self._step))
 
     def close(self) -> None:
-        if self._tb is not None:
-            self._tb.close()
+        """Finish the trackers' runs (a tracker that never started has nothing to finish)."""
+        if self._started:
+            for t in list(self._trackers):
+                self._guard(t, "finish", lambda t: t.finish())
+        self._trackers = []
 
 
 def sample_lines(rows: list[dict[str, Any]], exp: Any, tokenizer: Any) -> list[dict[str, Any]]:

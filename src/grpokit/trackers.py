@@ -6,12 +6,18 @@ always written. Each tracker is its library, an optional extra of the same name,
 the recipe names it. Every one writes into the run folder unless its own environment variables point
 elsewhere, and nothing leaves the machine by default:
 
-| name | extra | writes | elsewhere when |
-| --- | --- | --- | --- |
-| ``tensorboard`` | ``tensorboard`` | ``<output_dir>/tensorboard/`` (events) | never |
-| ``wandb`` | ``wandb`` | ``<output_dir>/wandb/offline-run-*`` (``mode="offline"``) | ``WANDB_MODE`` or ``WANDB_API_KEY`` is set (then wandb's own mode: online with a key); ``WANDB_DIR``, ``WANDB_PROJECT`` |
-| ``mlflow`` | ``mlflow`` | ``<output_dir>/mlflow.db`` (SQLite store), ``<output_dir>/mlartifacts/`` | ``MLFLOW_TRACKING_URI``; ``MLFLOW_EXPERIMENT_NAME`` |
-| ``trackio`` | ``trackio`` | ``<output_dir>/trackio/grpokit.db`` | ``TRACKIO_DIR`` (read by trackio once per process, when it is first imported: the first run of a process decides) |
+- ``tensorboard`` (extra ``tensorboard``): ``<output_dir>/tensorboard/`` events.
+- ``wandb`` (extra ``wandb``): ``<output_dir>/wandb/offline-run-*`` (``mode="offline"``; upload later
+  with ``wandb sync``); when ``WANDB_MODE`` or ``WANDB_API_KEY`` is set, wandb's own mode (online
+  with a key). ``WANDB_DIR`` and ``WANDB_PROJECT`` are obeyed.
+- ``mlflow`` (extra ``mlflow``: mlflow-skinny, sqlalchemy, alembic): the SQLite store
+  ``<output_dir>/mlflow.db`` and artifacts in ``<output_dir>/mlartifacts/`` (MLflow 3 refuses its
+  old file store ``mlruns/`` unless told to allow it); ``MLFLOW_TRACKING_URI`` (a server, another
+  store) and ``MLFLOW_EXPERIMENT_NAME`` are obeyed.
+- ``trackio`` (extra ``trackio``): ``<output_dir>/trackio/grpokit.db`` (``TRACKIO_DIR=<output_dir>/trackio
+  trackio show`` shows it). trackio reads its folder, ``TRACKIO_DIR``, once per process, when it is
+  first imported: a set ``TRACKIO_DIR`` is obeyed, and in a process that trains several runs the
+  first decides where all go.
 
 What each receives (:class:`Tracker`): the recipe (``Recipe.to_dict()``) as the run's config at
 the start; each ``metrics.jsonl`` line's numbers under the same names (``reward_mean``, ``loss``,
@@ -36,9 +42,9 @@ Departures, each a limit of a library:
   ``trainer_state.json``), trackio reopens the run of that name (``resume="allow"``), TensorBoard
   writes a new events file with ``purge_step`` so that the steps after the checkpoint, logged
   before the run stopped, are dropped from view. Steps logged before the stop and logged again
-  after the resume: wandb keeps the first value (it drops steps below its current one, with a
-  warning), mlflow and trackio keep both. A fresh run (``train.resume=none``, or no checkpoint)
-  starts new tracker runs.
+  after the resume: wandb online keeps the first value (it drops steps below the run's last one,
+  with a warning of its own), mlflow and trackio keep both. A fresh run (``train.resume=none``, or
+  no checkpoint) starts new tracker runs.
 
 Failures (:class:`grpokit.metrics.RunLogger` applies them):
 
@@ -73,7 +79,6 @@ __all__ = [
     "TRACKERS",
     "Tracker",
     "check_trackers",
-    "make_trackers",
     "mlflow_key",
     "scalars",
     "tracker_names",
@@ -95,11 +100,7 @@ def scalars(metrics: dict[str, Any]) -> dict[str, float]:
     >>> scalars({"step": 3, "loss": 0.5, "kl": None, "lr": float("nan"), "eval/acc": 1, "x": "a"})
     {'loss': 0.5, 'eval/acc': 1.0}
     """
-    return {
-        k: float(v)
-        for k, v in metrics.items()
-        if k != "step" and isinstance(v, (int, float)) and math.isfinite(v)
-    }
+    return {k: float(v) for k, v in metrics.items() if k != "step" and isinstance(v, (int, float)) and math.isfinite(v)}
 
 
 def _table(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
@@ -366,11 +367,11 @@ class TrackioTracker:
         self._trackio: Any = None
 
     def require(self) -> None:
-        if "trackio" not in sys.modules:  # found without importing it: importing fixes its folder
-            import importlib.util
+        import importlib.util
 
-            if importlib.util.find_spec("trackio") is None:
-                require("trackio", extra=self.extra, why=_why(self.name))
+        # not imported yet: only found (importing it fixes its folder, which start() chooses)
+        if "trackio" in sys.modules or importlib.util.find_spec("trackio") is None:
+            require("trackio", extra=self.extra, why=_why(self.name))
 
     def start(self, *, config: dict[str, Any], run_dir: Path, run_name: str, resume_step: int) -> None:
         if "trackio" not in sys.modules and not os.environ.get("TRACKIO_DIR"):
@@ -436,35 +437,26 @@ def tracker_names(value: Sequence[str] | str | None, key: str = KEY) -> list[str
     allowed = f"one of {', '.join(NAMES)}, or none (metrics.jsonl alone)"
     for i, name in enumerate(names):
         at = key if isinstance(value, str) else f"{key}[{i}]"
+        if name == "none":
+            raise ValueError(f"{at}: none (no tracker) cannot be listed with trackers {names}")
         if not isinstance(name, str) or name not in TRACKERS:
             hint = "; list the trackers instead, e.g. [tensorboard, wandb]" if name == "all" else ""
-            extra = "; none is alone (no tracker)" if name == "none" else ""
-            raise ValueError(f"{at}: {name!r} is not a tracker; expected {allowed}{hint}{extra}")
+            raise ValueError(f"{at}: {name!r} is not a tracker; expected {allowed}{hint}")
         if name in names[:i]:
             raise ValueError(f"{at}: {name!r} is listed twice (also {key}[{names.index(name)}]); list each once")
     return names
 
 
-def make_trackers(value: Sequence[str] | str | None) -> list[Tracker]:
-    """One unstarted :class:`Tracker` per name of ``value`` (:func:`tracker_names`), each one's
-    library imported or found (:meth:`Tracker.require`).
+def check_trackers(value: Sequence[str] | str | None) -> None:
+    """Check, before any model loads, that the library of every tracker ``value`` names can be
+    imported (:meth:`Tracker.require`), except ``tensorboard``'s: the default, it warns and is left
+    out when missing (:class:`grpokit.metrics.RunLogger`).
 
     Raises:
         ValueError: as :func:`tracker_names`.
         ImportError: a tracker's package is missing; the message names the extra
             (``train.report_to=[wandb] needs wandb, which is not installed: pip install 'grpokit[wandb]'``).
     """
-    trackers = [TRACKERS[name]() for name in tracker_names(value)]
-    for t in trackers:
-        t.require()
-    return trackers
-
-
-def check_trackers(value: Sequence[str] | str | None) -> None:
-    """Check before any model loads that every tracker ``value`` names except ``tensorboard`` (which
-    warns and is left out when missing) can be imported.
-
-    Raises:
-        ValueError, ImportError: as :func:`make_trackers`.
-    """
-    make_trackers([n for n in tracker_names(value) if n != "tensorboard"])
+    for name in tracker_names(value):
+        if name != "tensorboard":
+            TRACKERS[name]().require()

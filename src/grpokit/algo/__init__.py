@@ -5,13 +5,18 @@ completion length, ``V`` vocabulary. ``completion_mask`` is bool ``(N, T)``, Tru
 """
 
 from .advantages import (
+    BASELINE_SCALES,
+    BASELINES,
     ROUNDING_ULPS,
     SCALES,
     constant_groups,
     gae_advantages,
     group_advantages,
+    outcome_advantages,
     process_advantages,
     process_constant_groups,
+    reinforce_pp_advantages,
+    rloo_advantages,
 )
 from .gap import LogprobGap, logprob_gap
 from .kl import KL_ESTIMATORS, kl_penalty
@@ -19,13 +24,20 @@ from .logprobs import token_entropy, token_logprobs
 from .loss import AGGREGATIONS, aggregate_loss, policy_loss
 from .masks import completion_terminated, mask_completions
 from .ppo import masked_whiten, token_rewards, value_loss
+from .reward_shaping import normalized_reward_sum, overlong_penalty
+from .surrogates import IMPORTANCE_LEVELS, IS_CORRECTIONS, SURROGATES
 
 __all__ = [
     "AGGREGATIONS",
+    "BASELINES",
+    "BASELINE_SCALES",
+    "IMPORTANCE_LEVELS",
+    "IS_CORRECTIONS",
     "KL_ESTIMATORS",
     "LogprobGap",
     "ROUNDING_ULPS",
     "SCALES",
+    "SURROGATES",
     "aggregate_loss",
     "completion_terminated",
     "constant_groups",
@@ -35,9 +47,14 @@ __all__ = [
     "logprob_gap",
     "mask_completions",
     "masked_whiten",
+    "normalized_reward_sum",
+    "outcome_advantages",
+    "overlong_penalty",
     "policy_loss",
     "process_advantages",
     "process_constant_groups",
+    "reinforce_pp_advantages",
+    "rloo_advantages",
     "token_entropy",
     "token_logprobs",
     "token_rewards",

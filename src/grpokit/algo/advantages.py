@@ -1,4 +1,6 @@
-"""Advantage estimators: GRPO outcome and process supervision (DeepSeekMath §4.1.2–4.1.3), GAE (PPO).
+"""Advantage estimators: GRPO outcome and process supervision (DeepSeekMath §4.1.2–4.1.3), the
+outcome baselines other trainers ship (RLOO, REINFORCE++-baseline: :func:`outcome_advantages`),
+GAE (PPO).
 
 All statistics are computed in float64 so that a constant group gives advantages of exactly 0, on
 rewards divided by a power of two (exact) so that rewards up to float64's largest value give finite
@@ -175,6 +177,170 @@ def group_advantages(
     else:
         adv = centred * scale_of  # may exceed the dtype's range for rewards near it: saturated
     return _saturate(adv.reshape(-1), out_dtype)
+
+
+BASELINES = ("group", "rloo", "reinforce_pp")
+"""The ``baseline`` values of :func:`outcome_advantages` (``algo.advantage_baseline``)."""
+
+BASELINE_SCALES: dict[str, tuple[str, ...]] = {
+    "group": SCALES,
+    "rloo": ("none",),
+    "reinforce_pp": ("batch", "none"),
+}
+"""The ``scale`` values each baseline takes (``algo.advantage_scale``): RLOO is unscaled (with a std
+it is the group-mean baseline times ``k/(k−1)``); REINFORCE++ scales by the batch's token std, or
+not at all (OpenRLHF's ``--no_std_norm``); a group std is GRPO's."""
+
+
+def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Leave-one-out baseline (RLOO, Ahmadian et al. 2024, arXiv 2402.14740, the RLOO estimator): each
+    reward minus the mean of the *other* scorable rewards of its group, unscaled.
+
+    ``A_i = r_i − (1/(k−1)) Σ_{j≠i} r_j = k/(k−1) · (r_i − mean(r_group))`` with ``k`` the group's
+    scorable rewards (``k = G`` when all are scorable: Dr. GRPO's advantage times ``G/(G−1)``).
+    Unscorable rewards (NaN, ±inf) are left out of the baseline and get 0, as in
+    :func:`group_advantages`; a group with fewer than two scorable rewards (no one to leave out) or
+    whose rewards are equal up to rounding (:func:`constant_groups`) gets exactly 0. Statistics in
+    float64 on rewards divided by a power of two (exact).
+
+    Args:
+        rewards: ``(N,)`` float, ``N = B·G``, each group's G rewards contiguous; NaN = unscorable.
+        group_size: G.
+
+    Returns:
+        ``(N,)`` advantages in ``rewards.dtype`` (float32 for integer input); a value beyond the
+        dtype's range is clamped to its largest finite value.
+
+    Raises:
+        ValueError: ``rewards`` not 1-D, N not divisible by ``group_size``.
+
+    Example:
+        >>> a = rloo_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), 4)
+        >>> a.tolist()  # 1 − (0+0+0)/3, 0 − (1+0+0)/3
+        [1.0, -0.3333333432674408, -0.3333333432674408, -0.3333333432674408]
+    """
+    check_dim("rloo_advantages", "rewards", rewards, 1)
+    b = check_group_size("rloo_advantages", rewards.shape[0], group_size)
+    out_dtype = rewards.dtype if rewards.is_floating_point() else torch.float32
+    r = rewards.double().view(b, group_size)  # (B, G)
+    valid = torch.isfinite(r)
+    scale_of = _row_scales(r, valid)  # (B, 1)
+    x = r / scale_of
+    mean, _, varies = _pooled_stats(x, valid, _rounding_eps(rewards.dtype))
+    k = valid.sum(dim=1, keepdim=True).double()  # (B, 1) scorable rewards
+    centred = torch.where(valid & varies[:, None], x - mean[:, None], torch.zeros_like(x))
+    adv = centred * (k / (k - 1).clamp(min=1)) * scale_of  # = r_i − mean of the others
+    return _saturate(adv.reshape(-1), out_dtype)
+
+
+def reinforce_pp_advantages(
+    rewards: torch.Tensor, group_size: int, lengths: torch.Tensor, *, scale: str = "batch", eps: float = 1e-4
+) -> torch.Tensor:
+    """REINFORCE++ with a group baseline (Hu et al. 2025, arXiv 2501.03262, "REINFORCE++-baseline";
+    OpenRLHF's ``advantage_estimator=reinforce_baseline``): the group mean subtracted, then the
+    result normalized over the whole batch's completion *tokens*.
+
+    ``c_i = r_i − mean(r_group)``; every token of completion i carries ``c_i``, and with ``L_i`` its
+    counted tokens, over the batch's scorable completions:
+    ``μ = Σ L_i c_i / Σ L_i``, ``σ² = Σ L_i (c_i − μ)² / Σ L_i`` (population variance over tokens),
+    ``A_i = (c_i − μ) / max(σ, eps)`` (``scale="batch"``; OpenRLHF multiplies by
+    ``rsqrt(clamp(σ², 1e-8))``, i.e. ``eps = 1e-4``) or ``A_i = c_i − μ`` (``scale="none"``,
+    OpenRLHF's ``--no_std_norm``). Every token of a completion gets the same ``A_i`` (the KL is in
+    the loss here, not in the reward, so the per-token return is the sequence's).
+
+    Departure kept from the project's rules: a constant group (or one with < 2 scorable rewards,
+    :func:`constant_groups`) gets exactly 0, not OpenRLHF's ``−μ/σ``; its rows still count in
+    ``μ`` and ``σ`` with ``c = 0``, so every other row's value is OpenRLHF's. Unscorable rewards
+    (NaN, ±inf) are left out of the group mean and of ``μ``, ``σ`` (their tokens do not count) and
+    get 0. All in float64 on rewards divided by one power of two (exact).
+
+    Args:
+        rewards: ``(N,)`` float, ``N = B·G``, each group's G rewards contiguous; NaN = unscorable.
+        group_size: G.
+        lengths: ``(N,)`` counted tokens of each completion (``completion_mask.sum(1)``), >= 0.
+        scale: ``"batch"`` (divide by the token std) or ``"none"``.
+        eps: floor of the std (``scale="batch"``).
+
+    Returns:
+        ``(N,)`` advantages in ``rewards.dtype`` (float32 for integer input); all 0 when no group
+        varies or no scorable completion has a token.
+
+    Raises:
+        ValueError: ``rewards``/``lengths`` not 1-D of one length, N not divisible by
+            ``group_size``, a negative length, ``scale`` not ``batch``/``none``.
+
+    Example:
+        >>> a = reinforce_pp_advantages(torch.tensor([1.0, 0.0, 2.0, 2.0]), 2, torch.tensor([1, 3, 2, 2]))
+        >>> [round(x, 4) for x in a.tolist()]  # c = [.5, -.5, 0, 0]; μ = -1/8, σ = sqrt(7)/8; (c - μ)/σ
+        [1.8898, -1.1339, 0.0, 0.0]
+    """
+    fn = "reinforce_pp_advantages"
+    check_dim(fn, "rewards", rewards, 1)
+    check_same_shape(fn, rewards=rewards, lengths=lengths)
+    b = check_group_size(fn, rewards.shape[0], group_size)
+    if scale not in BASELINE_SCALES["reinforce_pp"]:
+        raise ValueError(f"{fn}: scale must be one of {BASELINE_SCALES['reinforce_pp']}, got {scale!r}")
+    if bool((lengths < 0).any()):
+        raise ValueError(f"{fn}: lengths must be >= 0, got {lengths.tolist()}")
+    out_dtype = rewards.dtype if rewards.is_floating_point() else torch.float32
+    r = rewards.double().view(b, group_size)  # (B, G)
+    valid = torch.isfinite(r)
+    s = _row_scales(r, valid).amax()  # one power of two for the whole batch
+    x = r / s
+    mean, _, varies = _pooled_stats(x, valid, _rounding_eps(rewards.dtype))
+    signal = valid & varies[:, None]  # (B, G)
+    c = torch.where(signal, x - mean[:, None], torch.zeros_like(x))  # constant groups: c = 0, still counted
+    w = torch.where(valid, lengths.double().view(b, group_size), torch.zeros_like(x))  # tokens that count
+    total = w.sum()
+    if not bool(signal.any()) or total == 0:
+        return torch.zeros_like(rewards, dtype=out_dtype)
+    mu = (w * c).sum() / total
+    dev = c - mu
+    if scale == "batch":
+        std = ((w * dev**2).sum() / total).sqrt()
+        adv = dev / torch.clamp(std, min=eps / s)  # (c·s − μ·s) / max(σ·s, eps)
+    else:
+        adv = dev * s
+    return _saturate(torch.where(signal, adv, torch.zeros_like(adv)).reshape(-1), out_dtype)
+
+
+def outcome_advantages(
+    rewards: torch.Tensor,
+    group_size: int,
+    *,
+    baseline: str = "group",
+    scale: str = "group",
+    eps: float = 1e-4,
+    lengths: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Outcome advantages with the baseline ``algo.advantage_baseline`` names (the one place that
+    chooses): ``group`` = :func:`group_advantages` (``scale`` group/batch/none), ``rloo`` =
+    :func:`rloo_advantages` (``scale`` none), ``reinforce_pp`` = :func:`reinforce_pp_advantages`
+    (``scale`` batch/none; needs ``lengths``). Shapes, dtypes and edge cases: those functions'.
+
+    Raises:
+        ValueError: unknown ``baseline``, a ``scale`` the baseline does not take
+            (:data:`BASELINE_SCALES`), ``reinforce_pp`` without ``lengths``; and what the chosen
+            function raises.
+
+    Example:
+        >>> r = torch.tensor([1.0, 0.0, 0.0, 0.0])
+        >>> outcome_advantages(r, 4, baseline="rloo", scale="none").tolist()[:2]
+        [1.0, -0.3333333432674408]
+    """
+    if baseline not in BASELINE_SCALES:
+        raise ValueError(f"outcome_advantages: baseline must be one of {BASELINES}, got {baseline!r}")
+    if scale not in BASELINE_SCALES[baseline]:
+        raise ValueError(
+            f"outcome_advantages: baseline {baseline!r} takes scale {BASELINE_SCALES[baseline]}, got {scale!r}"
+        )
+    if baseline == "group":
+        return group_advantages(rewards, group_size, scale=scale, eps=eps)
+    if baseline == "rloo":
+        return rloo_advantages(rewards, group_size)
+    if lengths is None:
+        raise ValueError("outcome_advantages: baseline 'reinforce_pp' needs lengths (counted tokens per completion)")
+    return reinforce_pp_advantages(rewards, group_size, lengths, scale=scale, eps=eps)
 
 
 PROCESS_MODES = ("sum", "mean", "diff")

@@ -101,13 +101,16 @@ class _ShiftedLogprob(torch.autograd.Function):
         return (out.div_(tau) if tau != 1.0 else out), None, None
 
 
-@torch.no_grad()
-def token_entropy(logits: torch.Tensor, *, temperature: float = 1.0) -> torch.Tensor:
-    """Entropy (nats) of ``softmax(logits / temperature)`` at every position, for logging.
+def token_entropy(logits: torch.Tensor, *, temperature: float = 1.0, differentiable: bool = False) -> torch.Tensor:
+    """Entropy (nats) of ``softmax(logits / temperature)`` at every position: for logging, and with
+    ``differentiable`` for the loss's entropy bonus (``algo.entropy_coef``).
 
     Args:
         logits: ``(N, T, V)`` float.
         temperature: τ > 0.
+        differentiable: False (default): no gradient, one row at a time. True: differentiable
+            w.r.t. ``logits`` (:class:`_ShiftedEntropy`, chunks of rows; the same values): with
+            ``z = logits / τ``, ``dH/dz_v = −p_v · (log p_v + H)``, and ``dH/dlogits = dH/dz / τ``.
 
     Returns:
         ``(N, T)`` float32 entropies ``H = −Σ p·log p`` of ``p = softmax(z)``, ``z = logits / τ``,
@@ -122,9 +125,47 @@ def token_entropy(logits: torch.Tensor, *, temperature: float = 1.0) -> torch.Te
         1.386294
     """
     check_dim("token_entropy", "logits", logits, 3)
+    if differentiable:
+        chunks = range(0, logits.shape[0], _CHUNK_ROWS)
+        return torch.cat(
+            [_ShiftedEntropy.apply(logits[s : s + _CHUNK_ROWS].float(), float(temperature)) for s in chunks]
+        )
     out = []
-    for start in range(logits.shape[0]):  # one row at a time: three (T, V) float32 temporaries
-        _, u, e, tail, log_s = _shifted(logits[start : start + 1].float(), temperature)
-        eu = torch.where(e > 0, e * u, torch.zeros_like(u)).sum(-1)  # e = 0 at u = -inf (and 0): add 0
-        out.append(log_s - eu / (1.0 + tail))
+    with torch.no_grad():
+        for start in range(logits.shape[0]):  # one row at a time: three (T, V) float32 temporaries
+            out.append(_entropy(*_shifted(logits[start : start + 1].float(), temperature)[1:]))
     return torch.cat(out, dim=0)
+
+
+def _entropy(u: torch.Tensor, e: torch.Tensor, tail: torch.Tensor, log_s: torch.Tensor) -> torch.Tensor:
+    """``H = log S − Σ e^u·u / S`` from :func:`_shifted`'s pieces (``S = 1 + tail``)."""
+    eu = torch.where(e > 0, e * u, torch.zeros_like(u)).sum(-1)  # e = 0 at u = -inf (and 0): add 0
+    return log_s - eu / (1.0 + tail)
+
+
+class _ShiftedEntropy(torch.autograd.Function):
+    """:func:`token_entropy`'s value with a gradient: backward ``dH/draw = −p·(log p + H)·g / τ``
+    with ``log p = u − log S`` recomputed in :func:`_shifted`'s max-subtracted form (``p = 0``
+    entries, ``raw = −inf``, get 0, not ``0·(−inf)``). Keeps ``raw`` (the same tensor
+    :func:`token_logprobs` keeps for float32 logits) and three ``(n, T)`` tensors."""
+
+    @staticmethod
+    def forward(ctx, raw, temperature):  # raw (n, T, V) float
+        top, u, e, tail, log_s = _shifted(raw, temperature)
+        h = _entropy(u, e, tail, log_s)
+        ctx.save_for_backward(raw, top, log_s, h)
+        ctx.temperature = temperature
+        return h
+
+    @staticmethod
+    def backward(ctx, grad):
+        raw, top, log_s, h = ctx.saved_tensors
+        tau = ctx.temperature
+        logp = raw - top  # (n, T, V), worked on in place
+        if tau != 1.0:
+            logp.div_(tau)
+        logp.sub_(log_s.unsqueeze(-1))
+        out = (logp + h.unsqueeze(-1)).mul_(-grad.unsqueeze(-1))  # −g·(log p + H)
+        p = logp.exp_()
+        out.mul_(p).masked_fill_(p == 0, 0.0)
+        return (out.div_(tau) if tau != 1.0 else out), None

@@ -8,6 +8,15 @@ import torch
 
 from ._checks import check_dim, check_same_shape
 from .kl import kl_penalty
+from .surrogates import (
+    check_variants,
+    cispo_objective,
+    clipped_objective,
+    entropy_bonus,
+    importance_log_ratio,
+    sampler_weights,
+    sequence_log_ratio,
+)
 
 AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm")
 
@@ -97,6 +106,13 @@ def policy_loss(
     num_tokens: int | None = None,
     sampler_logp: torch.Tensor | None = None,
     tis_cap: float = 0.0,
+    is_correction: str = "tis",
+    importance_level: str = "token",
+    surrogate: str = "clip",
+    dual_clip_c: float = 0.0,
+    delta: float = 0.0,
+    entropy: torch.Tensor | None = None,
+    entropy_coef: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GRPO loss: negative clipped surrogate plus β·KL, aggregated over tokens and sequences.
 
@@ -111,15 +127,37 @@ def policy_loss(
     engine (vLLM) whose probabilities ``sampler_logp`` differ from π_old's, the surrogate term of
     each token is weighted by ``w = min(exp(old_logp − sampler_logp), C)`` (no gradient through
     ``w``; the KL term is not weighted): ``l_t = −w·min(r·A, clip(r)·A) + β·KL_t``.
+    ``is_correction="mis_token" | "mis_sequence"`` masks instead (weight 0 outside ``[1/C, C]``,
+    :func:`grpokit.algo.surrogates.sampler_weights`).
+
+    The variants (docs/loss_variants.md; each in :mod:`grpokit.algo.surrogates`), all off by default:
+
+    - ``importance_level``: ``"token"`` (above); ``"sequence"`` (GSPO, arXiv 2507.18071 §4.1):
+      ``r`` is the row's ``s_i = exp(mean_t(logp − old_logp))`` over its counted tokens, clipped with
+      the same ``ε_low``/``ε_high``, and every counted token of row ``i`` carries
+      ``l_i = −min(s_i·A_i, clip(s_i)·A_i)``: with ``seq_mean_token_mean`` the loss is the paper's
+      ``1/N Σ_i l_i`` (``token_mean`` weights each sequence by its length); ``advantages`` must be
+      ``(N,)``. ``"sequence_token"`` (GSPO-token, §4.3): the value of ``s_i`` with the gradient of
+      each token's own log-prob, so ``(N, T)`` advantages (process supervision) weight each token.
+    - ``surrogate="cispo"`` (MiniMax-M1, arXiv 2506.13585 §3.1): ``l_t = −sg(clip(r, 1 − ε_low,
+      1 + ε_high))·A·logp``: clipped tokens keep their gradient; ``ε_low >= 1``: no lower bound.
+    - ``dual_clip_c = c > 1`` (Ye et al. 2020, arXiv 1912.09729): for ``A < 0``, the objective is
+      ``max(min(r·A, clip(r)·A), c·A)``; ``delta = δ > 1 + ε_high`` (TRL's ``delta``, INTELLECT-2):
+      ``min(min(r, δ)·A, clip(r)·A)``. Both bound the loss of an ``A < 0`` token whose ratio ran
+      away, where it was unbounded, and take its gradient.
+    - ``entropy_coef > 0``: the loss minus ``coef · H``, ``H`` the mean of ``entropy`` (``(N, T)``,
+      with gradient) over the counted tokens (of the whole batch when ``num_tokens`` is given).
 
     Tokens that count for nothing change nothing: masked tokens (``completion_mask`` False) are
-    selected out (``torch.where``) of the surrogate, the KL, every statistic and the gradient before
-    any ``exp`` or product, so NaN/±inf log-probs or advantages there, or an extreme gap to
-    ``ref_logp`` (k3's ``exp(d)``), leave loss, stats and gradient as in the clean batch. A token
-    with ``A = 0`` adds exactly 0 to the surrogate and its gradient whatever its ratio (its KL term
-    still counts). A token with ``A > 0`` whose ratio overflows takes the clipped value with zero
-    gradient; one with ``A < 0`` whose ratio overflows has an infinite loss (the trainer skips
-    such an update).
+    selected out (``torch.where``) of the surrogate, the KL, the entropy, every statistic and the
+    gradient before any ``exp`` or product, so NaN/±inf log-probs or advantages there, or an extreme
+    gap to ``ref_logp`` (k3's ``exp(d)``), leave loss, stats and gradient as in the clean batch. A
+    token with ``A = 0`` adds exactly 0 to the surrogate and its gradient whatever its ratio (its KL
+    term still counts; at sequence levels its log-ratio still enters its row's ``s_i``). A token
+    with ``A > 0`` whose ratio overflows takes the clipped value with zero gradient; one with
+    ``A < 0`` whose ratio overflows has an infinite loss (the trainer skips such an update) unless
+    dual clip or δ bound it (then ``−c·A`` or ``−δ·A``, zero gradient). CISPO's weight is at most
+    ``1 + ε_high`` whatever the ratio.
 
     Args:
         logp: ``(N, T)`` float log-probs under π_θ (requires grad for training).
@@ -131,19 +169,34 @@ def policy_loss(
         kl_estimator: ``"k1" | "k2" | "k3"``.
         aggregation, max_completion_length, num_sequences, num_tokens: see ``aggregate_loss``.
         sampler_logp: ``(N, T)`` the sampler's log-probs of the tokens (at the same temperature);
-            required when ``tis_cap > 0``. tis_cap: C >= 0 of truncated importance sampling
-            (0 = off).
+            required when ``tis_cap > 0``. tis_cap: C >= 0 of the sampler correction (0 = off).
+        is_correction: ``"tis" | "mis_token" | "mis_sequence"`` (used when ``tis_cap > 0``).
+        importance_level: ``"token" | "sequence" | "sequence_token"``.
+        surrogate: ``"clip" | "cispo"``. dual_clip_c: c (0 = off). delta: δ (0 = off).
+        entropy: ``(N, T)`` per-token entropies of π_θ (with gradient); required when
+            ``entropy_coef > 0``. entropy_coef: the bonus's coefficient >= 0 (0 = off).
 
     Returns:
         ``(loss, stats)``; ``stats`` (detached, masked means over this batch's tokens):
         ``clip_frac_low`` (share of tokens with r < 1−ε_low and A < 0: clipped, no gradient),
-        ``clip_frac_high`` (r > 1+ε_high and A > 0), ``kl``, ``ratio_mean`` (of
+        ``clip_frac_high`` (r > 1+ε_high and A > 0), ``kl``, ``ratio_mean`` (of the token ratio
         ``exp(clamp(logp − old_logp, ±LOG_RATIO_STATS_CLAMP))``: finite), ``num_tokens``;
-        with ``tis_cap > 0`` also ``tis_weight_mean`` (mean w) and ``tis_capped_frac`` (w = C).
+        with ``tis_cap > 0`` also ``tis_weight_mean`` (mean w) and ``tis_capped_frac`` (w = C), or
+        for MIS ``mis_weight_mean`` and ``mis_dropped_frac`` (share of tokens given weight 0);
+        with ``dual_clip_c`` ``clip_frac_dual`` (A < 0 and r > c), with ``delta``
+        ``clip_frac_delta`` (A < 0 and r > δ). CISPO's ``clip_frac_low/high``: tokens with A ≠ 0
+        whose weight was clipped, whatever the sign of A. At sequence levels the clip fractions
+        count **sequences** (a row is clipped when one of its tokens' terms is) and
+        ``seq_ratio_mean`` is the mean ``s_i``: the share of the ``num_sequences`` sequences
+        scaled by ``num_tokens / this batch's tokens``, so that the token-weighted sum of the
+        micro-batches' stats (as the trainer sums every stat) is the whole batch's share.
 
     Raises:
         ValueError: mismatched shapes, β > 0 without ``ref_logp``, ``tis_cap > 0`` without
-        ``sampler_logp``, negative β, ε or C, unknown aggregation or estimator.
+        ``sampler_logp``, ``entropy_coef > 0`` without ``entropy``, negative β, ε or C, unknown
+        aggregation, estimator or variant name, a variant combination
+        :func:`grpokit.algo.surrogates.check_variants` refuses, ``(N, T)`` advantages with
+        ``importance_level="sequence"``.
 
     Example:
         >>> lp = torch.zeros(2, 3, requires_grad=True)
@@ -163,12 +216,28 @@ def policy_loss(
         advantages = advantages[:, None]
     else:
         check_same_shape(fn, advantages=advantages, logp=logp)
+        if importance_level == "sequence":
+            raise ValueError(
+                f"{fn}: importance_level 'sequence' needs one advantage per sequence (N,); per-token "
+                "advantages (N, T) take importance_level 'sequence_token' (GSPO-token)"
+            )
     if beta < 0 or clip_eps_low < 0 or clip_eps_high < 0:
         raise ValueError(
             f"{fn}: beta, clip_eps_low, clip_eps_high must be >= 0, got {beta}, {clip_eps_low}, {clip_eps_high}"
         )
     if tis_cap < 0:
         raise ValueError(f"{fn}: tis_cap must be >= 0 (0 = off), got {tis_cap}")
+    check_variants(
+        fn,
+        importance_level=importance_level,
+        surrogate=surrogate,
+        is_correction=is_correction,
+        dual_clip_c=dual_clip_c,
+        delta=delta,
+        clip_eps_high=clip_eps_high,
+        tis_cap=tis_cap,
+        entropy_coef=entropy_coef,
+    )
     mask = completion_mask.bool()
     zeros = torch.zeros_like(logp)
     # Tokens that count for nothing change nothing: a masked token, or one with A = 0 (its surrogate
@@ -177,21 +246,37 @@ def policy_loss(
     # value but not the gradient, whose chain rule still multiplies 0 by inf).
     advantages = torch.where(mask, advantages.to(logp.dtype).expand_as(logp), zeros)  # (N, T)
     live = advantages != 0
-    log_ratio = torch.where(live, logp - old_logp, zeros)
-    # A > 0 and r > 1 + ε_high: min() takes the clipped constant. Bounding the log-ratio at
-    # log(1 + ε_high) + 1 there leaves every value min() can select unchanged and keeps exp finite.
-    log_ratio = torch.where(advantages > 0, log_ratio.clamp(max=math.log1p(clip_eps_high) + 1.0), log_ratio)
-    ratio = torch.exp(log_ratio)
-    clipped = torch.clamp(ratio, 1.0 - clip_eps_low, 1.0 + clip_eps_high)
-    per_token = torch.where(live, -torch.minimum(ratio * advantages, clipped * advantages), zeros)
-    tis = None
+    weights = dropped = None
     if tis_cap > 0:
         if sampler_logp is None:
             raise ValueError(f"{fn}: tis_cap={tis_cap} > 0 needs sampler_logp (the rollout engine's log-probs)")
         check_same_shape(fn, logp=logp, sampler_logp=sampler_logp)
-        log_w = torch.where(mask, old_logp.detach() - sampler_logp.to(logp.dtype), zeros)
-        tis = torch.exp(log_w).clamp(max=tis_cap)  # an overflow (inf) is capped at C
-        per_token = per_token * tis
+        weights, dropped = sampler_weights(old_logp, sampler_logp.to(logp.dtype), mask, cap=tis_cap, mode=is_correction)
+        live = live & ~dropped  # a token MIS drops counts for nothing, as one with A = 0
+    log_ratio = importance_log_ratio(logp, old_logp, mask, live, importance_level)  # (N, T), 0 where not live
+    if surrogate == "cispo":
+        objective = cispo_objective(
+            log_ratio, torch.where(live, logp, zeros), advantages, eps_low=clip_eps_low, eps_high=clip_eps_high
+        )
+    else:
+        # A > 0 and r > 1 + ε_high: min() takes the clipped constant. Bounding the log-ratio at
+        # log(1 + ε_high) + 1 there leaves every value min() can select unchanged and keeps exp finite;
+        # likewise for A < 0 at log(bound) + 1 when dual clip or δ hold r > bound at bound·A.
+        log_ratio = torch.where(advantages > 0, log_ratio.clamp(max=math.log1p(clip_eps_high) + 1.0), log_ratio)
+        bounds = [b for b in (dual_clip_c, delta) if b > 0]
+        if bounds:
+            log_ratio = torch.where(advantages < 0, log_ratio.clamp(max=math.log(min(bounds)) + 1.0), log_ratio)
+        objective = clipped_objective(
+            torch.exp(log_ratio),
+            advantages,
+            eps_low=clip_eps_low,
+            eps_high=clip_eps_high,
+            dual_clip_c=dual_clip_c,
+            delta=delta,
+        )
+    per_token = torch.where(live, -objective, zeros)
+    if weights is not None:
+        per_token = per_token * weights  # 0 where MIS dropped the token (its term is 0 already)
     if beta > 0 and ref_logp is None:
         raise ValueError(f"{fn}: beta={beta} > 0 needs ref_logp (the reference model's log-probs)")
     if ref_logp is not None:
@@ -210,6 +295,11 @@ def policy_loss(
         num_sequences=num_sequences,
         num_tokens=num_tokens,
     )
+    if entropy_coef > 0:
+        if entropy is None:
+            raise ValueError(f"{fn}: entropy_coef={entropy_coef} > 0 needs entropy (the policy's, with gradient)")
+        check_same_shape(fn, logp=logp, entropy=entropy)
+        loss = loss - entropy_coef * entropy_bonus(entropy.to(logp.dtype), mask, num_tokens=num_tokens)
     with torch.no_grad():
         m = mask.to(logp.dtype)
         n = m.sum().clamp(min=1.0)
@@ -221,17 +311,48 @@ def policy_loss(
         # ±LOG_RATIO_STATS_CLAMP so that an overflowing ratio (of a token with A = 0, or a clipped one)
         # logs a finite mean
         raw = (logp - old_logp).detach()
-        true_ratio = raw.exp()  # may be inf: compared only, never summed
-        low = (true_ratio < 1.0 - clip_eps_low) & (advantages < 0)
-        high = (true_ratio > 1.0 + clip_eps_high) & (advantages > 0)
+        if importance_level == "token":
+            true_ratio = raw.exp()  # may be inf: compared only, never summed
+
+            def share(flag: torch.Tensor) -> torch.Tensor:
+                return masked_mean(flag.to(m.dtype))
+
+        else:
+            seq_log = sequence_log_ratio(raw, mask)  # (N,)
+            true_ratio = seq_log.exp()[:, None].expand_as(raw)  # s_i at every token of row i
+            has = mask.any(-1)
+            # a sequence's share of the batch, weighted so that the loop's token-weighted sum is exact
+            per_seq = (float(num_tokens) if num_tokens is not None else m.sum()) / max(
+                logp.shape[0] if num_sequences is None else num_sequences, 1
+            )
+
+            def share(flag: torch.Tensor) -> torch.Tensor:
+                return (flag & mask).any(-1).to(m.dtype).sum() * per_seq / n
+
+        if surrogate == "cispo":
+            low = (true_ratio < 1.0 - clip_eps_low) & live
+            high = (true_ratio > 1.0 + clip_eps_high) & live
+        else:
+            low = (true_ratio < 1.0 - clip_eps_low) & (advantages < 0)
+            high = (true_ratio > 1.0 + clip_eps_high) & (advantages > 0)
         stats = {
-            "clip_frac_low": masked_mean(low.to(m.dtype)),
-            "clip_frac_high": masked_mean(high.to(m.dtype)),
+            "clip_frac_low": share(low),
+            "clip_frac_high": share(high),
             "kl": masked_mean(kl.detach()),
             "ratio_mean": masked_mean(raw.clamp(-LOG_RATIO_STATS_CLAMP, LOG_RATIO_STATS_CLAMP).exp()),
             "num_tokens": m.sum(),
         }
-        if tis is not None:
-            stats["tis_weight_mean"] = masked_mean(tis)
-            stats["tis_capped_frac"] = masked_mean((tis >= tis_cap).to(m.dtype))
+        for key, bound in (("clip_frac_dual", dual_clip_c), ("clip_frac_delta", delta)):
+            if bound > 0:
+                stats[key] = share((true_ratio > bound) & (advantages < 0))
+        if importance_level != "token":
+            s = torch.where(has, seq_log.clamp(-LOG_RATIO_STATS_CLAMP, LOG_RATIO_STATS_CLAMP).exp(), 0.0)
+            stats["seq_ratio_mean"] = s.sum() * per_seq / n
+        if weights is not None and dropped is not None:
+            if is_correction == "tis":
+                stats["tis_weight_mean"] = masked_mean(weights)
+                stats["tis_capped_frac"] = masked_mean((weights >= tis_cap).to(m.dtype))
+            else:
+                stats["mis_weight_mean"] = masked_mean(weights)
+                stats["mis_dropped_frac"] = masked_mean(dropped.to(m.dtype))
     return loss, stats

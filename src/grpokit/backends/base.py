@@ -161,13 +161,14 @@ class Backend:
         with_entropy: bool,
         autocast_bf16: bool,
         share_prompt: bool,
+        entropy_grad: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``(N, T)`` float32 log-probs of ``batch.completion_ids`` (and the entropy if asked);
-        see :func:`grpokit.models.logprobs.completion_logprobs`. ``share_prompt`` is a hint a backend may
-        ignore (the plain path runs one forward per row)."""
+        """``(N, T)`` float32 log-probs of ``batch.completion_ids`` (and the entropy if asked, with
+        gradient when ``entropy_grad``); see :func:`grpokit.models.logprobs.completion_logprobs`.
+        ``share_prompt`` is a hint a backend may ignore (the plain path runs one forward per row)."""
         logits = plain_forward(model, model, batch, autocast_bf16)
         logp = token_logprobs(logits, batch.completion_ids, temperature=temperature)
-        entropy = token_entropy(logits, temperature=temperature) if with_entropy else None
+        entropy = token_entropy(logits, temperature=temperature, differentiable=entropy_grad) if with_entropy else None
         return logp, entropy
 
     def generation(self, model: torch.nn.Module, rows: int, *, packed_weights: bool):

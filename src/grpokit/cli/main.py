@@ -64,8 +64,9 @@ from grpokit.cli.recipe_args import RecipeArgs, packaged_recipes
 
 
 def _train(argv: list[str]) -> int:
-    from grpokit.cli.recipe_args import demo_raw, source_note
+    from grpokit.cli.recipe_args import demo_raw, flag_answer, source_note
     from grpokit.config import RecipeError, help_text
+    from grpokit.config.trl_names import trl_help
 
     p = argparse.ArgumentParser(
         prog="grpokit train",
@@ -77,10 +78,16 @@ def _train(argv: list[str]) -> int:
         "the defaults instead. Exit status: 0 done, 1 error, 2 recipe error, 130/143 stopped by SIGINT/SIGTERM.",
         epilog="recipe keys (override any with section.key=value): the default of a recipe file, and in "
         "parentheses the demo recipe's value\nwhere it differs (what runs with no recipe):\n"
-        + help_text(demo_raw(), label="demo"),
+        + help_text(demo_raw(), label="demo")
+        + "\n\n"
+        + trl_help(),
     )
     p.add_argument("args", nargs="*", metavar="RECIPE | section.key=value")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    said = flag_answer(argv, ("--no-progress", "--help"))  # --max_steps=2, --num_generations 8: the grpokit form
+    if said:
+        print(f"grpokit train: recipe error: {said}", file=sys.stderr)
+        return 2
     ns = p.parse_intermixed_args(argv)  # overrides may come after --no-progress
     recipe_arg = None
     overrides = []
@@ -182,6 +189,7 @@ def _export(argv: list[str]) -> int:
     ns = p.parse_args(argv)
     from grpokit.models.loading import load_model
     from grpokit.models.lora import export_checkpoint
+    from grpokit.trainer.model_card import merged_export_card
     from grpokit.utils.outputs import check_output_dir
 
     def load_base(name: str, dtype, trust_remote_code: bool):
@@ -189,7 +197,8 @@ def _export(argv: list[str]) -> int:
 
     try:
         check_output_dir(ns.out, "OUT")  # a file, below a file, not writable; export_checkpoint: not empty
-        print(export_checkpoint(ns.checkpoint, ns.out, merge=ns.merge, load_base=load_base))
+        card = merged_export_card  # the merged model's card (a full model's)
+        print(export_checkpoint(ns.checkpoint, ns.out, merge=ns.merge, load_base=load_base, merged_card=card))
     except USER_ERRORS as e:
         if _show_traceback():
             raise

@@ -24,6 +24,7 @@ from grpokit.config import Recipe, RecipeError, load_recipe, recipe_from_dict
 from grpokit.config.loading import apply_overrides
 from grpokit.config.packaged import DEFAULT_RECIPE, PACKAGED_RECIPES, demo_raw, find_recipe, packaged_recipes
 from grpokit.config.schema import _walk
+from grpokit.config.trl_names import grpokit_form
 from grpokit.utils.textio import read_utf8
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "RecipeArgs",
     "demo_raw",
     "find_recipe",
+    "flag_answer",
     "flag_values",
     "command_recipe",
     "packaged_recipes",
@@ -137,19 +139,28 @@ _NAMED_KEY = re.compile(r"\b(model|data|rollout|rewards|algo|train|eval|sft)\.([
 def source_note(message: str, sources: dict[str, tuple[str, str]], recipe: Recipe | None = None) -> str:
     """Where the recipe keys ``message`` names got their values (:meth:`RecipeArgs.sources`), grouped
     by origin, e.g. `` (from the command line: data.dataset; defaults: data.split)``, or "" when it
-    names none. Left out: a key after ``e.g.`` (an example), and with ``recipe``, a ``key=value``
-    whose value is not the recipe's (advice such as ``use rewards.on_error=none``).
+    names none. Left out: a key after ``e.g.`` (an example), ``use``, ``did you mean`` or ``grpokit:``
+    (advice, :func:`grpokit.config.trl_names.grpokit_form`'s among them, and the keys joined to it by
+    ``or``), and with ``recipe``, a ``key=value`` whose value is not the recipe's (advice such as
+    ``use rewards.on_error=none``).
 
     >>> where = {"data.skip": ("from r.yaml", "data.skip line 3")}
     >>> source_note("data.split='x' data.skip=5: no rows left; e.g. train.max_steps=9", where)
     ' (defaults: data.split; from r.yaml: data.skip line 3)'
+    >>> source_note("override 'split=x': use data.split=x or eval.split=x", where)
+    ''
     """
     fields = {key for key, _, _ in _walk(Recipe())}
     groups: dict[str, list[str]] = {}
     seen: set[str] = set()
+    advice = False  # the previous key was advice: one joined to it by "or" is too
     for m in _NAMED_KEY.finditer(message):
         key = f"{m.group(1)}.{m.group(2)}"
-        if key not in fields or key in seen or message.endswith("e.g. ", 0, m.start()):
+        before = message[: m.start()]
+        advice = before.endswith(("e.g. ", "use ", "did you mean ", "grpokit: ")) or (
+            advice and before.endswith(" or ")
+        )
+        if key not in fields or key in seen or advice:
             continue
         if m.group(3) and recipe is not None:
             value = getattr(getattr(recipe, m.group(1)), m.group(2))
@@ -172,6 +183,30 @@ def split_overrides(words: Sequence[str]) -> tuple[list[str], list[str]]:
     """
     overrides = [w for w in words if _OVERRIDE_ARG.match(w)]
     return [w for w in words if not _OVERRIDE_ARG.match(w)], overrides
+
+
+def flag_answer(words: Sequence[str], known: Sequence[str]) -> str | None:
+    """One line for the first ``--name[=value]`` of a command line's ``words`` that is none of the command's
+    own flags (``known``) but the name of a recipe key or TRL's (``--max_steps=2``, ``--max-steps 2``,
+    ``--num_generations 8``): the grpokit form (:func:`grpokit.config.trl_names.grpokit_form`); None when
+    there is no such flag (argparse then says what it says of an unknown flag).
+
+    >>> flag_answer(["r.yaml", "--max-steps", "2"], ["--no-progress"])
+    '--max-steps 2: use train.max_steps=2'
+    >>> flag_answer(["--num_generations=8"], []), flag_answer(["--no-progress", "--verbose"], ["--no-progress"])
+    ("--num_generations=8: num_generations is TRL's name; grpokit: rollout.group_size=8", None)
+    """
+    for i, word in enumerate(words):
+        if not word.startswith("--") or word.partition("=")[0] in known:
+            continue
+        name, eq, value = word[2:].partition("=")
+        nxt = words[i + 1] if i + 1 < len(words) else None
+        if not eq and nxt is not None and not nxt.startswith("-") and "=" not in nxt:
+            word, value = f"{word} {nxt}", nxt  # --max-steps 2
+        form = grpokit_form(name, value if eq or value else None)
+        if form is not None:
+            return f"{word}: {form}"
+    return None
 
 
 def flag_values(ns: Any, flag_keys: Mapping[str, str], **values: Any) -> dict[str, tuple[str, Any]]:

@@ -17,6 +17,8 @@ from grpokit.config.schema import (
     choices_of,
     lora_options,
 )
+from grpokit.trackers import NAMES as TRACKER_NAMES
+from grpokit.trackers import tracker_names
 
 
 def validate(recipe: Recipe) -> None:
@@ -26,6 +28,7 @@ def validate(recipe: Recipe) -> None:
     first); every element of every list key is checked (:data:`LIST_ELEMENTS`), the message naming
     the key and the index (``rewards.weights[1]: expected a number, got 'x'``)."""
     _check_finite(recipe)
+    _check_report_to(recipe)
     _check_lists(recipe)
     _check_values(recipe)
     _check_combinations(recipe)
@@ -33,6 +36,8 @@ def validate(recipe: Recipe) -> None:
     _check_sft(recipe.sft)
     _check_prm(recipe.prm)
     _check_env(recipe)
+    _check_advantage_variants(recipe)
+    _check_loss_variants(recipe)
 
 
 def number(key: str, value: Any) -> float:
@@ -62,11 +67,26 @@ def _beta(key: str, value: Any) -> None:
         raise RecipeError(f"{key}: expected a number in [0, 1), got {value!r}")
 
 
+def _tracker_name(key: str, value: Any) -> None:
+    if value not in TRACKER_NAMES:
+        raise RecipeError(f"{key}: {value!r} is not a tracker; expected one of {', '.join(TRACKER_NAMES)}")
+
+
+def _check_report_to(recipe: Recipe) -> None:
+    """``train.report_to`` as a list of tracker names (``wandb`` -> ``[wandb]``, ``none`` -> ``[]``),
+    set in the recipe (``recipe.json`` records the list); :func:`grpokit.trackers.tracker_names`."""
+    try:
+        recipe.train.report_to = tracker_names(recipe.train.report_to)
+    except ValueError as e:
+        raise RecipeError(str(e)) from None
+
+
 #: list key -> (check of one element ``(f"{key}[{i}]", element)``, whether an element may appear twice)
 LIST_ELEMENTS: dict[str, tuple[Callable[[str, Any], Any], bool]] = {
     "rewards.functions": (_function_name, False),  # twice would be one function, with the last weight
     "rewards.weights": (number, True),
     "train.adam_betas": (_beta, True),
+    "train.report_to": (_tracker_name, False),  # made a list of names by _check_report_to
 }
 
 
@@ -99,7 +119,7 @@ def _check_values(recipe: Recipe) -> None:
     """Choices and ranges of single keys (the common ones)."""
     for key, value, f in _walk(recipe):
         choices = choices_of(f)
-        if choices and value not in choices:
+        if choices and not isinstance(value, list) and value not in choices:  # a list's elements: _check_lists
             raise RecipeError(f"{key}: {value!r} is not one of {', '.join(choices)}")
     r, t, a = recipe.rollout, recipe.train, recipe.algo
     positive = {
@@ -174,7 +194,7 @@ def _check_combinations(recipe: Recipe) -> None:
         )
     if a.tis_cap > 0 and a.estimator != "grpo":
         raise RecipeError(f"algo.tis_cap: implemented in the grpo loss, not for algo.estimator={a.estimator}")
-    if a.clip_eps_low >= 1:
+    if a.clip_eps_low >= 1 and a.policy_loss != "cispo":  # cispo: >= 1 = no lower bound on its weight
         raise RecipeError(f"algo.clip_eps_low: must be < 1, got {a.clip_eps_low}")
     w = recipe.rewards.weights
     if w is not None and len(w) != len(recipe.rewards.functions):
@@ -249,6 +269,79 @@ def _check_prompt_template(key: str, tpl: str) -> None:
         raise RecipeError(f"{key}: {tpl!r} has no {{question}} field, so every prompt would be the same text")
 
 
+#: ``algo.advantage_baseline`` -> the ``algo.advantage_scale`` values it takes (``grpokit.algo.BASELINE_SCALES``;
+#: a test checks they agree) and why the others are refused
+BASELINE_SCALES: dict[str, tuple[tuple[str, ...], str]] = {
+    "group": (("group", "batch", "none"), ""),
+    "rloo": (
+        ("none",),
+        "RLOO's advantage is unscaled (Ahmadian et al. 2024); divided by a std it is the group-mean "
+        "baseline times k/(k-1) (advantage_baseline=group); set algo.advantage_scale=none",
+    ),
+    "reinforce_pp": (
+        ("batch", "none"),
+        "REINFORCE++ divides by the std of the batch's completion tokens; set algo.advantage_scale=batch "
+        "(or none: centred on the batch's token mean only)",
+    ),
+}
+
+
+def model_token_limit(rollout: Any) -> int:
+    """The most tokens of its own the model can write in one row: ``rollout.max_new_tokens``; with
+    ``rollout.env`` (multi-turn) ``min(max_turns · max_new_tokens, max_total_tokens)`` (environment
+    tokens are not the model's and count in ``max_total_tokens`` only). DAPO's ``L_max``
+    (``algo.overlong_buffer``)."""
+    if rollout.env is None:
+        return int(rollout.max_new_tokens)
+    limit = rollout.max_turns * rollout.max_new_tokens
+    return int(limit if rollout.max_total_tokens is None else min(limit, rollout.max_total_tokens))
+
+
+def _check_advantage_variants(recipe: Recipe) -> None:
+    """The outcome baselines (``algo.advantage_baseline``) with the scale they take, and the reward
+    shaping keys (``rewards.normalize_each``, ``algo.overlong_buffer``/``overlong_penalty_weight``):
+    each changes the outcome reward or its advantage, so none goes with process supervision, and
+    the baselines are GRPO's (PPO's advantages are GAE's)."""
+    a, rw = recipe.algo, recipe.rewards
+    scales, why = BASELINE_SCALES[a.advantage_baseline]  # the value itself: _check_values
+    if a.advantage_baseline != "group":
+        if a.estimator != "grpo":
+            raise RecipeError(
+                f"algo.advantage_baseline={a.advantage_baseline}: an outcome baseline of algo.estimator=grpo; "
+                f"algo.estimator={a.estimator} computes its advantages with GAE"
+            )
+        if a.supervision != "outcome":
+            raise RecipeError(
+                f"algo.advantage_baseline={a.advantage_baseline}: an outcome baseline; algo.supervision=process "
+                "normalizes pooled step rewards (algo.process_advantage), where it is not defined"
+            )
+    if a.advantage_scale not in scales:
+        raise RecipeError(
+            f"algo.advantage_scale={a.advantage_scale} with algo.advantage_baseline={a.advantage_baseline}: {why}"
+        )
+    if a.supervision == "process":
+        for key, on in (("rewards.normalize_each", rw.normalize_each), ("algo.overlong_buffer", a.overlong_buffer)):
+            if on:
+                raise RecipeError(
+                    f"{key}: shapes the outcome reward, which algo.supervision=process does not train on "
+                    "(its advantages come from the step rewards)"
+                )
+    if isinstance(a.overlong_buffer, bool) or not isinstance(a.overlong_buffer, int):
+        raise RecipeError(f"algo.overlong_buffer: expected a number of tokens, got {a.overlong_buffer!r}")
+    limit = model_token_limit(recipe.rollout)
+    if not 0 <= a.overlong_buffer <= limit:
+        raise RecipeError(
+            f"algo.overlong_buffer: must be in [0, {limit}] (0 = off; at most the length limit L_max = "
+            f"{'rollout.max_new_tokens' if recipe.rollout.env is None else 'the model tokens of a multi-turn row'}"
+            f" = {limit}), got {a.overlong_buffer}"
+        )
+    if a.overlong_penalty_weight < 0:
+        raise RecipeError(
+            f"algo.overlong_penalty_weight: must be >= 0 (a negative weight rewards length), got "
+            f"{a.overlong_penalty_weight}"
+        )
+
+
 def _check_env(recipe: Recipe) -> None:
     """Multi-turn rollouts (``rollout.env``): their limits."""
     r, a = recipe.rollout, recipe.algo
@@ -315,3 +408,62 @@ def _check_sft(s: SftConfig) -> None:
         _check_prompt_template("sft.prompt_template", s.prompt_template)
     if s.completion_template is not None and not s.completion_template.strip():
         raise RecipeError("sft.completion_template: empty; name the columns to learn, e.g. '{equation}'")
+
+
+#: the loss-variant keys (docs/loss_variants.md) and their "off" values: the grpo loss's alone
+LOSS_VARIANT_DEFAULTS = {
+    "policy_loss": "clip",
+    "importance_level": "token",
+    "dual_clip_c": 0.0,
+    "delta": 0.0,
+    "is_correction": "tis",
+    "entropy_coef": 0.0,
+    "entropy_target": None,
+}
+
+
+def _check_loss_variants(recipe: Recipe) -> None:
+    """The policy-loss variants (:mod:`grpokit.algo.surrogates`): their ranges, and the combinations
+    the grpo loss does not define (each error names the key)."""
+    a = recipe.algo
+    if a.estimator != "grpo":
+        for key, off in LOSS_VARIANT_DEFAULTS.items():
+            if getattr(a, key) != off:
+                raise RecipeError(f"algo.{key}: implemented in the grpo loss, not for algo.estimator={a.estimator}")
+    if a.dual_clip_c != 0 and not a.dual_clip_c > 1:
+        raise RecipeError(f"algo.dual_clip_c: must be 0 (off) or > 1 (3 is the usual value), got {a.dual_clip_c}")
+    if a.delta != 0 and not a.delta > 1 + a.clip_eps_high:
+        raise RecipeError(
+            f"algo.delta: must be 0 (off) or > 1 + algo.clip_eps_high = {1 + a.clip_eps_high} (below it δ would "
+            f"also clip A > 0 tokens), got {a.delta}"
+        )
+    if a.dual_clip_c and a.delta:
+        raise RecipeError(
+            "algo.delta: algo.dual_clip_c is set too; both bound the loss of A < 0 tokens at -bound·A (verl's "
+            "clip_ratio_c and TRL's delta): set one"
+        )
+    if a.policy_loss == "cispo" and a.importance_level != "token":
+        raise RecipeError(
+            f"algo.policy_loss: cispo weights each token by its own clipped ratio; it needs "
+            f"algo.importance_level=token, got {a.importance_level}"
+        )
+    if a.policy_loss == "cispo" and (a.dual_clip_c or a.delta):
+        raise RecipeError(
+            "algo.policy_loss: cispo's weight is already bounded at 1 + clip_eps_high; algo.dual_clip_c and "
+            "algo.delta bound the clipped surrogate only"
+        )
+    if a.importance_level == "sequence" and a.supervision == "process":
+        raise RecipeError(
+            "algo.importance_level: sequence (GSPO) takes one advantage per completion; process supervision "
+            "gives one per token: use algo.importance_level=sequence_token (GSPO-token)"
+        )
+    if a.is_correction != "tis" and not a.tis_cap > 1:
+        raise RecipeError(
+            f"algo.is_correction: {a.is_correction} keeps the tokens whose π_old/π_sampler lies in [1/C, C] "
+            f"with C = algo.tis_cap; set algo.tis_cap > 1 (got {a.tis_cap})"
+        )
+    for key, value in (("algo.entropy_coef", a.entropy_coef), ("algo.entropy_coef_lr", a.entropy_coef_lr)):
+        if value < 0:
+            raise RecipeError(f"{key}: must be >= 0, got {value}")
+    if a.entropy_target is not None and (isinstance(a.entropy_target, bool) or not a.entropy_target >= 0):
+        raise RecipeError(f"algo.entropy_target: must be >= 0 (nats per token) or null, got {a.entropy_target}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import types
 import typing
 from collections.abc import Mapping
@@ -23,6 +24,7 @@ from grpokit.config.schema import (
     _yaml_load,
     choices_of,
 )
+from grpokit.config.trl_names import TRL_NAMES, grpokit_form, keys_named, recipe_keys
 from grpokit.utils.textio import NotUtf8Error, read_utf8
 
 
@@ -34,7 +36,8 @@ def _check_type(key: str, value: Any, annotation: Any) -> Any:
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
-        hint = next(a for a in args if a is not type(None))
+        members = [a for a in args if a is not type(None)]  # the one the value is, else the first
+        hint = next((a for a in members if isinstance(value, typing.get_origin(a) or a)), members[0])
     base = typing.get_origin(hint) or hint
     if base is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
@@ -57,7 +60,11 @@ def recipe_from_dict(raw: dict) -> Recipe:
     kwargs = {}
     for sec, values in raw.items():
         if sec not in sections:
-            raise RecipeError(f"unknown recipe section {sec!r}; allowed: {', '.join(sections)}")
+            close = difflib.get_close_matches(str(sec), list(sections), n=1, cutoff=0.75)
+            raise RecipeError(
+                f"unknown recipe section {sec!r}; allowed: {', '.join(sections)}"
+                + (f"; did you mean {close[0]}?" if close else "")
+            )
         cls = _hints(Recipe)[sec]
         if values is None:
             values = {}
@@ -70,13 +77,42 @@ def recipe_from_dict(raw: dict) -> Recipe:
                 hint = RENAMED_KEYS.get(f"{sec}.{key}")
                 raise RecipeError(
                     f"unknown recipe key {sec}.{key}; "
-                    + (f"it is now {hint}" if hint else f"allowed in {sec}: {', '.join(allowed)}")
+                    + (
+                        f"it is now {hint}"
+                        if hint
+                        else f"allowed in {sec}: {', '.join(allowed)}{_did_you_mean(sec, key)}"
+                    )
                 )
             sub[key] = _check_type(f"{sec}.{key}", val, hints[key])
         kwargs[sec] = cls(**sub)
     recipe = Recipe(**kwargs)
     validate(recipe)
     return recipe
+
+
+def _did_you_mean(sec: str, key: Any) -> str:
+    """``"; did you mean algo.beta?"`` for unknown recipe key ``sec.key``, or "" when nothing is close: the
+    key of that name in another section (``rollout.beta``), the key a TRL name means (``train.num_generations``:
+    ``rollout.group_size``), else the closest key of the section, else of any section (difflib, on the
+    names without their section).
+
+    >>> _did_you_mean("train", "max_step"), _did_you_mean("rollout", "beta"), _did_you_mean("train", "xyz")
+    ('; did you mean train.max_steps?', '; did you mean algo.beta?', '')
+    >>> _did_you_mean("train", "num_generations")
+    "; did you mean rollout.group_size? (num_generations is TRL's name)"
+    """
+    key = str(key)
+    elsewhere = [k for k in keys_named(key) if not k.startswith(f"{sec}.")]
+    if elsewhere:
+        return f"; did you mean {elsewhere[0]}?"
+    trl = TRL_NAMES.get(key)
+    if trl is not None and trl.key is not None:
+        return f"; did you mean {trl.key}? ({key} is TRL's name)"
+    own = difflib.get_close_matches(key, list(_fields(_hints(Recipe)[sec])), n=1, cutoff=0.75)  # names, not sec.name:
+    if own:  # the shared "train." would make every key of the section look close
+        return f"; did you mean {sec}.{own[0]}?"
+    other = difflib.get_close_matches(key, sorted({k.split(".")[1] for k in recipe_keys()}), n=1, cutoff=0.8)
+    return f"; did you mean {keys_named(other[0])[0]}?" if other else ""  # the schema's first section of it
 
 
 def _is_text_field(sec: str, key: str) -> bool:
@@ -100,7 +136,8 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     key, _, value = text.partition("=")
     parts = key.strip().split(".")
     if len(parts) != 2 or not all(parts):
-        raise RecipeError(f"override {text!r}: key must be section.name, e.g. train.max_steps")
+        form = grpokit_form(key, value) if len(parts) == 1 else None  # max_steps=2, num_generations=8 (TRL's)
+        raise RecipeError(f"override {text!r}: key must be section.name; " + (form or "e.g. train.max_steps"))
     if not value.strip():
         return parts, None
     text_field = _is_text_field(*parts)

@@ -13,6 +13,8 @@ from typing import Any
 
 import yaml
 
+from grpokit.trackers import NAMES as TRACKER_NAMES
+
 
 class _YamlLoader(yaml.SafeLoader):
     """``yaml.SafeLoader`` that also reads ``1e-6`` as a float (YAML 1.1 wants ``1.0e-6``, so plain
@@ -332,6 +334,11 @@ class RewardsConfig:
         "or http(s)://HOST:PORT/PATH (a reward server)",
     )
     weights: list | None = _f(None, "one weight per function (default 1 each)")
+    normalize_each: bool = _f(
+        False,
+        "z-score each reward function within its group before the weighted sum (GDPO; TRL's "
+        "multi_objective_aggregation=normalize_then_sum); the sum then feeds the advantages",
+    )
     on_error: str = _f(
         "raise",
         "a reward function that raises or times out: stop the run, or score it as unscorable (None)",
@@ -380,15 +387,69 @@ class AlgoConfig:
         0.0,
         "truncated importance sampling: each token's surrogate weighted by min(π_old/π_sampler, "
         "C) with C = tis_cap, for engines whose sampler differs from the trainer (rollout.engine=vllm); "
-        "0 = off",
+        "0 = off. Also the C of algo.is_correction=mis_token/mis_sequence",
     )
+    is_correction: str = _f(
+        "tis",
+        "with algo.tis_cap = C > 0, how π_old/π_sampler corrects the surrogate: tis (weight min(w, C)), "
+        "mis_token (weight w, 0 for a token whose w leaves [1/C, C]: masked importance sampling), "
+        "mis_sequence (the sequence's w = Π_t w_t, 0 for every token of a sequence outside [1/C, C]); "
+        "the KL term is never weighted (docs/loss_variants.md)",
+        ("tis", "mis_token", "mis_sequence"),
+    )
+    policy_loss: str = _f(
+        "clip",
+        "the policy surrogate: clip (PPO/GRPO's clipped ratio), cispo (MiniMax-M1: -sg(clip(r, 1 - "
+        "clip_eps_low, 1 + clip_eps_high))·A·log π per token, so clipped tokens keep their gradient; "
+        "clip_eps_low >= 1 = no lower bound, MiniMax's practice)",
+        ("clip", "cispo"),
+    )
+    importance_level: str = _f(
+        "token",
+        "the ratio the surrogate clips: token (π_θ/π_old per token), sequence (GSPO: per sequence, "
+        "exp of the mean token log-ratio, one loss per sequence; the paper's clip_eps_low/high are "
+        "3e-4/4e-4), sequence_token (GSPO-token: the sequence's ratio as value, each token's own "
+        "gradient, for per-token advantages)",
+        ("token", "sequence", "sequence_token"),
+    )
+    dual_clip_c: float = _f(
+        0.0,
+        "dual clip (Ye et al. 2020; verl's clip_ratio_c): for A < 0 the objective is at least c·A, so a "
+        "token whose ratio ran past c adds -c·A and no gradient; 0 = off, 3 the usual value (> 1)",
+    )
+    delta: float = _f(
+        0.0,
+        "TRL's delta (INTELLECT-2 two-sided clipping): the unclipped ratio capped at δ, which bounds the "
+        "loss of A < 0 tokens at -δ·A; 0 = off, else > 1 + clip_eps_high",
+    )
+    entropy_coef: float = _f(
+        0.0,
+        "entropy bonus: the loss minus coef · H, H the mean per-token entropy of π_θ (at "
+        "rollout.temperature) over the loss's tokens, with gradient; 0 = off (with algo.entropy_target: "
+        "the starting coefficient)",
+    )
+    entropy_target: float | None = _f(
+        None,
+        "adaptive entropy bonus: after each step coef ← max(0, coef + entropy_coef_lr · (target - H)), "
+        "H that step's mean entropy (nats/token); logged as entropy_coef, checkpointed; null = a fixed "
+        "coefficient",
+    )
+    entropy_coef_lr: float = _f(0.01, "adaptive entropy bonus: the coefficient's step size per nat of H below target")
     loss_aggregation: str = _f(
         "seq_mean_token_mean",
         "how token losses are averaged",
         ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm"),
     )
     advantage_scale: str = _f("group", "std used to scale outcome advantages", ("group", "batch", "none"))
-    advantage_eps: float = _f(1e-4, "eps added to the std")
+    advantage_eps: float = _f(1e-4, "eps added to the std (advantage_baseline=reinforce_pp: the std's floor)")
+    advantage_baseline: str = _f(
+        "group",
+        "outcome baseline: group = the group mean (GRPO); rloo = the mean of the other completions of "
+        "the group, unscaled (RLOO; needs advantage_scale=none); reinforce_pp = the group mean, then a "
+        "z-score over the batch's completion tokens (REINFORCE++-baseline; advantage_scale=batch, or "
+        "none: centred only); docs/loss_variants.md, 'Advantages and rewards'",
+        ("group", "rloo", "reinforce_pp"),
+    )
     step_rule: str = _f(
         "lines",
         "process supervision: how a completion splits into steps (lines, paragraphs, regex:PATTERN, tag:STRING; "
@@ -411,6 +472,13 @@ class AlgoConfig:
         "DAPO overlong filtering: completions cut at rollout.max_new_tokens (no EOS) "
         "are left out of the loss (still in their group's reward statistics)",
     )
+    overlong_buffer: int = _f(
+        0,
+        "DAPO soft overlong penalty: L_cache, the last tokens before the length limit (rollout.max_new_tokens; "
+        "with rollout.env the row's model-token limit) over which a length penalty falls from 0 to -1; added "
+        "to the outcome reward; 0 = off",
+    )
+    overlong_penalty_weight: float = _f(1.0, "DAPO soft overlong penalty: its weight in the reward (>= 0)")
     dynamic_sampling: bool = _f(
         False,
         "DAPO dynamic sampling: groups whose rewards (process supervision: pooled "
@@ -448,6 +516,14 @@ class TrainConfig:
     seed: int = _f(0, "seed for data order, sampling and initialisation")
     output_dir: str = _f("runs/demo", "where metrics, samples, events and checkpoints go")
     sample_every: int = _f(5, "write sampled completions to samples.jsonl every k steps")
+    report_to: list | str = _f(
+        ["tensorboard"],
+        "experiment trackers that get the metrics besides metrics.jsonl (TRL's key; grpokit.trackers): a list "
+        "of names or one name; none or [] = metrics.jsonl alone. Each is the extra of its name (pip install "
+        "'grpokit[wandb]'); each writes into train.output_dir (wandb offline) unless its environment "
+        "variables say otherwise (docs/guide.md, 'Trackers')",
+        TRACKER_NAMES,
+    )
     save_steps: int = _f(0, "checkpoint every k steps (0 = only at the end)")
     save_total_limit: int = _f(2, "keep the newest n checkpoints")
     resume: str = _f("auto", "auto = newest complete checkpoint in output_dir; none; or a path")

@@ -4,9 +4,10 @@ The loop asks its :class:`Algorithm` for two things and never branches on which 
 
 - ``advantages(exp)``: from ``exp.rewards`` (outcome) or ``exp.step_rewards``/``exp.step_ends``
   (process), an ``(N,)`` or ``(N, T)`` float32 tensor on ``exp``'s device;
-- ``loss(logp, mb, loss_mask, num_sequences, num_tokens)``: the loss of one micro-batch ``mb``
+- ``loss(logp, mb, loss_mask, num_sequences, num_tokens, entropy)``: the loss of one micro-batch ``mb``
   (an :class:`~grpokit.experience.Experience` slice carrying ``advantages``, ``old_logprobs`` and,
-  when ``needs_reference``, ``ref_logprobs``), normalized by the whole batch's counts.
+  when ``needs_reference``, ``ref_logprobs``), normalized by the whole batch's counts; ``entropy``
+  is the policy's per-token entropy, with gradient when ``needs_entropy`` (an entropy bonus).
 
 :class:`grpokit.estimators.grpo.GRPO` is DeepSeekMath's (arXiv 2402.03300): group-normalized outcome advantages (§4.1.2)
 or process advantages (§4.1.3), the clipped surrogate with β·KL (eq. 3); all math in
@@ -36,6 +37,8 @@ class Algorithm(Protocol):
 
     #: True when the loss needs π_ref's log-probs (``mb.ref_logprobs``)
     needs_reference: bool
+    #: True when the loss needs the policy's per-token entropy with gradient (``loss(entropy=)``)
+    needs_entropy: bool
 
     def advantages(self, exp: Experience) -> torch.Tensor:
         """``(N,)`` or ``(N, T)`` float32 advantages on ``exp``'s device, 0 where there is no signal."""
@@ -47,11 +50,20 @@ class Algorithm(Protocol):
         ...
 
     def loss(
-        self, logp: torch.Tensor, mb: Experience, loss_mask: torch.Tensor, *, num_sequences: int, num_tokens: int
+        self,
+        logp: torch.Tensor,
+        mb: Experience,
+        loss_mask: torch.Tensor,
+        *,
+        num_sequences: int,
+        num_tokens: int,
+        entropy: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The micro-batch's scalar loss (normalized by the whole batch's ``num_sequences``/
         ``num_tokens``) and detached stats: each a token-weighted mean over the micro-batch's
-        ``loss_mask`` tokens, plus ``num_tokens`` (the weight); the loop logs every stat."""
+        ``loss_mask`` tokens, plus ``num_tokens`` (the weight); the loop logs every stat.
+        ``entropy``: ``(n, T)`` per-token entropies of the policy (with gradient when
+        ``needs_entropy``; else None or without gradient, and unused)."""
         ...
 
     def bind(self, logprobs: LogprobScorer, train_cfg: TrainConfig) -> None:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from grpokit import algo
+from grpokit.utils.distributed import group_ranks, sum_over_ranks
 
 if TYPE_CHECKING:
     from grpokit.config import AlgoConfig, TrainConfig
@@ -25,11 +26,26 @@ class GRPO:
     def __init__(self, a: AlgoConfig, max_completion_length: int):
         self.cfg, self.max_completion_length = a, max_completion_length
         self.needs_reference = a.beta > 0
+        self._adapted_entropy_coef: float | None = None  # algo.entropy_target: the coefficient as adapted
+        self._entropy_seen = [0.0, 0.0]  # this step's Σ H over the loss's tokens, and their number
+
+    @property
+    def needs_entropy(self) -> bool:
+        """The entropy bonus is on (``algo.entropy_coef > 0`` or ``algo.entropy_target`` set): the loop
+        passes the policy's per-token entropy, with gradient, to :meth:`loss`."""
+        return self.cfg.entropy_coef > 0 or self.cfg.entropy_target is not None
+
+    @property
+    def entropy_coef(self) -> float:
+        """The entropy bonus's coefficient for this step: ``algo.entropy_coef``, or with
+        ``algo.entropy_target`` its value as :meth:`update_auxiliary` adapted it (checkpointed)."""
+        return self.cfg.entropy_coef if self._adapted_entropy_coef is None else self._adapted_entropy_coef
 
     def advantages(self, exp: Any) -> torch.Tensor:
-        """Outcome: ``algo.group_advantages(exp.rewards, G, scale=algo.advantage_scale)``, ``(N,)``;
-        process: ``algo.process_advantages(exp.step_rewards, exp.step_ends, mask, G,
-        mode=algo.process_advantage)``, ``(N, T)``. float32."""
+        """Outcome: ``algo.outcome_advantages(exp.rewards, G, baseline=algo.advantage_baseline,
+        scale=algo.advantage_scale, lengths=completion_mask.sum(1))`` (the group baseline is
+        ``algo.group_advantages``), ``(N,)``; process: ``algo.process_advantages(exp.step_rewards,
+        exp.step_ends, mask, G, mode=algo.process_advantage)``, ``(N, T)``. float32."""
         a = self.cfg
         if exp.step_rewards is not None:
             adv = algo.process_advantages(
@@ -41,7 +57,14 @@ class GRPO:
                 mode=a.process_advantage,
             )
         else:
-            adv = algo.group_advantages(exp.rewards, exp.group_size, scale=a.advantage_scale, eps=a.advantage_eps)
+            adv = algo.outcome_advantages(
+                exp.rewards,
+                exp.group_size,
+                baseline=a.advantage_baseline,
+                scale=a.advantage_scale,
+                eps=a.advantage_eps,
+                lengths=exp.completion_mask.sum(dim=1),  # the tokens that count (REINFORCE++'s token statistics)
+            )
         return adv.float()
 
     def groups_with_signal(self, exp: Any) -> list[int]:
@@ -54,14 +77,25 @@ class GRPO:
         return (~const).nonzero().flatten().tolist()
 
     def loss(
-        self, logp: torch.Tensor, mb: Any, loss_mask: torch.Tensor, *, num_sequences: int, num_tokens: int
+        self,
+        logp: torch.Tensor,
+        mb: Any,
+        loss_mask: torch.Tensor,
+        *,
+        num_sequences: int,
+        num_tokens: int,
+        entropy: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """``algo.policy_loss`` on micro-batch ``mb`` (ratio against ``mb.old_logprobs``, or 1 by
-        value when there are none: μ = 1; with ``algo.tis_cap > 0`` truncated importance sampling
-        against ``mb.sampler_logprobs``)."""
+        value when there are none: μ = 1; with ``algo.tis_cap > 0`` the sampler correction
+        ``algo.is_correction`` against ``mb.sampler_logprobs``), with the recipe's loss variants
+        (``algo.importance_level``, ``algo.policy_loss``, ``algo.dual_clip_c``, ``algo.delta``;
+        docs/loss_variants.md) and, when :attr:`needs_entropy`, the entropy bonus on ``entropy``
+        with :attr:`entropy_coef` (logged as the stat ``entropy_coef``)."""
         a = self.cfg
         old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()
-        return algo.policy_loss(
+        coef = self.entropy_coef if self.needs_entropy else 0.0
+        loss, stats = algo.policy_loss(
             logp,
             old,
             mb.advantages,
@@ -77,7 +111,20 @@ class GRPO:
             num_tokens=num_tokens,
             sampler_logp=mb.sampler_logprobs if a.tis_cap > 0 else None,
             tis_cap=a.tis_cap,
+            is_correction=a.is_correction,
+            importance_level=a.importance_level,
+            surrogate=a.policy_loss,
+            dual_clip_c=a.dual_clip_c,
+            delta=a.delta,
+            entropy=entropy if coef > 0 else None,
+            entropy_coef=coef,
         )
+        if self.needs_entropy:
+            stats["entropy_coef"] = torch.tensor(coef, dtype=torch.float64)
+            if entropy is not None and a.entropy_target is not None:  # what update_auxiliary adapts to
+                self._entropy_seen[0] += float(torch.where(loss_mask, entropy.detach(), 0.0).sum())
+                self._entropy_seen[1] += float(loss_mask.sum())
+        return loss, stats
 
     def bind(self, logprobs: LogprobScorer, train_cfg: TrainConfig) -> None:
         """Nothing to build."""
@@ -87,12 +134,27 @@ class GRPO:
         return True
 
     def update_auxiliary(self, exp: Experience, loss_mask: torch.Tensor, train_cfg: TrainConfig) -> dict[str, float]:
-        """Nothing beyond the policy."""
+        """With ``algo.entropy_target`` (adaptive entropy bonus): after the step's update, the
+        coefficient moves toward keeping the batch's entropy at the target,
+        ``coef ← max(0, coef + algo.entropy_coef_lr · (target − H))``, ``H`` the mean entropy over
+        the loss's tokens of this step's μ passes (summed over ranks, so every rank agrees); the next
+        step's loss uses it. Nothing else beyond the policy; no metrics."""
+        seen, self._entropy_seen = self._entropy_seen, [0.0, 0.0]
+        target = self.cfg.entropy_target
+        if target is None:
+            return {}
+        total, tokens = sum_over_ranks(seen, group_ranks())
+        if tokens > 0:
+            h = total / tokens
+            self._adapted_entropy_coef = max(0.0, self.entropy_coef + self.cfg.entropy_coef_lr * (target - h))
         return {}
 
     def state_dict(self) -> dict[str, Any]:
-        """No state of its own."""
-        return {}
+        """The adapted entropy coefficient (``algo.entropy_target``), once adapted; else nothing."""
+        c = self._adapted_entropy_coef
+        return {} if c is None else {"entropy_coef": c}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Nothing to restore."""
+        """Restore :meth:`state_dict`'s output (an empty dict: nothing to restore)."""
+        if "entropy_coef" in state:
+            self._adapted_entropy_coef = float(state["entropy_coef"])

@@ -46,6 +46,7 @@ class PPO:
     def __init__(self, a: AlgoConfig, max_completion_length: int):
         self.cfg, self.max_completion_length = a, max_completion_length
         self.needs_reference = a.beta > 0
+        self.needs_entropy = False  # the loss variants and entropy bonus are GRPO's (the recipe checks refuse them)
         self.critic: ValueModel | None = None
         self.critic_optimizer: torch.optim.Optimizer | None = None
 
@@ -120,10 +121,17 @@ class PPO:
         return adv.float()
 
     def loss(
-        self, logp: torch.Tensor, mb: Any, loss_mask: torch.Tensor, *, num_sequences: int, num_tokens: int
+        self,
+        logp: torch.Tensor,
+        mb: Any,
+        loss_mask: torch.Tensor,
+        *,
+        num_sequences: int,
+        num_tokens: int,
+        entropy: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The clipped surrogate on ``mb``'s per-token advantages (β·KL in the loss unless
-        ``algo.kl_in_reward``)."""
+        ``algo.kl_in_reward``); ``entropy`` is not used."""
         a = self.cfg
         old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()
         beta = 0.0 if a.kl_in_reward else a.beta

@@ -40,6 +40,7 @@ def completion_logprobs(
     with_entropy: bool = False,
     autocast_bf16: bool = False,
     share_prompt: bool = True,
+    entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs of ``batch.completion_ids`` given the prompts, under ``model``.
 
@@ -69,15 +70,19 @@ def completion_logprobs(
     ``backward(inputs=...)`` would miss those parts (use the plain backend for them).
 
     Returns:
-        ``logp`` ``(N, T)`` float32 and, if ``with_entropy``, the entropy ``(N, T)`` (no grad).
+        ``logp`` ``(N, T)`` float32 and, if ``with_entropy`` or ``entropy_grad``, the entropy
+        ``(N, T)`` (nats of ``softmax(logits / temperature)``): without gradient, or with one when
+        ``entropy_grad`` (the loss's entropy bonus, ``algo.entropy_coef``; only then does its
+        backward cost anything).
     """
     return get_backend(model).logprobs(
         model,
         batch,
         temperature=temperature,
-        with_entropy=with_entropy,
+        with_entropy=with_entropy or entropy_grad,
         autocast_bf16=autocast_bf16,
         share_prompt=share_prompt,
+        entropy_grad=entropy_grad,
     )
 
 
@@ -198,9 +203,12 @@ class LogprobScorer:
     autocast_bf16: bool = False
     share_prompt: bool = True
 
-    def micro_batch(self, mb: Experience, *, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def micro_batch(
+        self, mb: Experience, *, with_entropy: bool = False, entropy_grad: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """:func:`completion_logprobs` of the policy on one micro-batch, with gradient: ``(n, T)``
-        float32 log-probs and, with ``with_entropy``, ``(n, T)`` entropies (nats)."""
+        float32 log-probs and, with ``with_entropy`` or ``entropy_grad``, ``(n, T)`` entropies
+        (nats; with gradient when ``entropy_grad``)."""
         return completion_logprobs(
             self.model,
             mb,
@@ -208,6 +216,7 @@ class LogprobScorer:
             with_entropy=with_entropy,
             autocast_bf16=self.autocast_bf16,
             share_prompt=self.share_prompt,
+            entropy_grad=entropy_grad,
         )
 
     def policy(self, exp: Experience) -> torch.Tensor:

@@ -77,6 +77,8 @@ _TOKENIZER_FILES = (
     "tokenizer.model",
     "added_tokens.json",
 )
+#: a checkpoint's model card (grpokit.trainer.model_card), exported with it
+_CARD = "README.md"
 #: training state in a checkpoint folder, left out of an export
 _TRAINING_FILES = ("training_state.pt", "trainer_state.json", "recipe.json")
 
@@ -297,7 +299,12 @@ def load_adapter_weights(model: torch.nn.Module, folder: str | Path) -> None:
 
 
 def export_checkpoint(
-    ckpt: str | Path, out: str | Path, *, merge: bool, load_base: Callable[[str, torch.dtype, bool], torch.nn.Module]
+    ckpt: str | Path,
+    out: str | Path,
+    *,
+    merge: bool,
+    load_base: Callable[[str, torch.dtype, bool], torch.nn.Module],
+    merged_card: Callable[[Path], str | None] | None = None,
 ) -> str:
     """Write ``out`` from checkpoint folder ``ckpt`` without its training state; returns what was done.
 
@@ -311,6 +318,10 @@ def export_checkpoint(
       ``adapter_config.json``) and the tokenizer, copied (load with peft's
       ``PeftModel.from_pretrained(base, out)``).
     - full checkpoint: its model and tokenizer files, copied (they are already a full model).
+
+    The model card (``README.md``) comes too: copied with a full checkpoint or an adapter; for a merge,
+    ``merged_card(ckpt)`` writes it (``grpokit export`` passes
+    :func:`grpokit.trainer.model_card.merged_export_card`: the card of a full model; None: no card).
 
     Every file written gets the mode of a new file (``0o666 & ~umask``, :mod:`grpokit.utils.filemodes`),
     and a copied ``adapter_config.json`` names the base as the run's ``recipe.json`` does.
@@ -329,7 +340,7 @@ def export_checkpoint(
         _copy_files(ckpt, out, [f.name for f in ckpt.iterdir() if f.is_file() and f.name not in _TRAINING_FILES])
         return f"{ckpt} holds a full model (no LoRA adapter): copied its model and tokenizer files to {out}"
     if not merge:
-        _copy_files(ckpt, out, [ADAPTER_CONFIG, ADAPTER_WEIGHTS, *_TOKENIZER_FILES])
+        _copy_files(ckpt, out, [ADAPTER_CONFIG, ADAPTER_WEIGHTS, _CARD, *_TOKENIZER_FILES])
         _record_base(ckpt, out / ADAPTER_CONFIG)
         return f"copied the LoRA adapter of {ckpt} to {out} (load it with peft: PeftModel.from_pretrained(base, out))"
     require_peft("grpokit export --merge")
@@ -343,6 +354,9 @@ def export_checkpoint(
         cast("PreTrainedModel", merged).save_pretrained(tmp, safe_serialization=True)
         if any((ckpt / f).is_file() for f in _TOKENIZER_FILES):
             AutoTokenizer.from_pretrained(str(ckpt), trust_remote_code=trust).save_pretrained(tmp)
+        card = merged_card(ckpt) if merged_card is not None else None
+        if card is not None:
+            (tmp / _CARD).write_text(card, encoding="utf-8")
         honour_umask(tmp)  # safetensors writes the weights private (0o600)
         _move_into(tmp, out)
     finally:

@@ -5,6 +5,13 @@ fault policy of :class:`~grpokit.rewards.guard.GuardedReward`), combines them wi
 (:func:`~grpokit.rewards.base.compute_rewards`), and, with process supervision, asks its step
 scorer for one score per reasoning step. It writes ``rewards`` (and ``step_rewards``/``step_ends``)
 into the experience and returns the step's reward metrics.
+
+Two shapings of the outcome reward happen here, where the functions' values are combined, so the
+reward written is the one advantages, dynamic sampling and the reward metrics all see:
+``rewards.normalize_each`` (each function z-scored in its group before the weighted sum,
+:func:`grpokit.algo.normalized_reward_sum`) and DAPO's soft overlong penalty (``algo.overlong_buffer``,
+:func:`grpokit.algo.overlong_penalty`, added after, weighted by ``algo.overlong_penalty_weight`` and
+logged as ``rewards/overlong_penalty``).
 """
 
 from __future__ import annotations
@@ -71,6 +78,21 @@ class StepScorer(Protocol):
         ...
 
 
+OVERLONG = "overlong_penalty"
+"""The name DAPO's length penalty is logged under (``rewards/overlong_penalty``, its mean ``R_len``
+before the weight), as if it were one more reward function."""
+
+
+@dataclass(frozen=True)
+class OverlongPenalty:
+    """DAPO's soft overlong penalty (:func:`grpokit.algo.overlong_penalty`): ``max_length`` = L_max
+    (the model's token limit of a row), ``buffer`` = L_cache (> 0), ``weight`` its weight in the reward."""
+
+    max_length: int
+    buffer: int
+    weight: float = 1.0
+
+
 class RewardPipeline:
     """Reward functions with weights, and an optional step scorer.
 
@@ -78,23 +100,45 @@ class RewardPipeline:
         funcs: name -> reward function ``(prompts, completions, **columns) -> list[float | None]``.
         weights: name -> weight (missing names 1.0).
         step_scorer: process supervision's scorer, or None (outcome supervision).
+        normalize_each: z-score each function's values within its group before the weighted sum
+            (``rewards.normalize_each``; :func:`grpokit.algo.normalized_reward_sum`).
+        overlong: DAPO's soft overlong penalty added to the reward, or None (off).
+
+    Raises:
+        ValueError: ``overlong`` given and a reward function is named ``overlong_penalty`` (its log name).
     """
 
     def __init__(
-        self, funcs: Mapping[str, Callable], weights: Mapping[str, float], step_scorer: StepScorer | None = None
+        self,
+        funcs: Mapping[str, Callable],
+        weights: Mapping[str, float],
+        step_scorer: StepScorer | None = None,
+        *,
+        normalize_each: bool = False,
+        overlong: OverlongPenalty | None = None,
     ):
         self.funcs, self.weights, self.step_scorer = dict(funcs), dict(weights), step_scorer
+        self.normalize_each, self.overlong = normalize_each, overlong
+        if overlong is not None and OVERLONG in self.funcs:
+            raise ValueError(f"rewards.functions: {OVERLONG!r} is the name algo.overlong_buffer's penalty is logged as")
 
     @classmethod
     def from_config(
-        cls, rc: Any, step_scorer: StepScorer | None = None, device: torch.device | str = "cpu"
+        cls,
+        rc: Any,
+        step_scorer: StepScorer | None = None,
+        device: torch.device | str = "cpu",
+        *,
+        overlong: OverlongPenalty | None = None,
     ) -> RewardPipeline:
         """From the recipe's ``rewards`` section: each of ``rc.functions`` (a built-in name,
         ``module:function``, ``rm:PATH_OR_HUB_NAME`` or ``http(s)://...``; :func:`reward_function`)
         wrapped with ``rc.timeout_s``/``rc.on_error``/``rc.isolation``, weights ``rc.weights``
-        (default 1 each). Reward models and reward servers run in a thread of the trainer (a model
-        in its memory; network I/O bounded by socket timeouts), and a failed server call is not
-        searched row by row. ``device``: where ``rm:`` models run when ``rc.rm_device`` is ``auto``.
+        (default 1 each), each z-scored in its group first with ``rc.normalize_each``. Reward models
+        and reward servers run in a thread of the trainer (a model in its memory; network I/O bounded
+        by socket timeouts), and a failed server call is not searched row by row. ``device``: where
+        ``rm:`` models run when ``rc.rm_device`` is ``auto``. ``overlong``: DAPO's length penalty
+        (from the ``algo`` section: the builder makes it), or None.
 
         Raises:
             ValueError: an unknown name, unimportable function or unloadable reward model (the
@@ -119,7 +163,7 @@ class RewardPipeline:
                 find_row=not isinstance(fn, RemoteReward),
             )
         weights = dict(zip(rc.functions, rc.weights)) if rc.weights else {n: 1.0 for n in rc.functions}
-        return cls(funcs, weights, step_scorer)
+        return cls(funcs, weights, step_scorer, normalize_each=rc.normalize_each, overlong=overlong)
 
     def check_columns(self, columns: list[str]) -> None:
         """Check, before any model loads, that every reward function (and the step scorer's reward)
@@ -148,6 +192,9 @@ class RewardPipeline:
 
         Sets ``exp.rewards`` ``(N,)`` float64 (None, NaN or ±inf from a function = NaN:
         unscorable) and, with a step scorer, ``exp.step_rewards``/``exp.step_ends`` ``(N, T)``.
+        With ``normalize_each`` the reward is the sum of the weighted group z-scores of the
+        functions; with ``overlong`` it has ``weight · R_len`` added (an unscorable row stays NaN),
+        and ``rewards/overlong_penalty`` is the mean ``R_len``.
 
         Returns:
             metrics (:func:`reward_metrics`): ``rewards/<name>`` (mean of the scorable values, None
@@ -169,10 +216,38 @@ class RewardPipeline:
         failures_before = self._failures()
         total, per_fn = compute_rewards(self.funcs, self.weights, prompts, exp.completions, cols)
         rewards = torch.tensor([math.nan if r is None else r for r in total], dtype=torch.float64)
+        if self.normalize_each:
+            rewards = self._normalized_sum(per_fn, exp.group_size)
+        if self.overlong is not None:
+            rewards, penalty = self._with_overlong_penalty(rewards, exp.completion_mask)
+            per_fn = {**per_fn, OVERLONG: list(penalty)}  # logged as rewards/overlong_penalty
         exp.rewards = rewards.to(exp.device)
         if self.step_scorer is not None:
             exp.step_rewards, exp.step_ends, _ = self.step_scorer.score(exp, prompts, cols)
         return ScoredRows({k: list(v) for k, v in per_fn.items()}, self._failures() - failures_before)
+
+    def _normalized_sum(self, per_fn: Mapping[str, Sequence], group_size: int) -> torch.Tensor:
+        """``(N,)`` float64: :func:`grpokit.algo.normalized_reward_sum` of the functions' values (None = NaN)."""
+        from grpokit import algo
+
+        names = list(self.funcs)
+        values = torch.tensor(
+            [[math.nan if v is None else v for v in per_fn[name]] for name in names], dtype=torch.float64
+        ).t()  # (N, K)
+        weights = torch.tensor([float(self.weights.get(name, 1.0)) for name in names], dtype=torch.float64)
+        return algo.normalized_reward_sum(values, weights, group_size)
+
+    def _with_overlong_penalty(
+        self, rewards: torch.Tensor, completion_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, list[float]]:
+        """``rewards + weight · R_len`` and ``R_len`` per row; ``|y|`` = the row's counted tokens
+        (``completion_mask``: the model's own, environment tokens excluded)."""
+        from grpokit import algo
+
+        o = self.overlong
+        assert o is not None
+        pen = algo.overlong_penalty(completion_mask.sum(dim=1).cpu(), o.max_length, o.buffer)  # (N,) float64
+        return rewards + o.weight * pen, pen.tolist()
 
     def close(self) -> None:
         """Stop the worker processes of the reward functions and of the step scorer's reward."""

@@ -21,6 +21,7 @@ import torch
 from grpokit.config import Recipe
 from grpokit.data import dataset_label
 from grpokit.data.rows import section_rows, training_prompts
+from grpokit.trackers import check_trackers
 from grpokit.utils.distributed import SINGLE, GatheredEngine, Ranks, barrier, rank_device
 from grpokit.utils.dtypes import dtype_of
 from grpokit.utils.outputs import check_output_dir
@@ -110,20 +111,29 @@ class Run:
 
 def build_rewards(recipe: Recipe, device: torch.device | str = "cpu") -> RewardPipeline:
     """The reward pipeline: ``rewards.functions`` and, with ``algo.supervision=process``, the step
-    scorer (``algo.process_reward`` with ``algo.step_rule``; its tokenizer is set once loaded).
+    scorer (``algo.process_reward`` with ``algo.step_rule``; its tokenizer is set once loaded);
+    with ``algo.overlong_buffer > 0`` DAPO's soft overlong penalty, ``L_max`` the model's token limit
+    of a row (:func:`grpokit.config.checks.model_token_limit`).
     ``device``: the policy's, where ``rm:`` reward models run with ``rewards.rm_device=auto``.
 
     Raises:
         ValueError: unknown reward function, process reward or step rule (names the key).
     """
-    from grpokit.rewards.pipeline import RewardPipeline
+    from grpokit.config.checks import model_token_limit
+    from grpokit.rewards.pipeline import OverlongPenalty, RewardPipeline
 
     step_scorer = None
     if recipe.algo.supervision == "process":
         from grpokit.process.scorer import ProcessScorer
 
         step_scorer = ProcessScorer.from_config(recipe)
-    return RewardPipeline.from_config(recipe.rewards, step_scorer, device)
+    a = recipe.algo
+    overlong = (
+        OverlongPenalty(model_token_limit(recipe.rollout), a.overlong_buffer, a.overlong_penalty_weight)
+        if a.overlong_buffer > 0
+        else None
+    )
+    return RewardPipeline.from_config(recipe.rewards, step_scorer, device, overlong=overlong)
 
 
 def load_policy(
@@ -196,6 +206,7 @@ def build_run(recipe: Recipe) -> Run:
         from grpokit.utils.importing import require
 
         require("torchao.optim", extra="torchao", why="train.optimizer=adamw_8bit")
+    check_trackers(recipe.train.report_to)  # wandb, mlflow, trackio named but not installed: say so now
     if m.lora is not None:
         from grpokit.models.lora import require_peft
 

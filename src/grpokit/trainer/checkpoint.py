@@ -10,7 +10,9 @@ Every file of a checkpoint has the mode a plain write gives (``0o666 & ~umask``;
 temporary-file write would leave the weights ``0o600``): :func:`grpokit.utils.filemodes.honour_umask`.
 
 A checkpoint is written to a hidden temporary folder in ``output_dir`` and renamed to
-``checkpoint-<step>`` only when complete, so a crash mid-write leaves the previous one intact.
+``checkpoint-<step>`` only when complete, so a crash mid-write leaves the previous one intact. Its
+model card (``README.md``, :mod:`grpokit.trainer.model_card`) is written in that folder too, so it is
+part of the atomic checkpoint.
 Only complete checkpoints (named ``checkpoint-<step>`` with a ``trainer_state.json``) are ever read;
 a failed write removes its temporary folder, and the next save removes those a killed run left.
 Optimizer/RNG state is loaded with ``torch.load(weights_only=True)``.
@@ -31,6 +33,7 @@ import numpy as np
 import torch
 
 from grpokit.models.lora import base_recorded_as, is_adapter_checkpoint, is_peft_model, load_adapter_weights
+from grpokit.trainer.model_card import CARD_FILE, model_card, read_evals
 from grpokit.utils.filemodes import honour_umask
 from grpokit.utils.textio import NotUtf8Error, read_utf8
 
@@ -95,6 +98,7 @@ def save_checkpoint(
     model_state: dict[str, torch.Tensor] | None = None,
     optimizer_state: dict[str, Any] | None = None,
     extra_state: dict[str, Any] | None = None,
+    num_prompts: int | None = None,
 ) -> Path:
     """Write ``output_dir/checkpoint-<step>`` atomically, then keep only the newest ``keep``.
 
@@ -104,6 +108,8 @@ def save_checkpoint(
     ``model_state``/``optimizer_state``: full state dicts to save instead of ``model``'s and
     ``optimizer``'s own (a sharded FSDP2 model, gathered by :func:`grpokit.utils.distributed.full_state`).
     ``extra_state``: more entries of ``training_state.pt`` (iterative RL's ``"prm_refresh"``).
+    ``num_prompts``: the run's number of training prompts, said in the model card (``README.md``:
+    :func:`grpokit.trainer.model_card.model_card`, with the held-out results in ``output_dir`` now).
 
     Raises:
         ValueError: a parameter is not finite (no checkpoint ever holds NaN weights).
@@ -143,6 +149,8 @@ def save_checkpoint(
         torch.save(blob, tmp / "training_state.pt")
         (tmp / "recipe.json").write_text(json.dumps(recipe, indent=1))
         (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **trainer_state}))
+        card = model_card(recipe, step, read_evals(out, step), is_peft_model(model), num_prompts=num_prompts)
+        (tmp / CARD_FILE).write_text(card, encoding="utf-8")  # in place of peft's own card of an adapter
         honour_umask(tmp)  # safetensors writes its files private (0o600): the mode of every other file
         for f in tmp.iterdir():  # durable before the rename makes it visible
             if f.is_file():

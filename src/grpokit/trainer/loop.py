@@ -50,6 +50,7 @@ from grpokit.trainer.build import Run, build_run
 from grpokit.trainer.callbacks import CallbackError, Callbacks
 from grpokit.trainer.checkpoint import find_resume_checkpoint
 from grpokit.trainer.collect import refill_groups_with_signal, sample_and_score
+from grpokit.trainer.model_card import rewrite_card
 from grpokit.trainer.resume import check_resume_recipe, resume, save_run_checkpoint
 from grpokit.trainer.stopping import StopFlag, nothing_to_do, stop_signal
 from grpokit.utils.distributed import any_rank, barrier, gathered, reduce_gradients, shutdown, sum_over_ranks
@@ -131,7 +132,9 @@ def _train(
 ) -> dict[str, Any]:
     """:func:`train` once the run's parts exist: start (or resume), the steps, the end."""
     recipe, main = run.recipe, run.ranks.is_main  # with several ranks only rank 0 writes files and prints
-    logger = RunLogger(run.out) if main else NullLogger(run.out)
+    logger = (
+        RunLogger(run.out, report_to=recipe.train.report_to, config=recipe.to_dict()) if main else NullLogger(run.out)
+    )
     summary: dict[str, Any] = {
         "output_dir": str(run.out),
         "rank": run.ranks.rank,
@@ -251,8 +254,8 @@ def _say_stopped(recipe: Recipe, summary: dict[str, Any]) -> None:
 
 
 def _after_training(run: Run, logger: RunLogger | NullLogger, memory: LoopMemory, summary: dict[str, Any]) -> None:
-    """The held-out evaluation after training (the last step's periodic one when it is that step's)
-    and ``curves.png``."""
+    """The held-out evaluation after training (the last step's periodic one when it is that step's),
+    its result in the last checkpoint's model card, and ``curves.png``."""
     recipe, main = run.recipe, run.ranks.is_main
     if run.evaluator is not None and recipe.eval.after:
         done = memory.last_eval
@@ -265,6 +268,10 @@ def _after_training(run: Run, logger: RunLogger | NullLogger, memory: LoopMemory
             summary["eval_after"] = evaluate_on_main(run, "after")
             if summary["eval_after"] is not None:
                 memory.callbacks.call("on_evaluate", run.state.step, summary["eval_after"], step=run.state.step)
+    ckpt = run.out / f"checkpoint-{run.state.step}"
+    if main and summary.get("eval_after") and (ckpt / "trainer_state.json").exists():
+        # the last checkpoint's model card, written before this evaluation, gets its result
+        rewrite_card(ckpt, run.recipe.to_dict(), run.state.step, num_prompts=len(run.data.prompts))
     if main and logger.metrics_path.exists():
         before = run.out / "eval_before.json"  # also there when this process resumed the run
         plot_curves(
@@ -274,6 +281,7 @@ def _after_training(run: Run, logger: RunLogger | NullLogger, memory: LoopMemory
             num_iterations=recipe.train.num_iterations,
             before=json.loads(before.read_text()) if before.exists() else None,
         )
+        logger.log_image("curves", run.out / "curves.png")  # to the trackers (nothing when it was not drawn)
 
 
 def run_step(run: Run, logger: RunLogger | NullLogger, memory: LoopMemory) -> StepResult:
@@ -513,13 +521,17 @@ def _gradient_pass(
     totals, entropy = update.new_pass(), None
     for sl, mb in exp.micro_batches(run.recipe.train.micro_batch_size):
         with adapter_dropout(run.model):  # model.lora.dropout: in the gradient passes only (grpokit.models.lora)
-            logp, ent = run.logprobs.micro_batch(mb, with_entropy=gap is not None)
+            # the entropy: logged in pass 0; with gradient in every pass when the loss has an entropy bonus
+            logp, ent = run.logprobs.micro_batch(
+                mb, with_entropy=gap is not None, entropy_grad=run.algorithm.needs_entropy
+            )
             loss, st = run.algorithm.loss(
                 logp,
                 mb,
                 loss_mask[sl, : mb.completion_ids.shape[1]],
                 num_sequences=counts.sequences,
                 num_tokens=counts.loss_tokens,
+                entropy=ent,
             )
             loss.backward()  # inside: a checkpointed layer recomputes with the same dropout
         if gap is not None:
@@ -530,8 +542,8 @@ def _gradient_pass(
         for k, v in st.items():
             if k != "num_tokens":
                 totals.stats[k] = totals.stats.get(k, 0.0) + w * v.item()
-        if ent is not None:
-            ent_sum = torch.where(mb.completion_mask, ent, torch.zeros_like(ent)).sum()  # not ent·mask: NaN·0
+        if ent is not None and gap is not None:
+            ent_sum = torch.where(mb.completion_mask, ent.detach(), torch.zeros_like(ent)).sum()  # not ent·mask: NaN·0
             entropy = (entropy or 0.0) + float(ent_sum) / max(counts.completion_tokens, 1)
     if entropy is not None:
         update.entropy = entropy

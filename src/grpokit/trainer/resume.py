@@ -29,7 +29,8 @@ from grpokit.utils.distributed import full_state, gather_objects, is_sharded, lo
 
 
 def save_run_checkpoint(run: Run, recipe: Recipe) -> Path | None:
-    """``checkpoint-<step>`` of the run (weights, tokenizer, optimizer, schedule, RNG, data position).
+    """``checkpoint-<step>`` of the run (weights, tokenizer, optimizer, schedule, RNG, data position,
+    the model card: :mod:`grpokit.trainer.model_card`).
 
     With several ranks every rank must call it: each rank's RNG state is gathered (and, under
     FSDP2, the full model and optimizer state); rank 0 writes and returns the path, the others
@@ -63,6 +64,7 @@ def save_run_checkpoint(run: Run, recipe: Recipe) -> Path | None:
         model_state=model_state,
         optimizer_state=optimizer_state,
         extra_state=None if refresh is None else {"prm_refresh": refresh.state_dict(run.ref_model)},
+        num_prompts=len(run.data.prompts),
     )
 
 

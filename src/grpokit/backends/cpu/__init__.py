@@ -57,10 +57,12 @@ class CpuBackend(Backend):
         with_entropy: bool,
         autocast_bf16: bool,
         share_prompt: bool,
+        entropy_grad: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """As the plain path, computed with the shared prompt (``share_prompt``, where a prompt
         repeats) and, without autocast, the fused head (:func:`.ops.linear_token_logprobs`: no
-        ``(N, T, V)`` logits kept). Tensors off the CPU take the plain path.
+        ``(N, T, V)`` logits kept; with ``entropy_grad`` its backward adds the entropy's gradient).
+        Tensors off the CPU take the plain path.
 
         Raises:
             RuntimeError: gradient recording on in a process group of more than one rank.
@@ -73,6 +75,7 @@ class CpuBackend(Backend):
                 with_entropy=with_entropy,
                 autocast_bf16=autocast_bf16,
                 share_prompt=share_prompt,
+                entropy_grad=entropy_grad,
             )
         if torch.is_grad_enabled() and (n := world_size()) > 1 and not grads_reduced_after_backward(model):
             raise RuntimeError(
@@ -89,10 +92,15 @@ class CpuBackend(Backend):
             if torch.is_grad_enabled() and weight.requires_grad:  # tied to the embedding: see grad_alias
                 weight = grad_alias(weight)
             return linear_token_logprobs(
-                out, weight, batch.completion_ids, temperature=temperature, with_entropy=with_entropy
+                out,
+                weight,
+                batch.completion_ids,
+                temperature=temperature,
+                with_entropy=with_entropy,
+                entropy_grad=entropy_grad,
             )
         logp = token_logprobs(out, batch.completion_ids, temperature=temperature)
-        entropy = token_entropy(out, temperature=temperature) if with_entropy else None
+        entropy = token_entropy(out, temperature=temperature, differentiable=entropy_grad) if with_entropy else None
         return logp, entropy
 
     def generation(self, model: torch.nn.Module, rows: int, *, packed_weights: bool):

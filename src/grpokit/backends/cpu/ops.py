@@ -203,10 +203,12 @@ class _LinearTokenLogprobs(torch.autograd.Function):
     (blocks over positions would re-read the whole 57 MB head for every block); the log-sum-exp
     (and the entropy) are accumulated online with a running maximum (Milakov & Gimelshein 2018),
     in the max-subtracted form of :func:`grpokit.algo.token_logprobs` and
-    :func:`grpokit.algo.token_entropy` (the same values to float32 rounding)."""
+    :func:`grpokit.algo.token_entropy` (the same values to float32 rounding). With
+    ``entropy_grad`` the entropy is an output with a gradient: the backward adds
+    ``−p·(log p + H)·g_H`` (``z = logits / τ``) to the log-probs' ``(onehot − p)·g`` per block."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, token_ids, temperature, with_entropy):
+    def forward(ctx, hidden, weight, token_ids, temperature, with_entropy, entropy_grad=False):
         h2, ids = hidden.reshape(-1, hidden.shape[-1]), token_ids.reshape(-1)
         m, vocab = h2.shape[0], weight.shape[0]
         acc = torch.promote_types(hidden.dtype, torch.float32)
@@ -247,20 +249,24 @@ class _LinearTokenLogprobs(torch.autograd.Function):
             run_max = new_max
         log_s = torch.log1p((ties - 1.0) + tail)  # log S, precise when S = 1 + a small tail
         entropy = (log_s - eu / (ties + tail)) if with_entropy else eu
-        ctx.save_for_backward(hidden, weight, token_ids, run_max, log_s)  # the backward's softmax, same form
+        ctx.entropy_grad = bool(with_entropy and entropy_grad)
+        saved = (entropy,) if ctx.entropy_grad else ()
+        ctx.save_for_backward(hidden, weight, token_ids, run_max, log_s, *saved)  # the backward's softmax, same form
         ctx.temperature = temperature
         entropy = entropy.view(token_ids.shape if with_entropy else (0,))
-        ctx.mark_non_differentiable(entropy)
+        if not ctx.entropy_grad:
+            ctx.mark_non_differentiable(entropy)
         picked_u = picked - run_max
         if temperature != 1.0:
             picked_u = picked_u / temperature
         return (picked_u - log_s).view(token_ids.shape), entropy
 
     @staticmethod
-    def backward(ctx, grad_logp, _grad_entropy):
-        hidden, weight, token_ids, run_max, log_s = ctx.saved_tensors
+    def backward(ctx, grad_logp, grad_entropy):
+        hidden, weight, token_ids, run_max, log_s, *saved = ctx.saved_tensors
         tau = ctx.temperature
         h2, ids, g = hidden.reshape(-1, hidden.shape[-1]), token_ids.reshape(-1), _f32(grad_logp.reshape(-1))
+        g_h = _f32(grad_entropy.reshape(-1)) if ctx.entropy_grad and grad_entropy is not None else None
         m, vocab = h2.shape[0], weight.shape[0]
         grad_h = torch.zeros(h2.shape, dtype=log_s.dtype, device=h2.device) if ctx.needs_input_grad[0] else None
         grad_w = torch.empty_like(weight) if ctx.needs_input_grad[1] else None
@@ -272,7 +278,13 @@ class _LinearTokenLogprobs(torch.autograd.Function):
             if tau != 1.0:
                 gz.div_(tau)
             # d logp / d z = onehot(id) − softmax(z), softmax = exp((x − M) / τ − log S); then d z / d x = 1 / τ
-            gz.sub_(log_s[:, None]).exp_().mul_(-g[:, None])
+            gz.sub_(log_s[:, None])
+            if g_h is None:
+                gz.exp_().mul_(-g[:, None])
+            else:  # + d H / d z = −p·(log p + H), gz holding log p; p = 0 entries (x = −inf) get 0
+                t = (gz + saved[0][:, None]).mul_(g_h[:, None]).add_(g[:, None])
+                p = gz.exp_()
+                gz = t.mul_(p).neg_().masked_fill_(p == 0, 0.0)
             local = ids - v0
             here = (local >= 0) & (local < gz.shape[1])
             gz[rows[here], local[here]] += g[here]
@@ -285,7 +297,7 @@ class _LinearTokenLogprobs(torch.autograd.Function):
                 torch.mm(gz.t(), h2, out=grad_w[v0 : v0 + block])
         if grad_h is not None:
             grad_h = grad_h.to(hidden.dtype).view(hidden.shape)
-        return grad_h, grad_w, None, None, None
+        return grad_h, grad_w, None, None, None, None
 
 
 def linear_token_logprobs(
@@ -295,6 +307,7 @@ def linear_token_logprobs(
     *,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-prob of each chosen token under ``softmax(hidden @ weightᵀ / τ)``, without keeping the
     ``(N, T, V)`` logits: the LM head, the temperature and :func:`grpokit.algo.token_logprobs` in
@@ -309,7 +322,9 @@ def linear_token_logprobs(
         weight: ``(V, H)`` LM-head weight (no bias), same dtype as ``hidden``.
         token_ids: ``(N, T)`` int64 ids to score.
         temperature: τ > 0, the sampler's.
-        with_entropy: also return the entropy (nats, no gradient) of each position's distribution.
+        with_entropy: also return the entropy (nats) of each position's distribution.
+        entropy_grad: the entropy with a gradient (w.r.t. ``hidden`` and ``weight``; the entropy
+            bonus of the loss), else none.
 
     Returns:
         ``logp`` ``(N, T)`` float32 (differentiable w.r.t. ``hidden`` and ``weight``) and the entropy
@@ -333,5 +348,7 @@ def linear_token_logprobs(
         )
     if not temperature > 0:
         raise ValueError(f"linear_token_logprobs: temperature must be > 0, got {temperature}")
-    logp, entropy = _LinearTokenLogprobs.apply(hidden, weight, token_ids, float(temperature), with_entropy)
+    logp, entropy = _LinearTokenLogprobs.apply(
+        hidden, weight, token_ids, float(temperature), with_entropy, entropy_grad
+    )
     return logp, (entropy if with_entropy else None)
