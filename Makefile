@@ -91,6 +91,10 @@ feedback: $(STAMP)
 	$(BIN)/grpokit train recipes/feedback.yaml
 	$(BIN)/grpokit eval $(FEEDBACK_OUT) --heldout-of recipes/feedback.yaml rollout.max_turns=1 --overwrite --output $(FEEDBACK_OUT)/trained_first.json
 	$(BIN)/grpokit eval $(FEEDBACK_OUT) --heldout-of recipes/feedback.yaml --overwrite --output $(FEEDBACK_OUT)/trained_last.json
+	$(BIN)/python scripts/paired_evals.py base_first=$(FEEDBACK_OUT)/base_first.json base_last=$(FEEDBACK_OUT)/base_last.json \
+	  trained_first=$(FEEDBACK_OUT)/trained_first.json trained_last=$(FEEDBACK_OUT)/trained_last.json \
+	  --pair trained_last:trained_first --pair trained_first:base_first --pair trained_last:base_last \
+	  --json $(FEEDBACK_OUT)/paired.json
 
 long-arith: $(STAMP)
 	$(BIN)/grpokit train recipes/arith.yaml

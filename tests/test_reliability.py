@@ -345,7 +345,7 @@ def test_non_finite_loss_skips_updates_then_stops(tiny_model_dir, tmp_path, monk
     """NaN advantages -> NaN loss and gradients: no optimizer step, logged, and the run stops after
     train.max_consecutive_skips skips in a row; weights and checkpoints stay finite."""
     seen = _capture_setup(monkeypatch)
-    monkeypatch.setattr(algo, "group_advantages", lambda r, g, **k: torch.full_like(r, math.nan))
+    monkeypatch.setattr(algo, "outcome_advantages", lambda r, g, **k: torch.full_like(r, math.nan))
     with pytest.raises(RuntimeError, match="2 consecutive non-finite updates.*step 2"):
         _run(tiny_model_dir, tmp_path, train={"max_steps": 5, "save_steps": 1, "max_consecutive_skips": 2})
     lines = read_metrics(tmp_path / "metrics.jsonl")
