@@ -155,3 +155,37 @@ def test_layout_checks():
         e.replace(old_logprobs=e.old_logprobs[:, :4])
     with pytest.raises(ValueError, match="Experience.completions: 5 texts for 6 rows"):
         e.replace(completions=e.completions[:5])
+
+
+def _with_support(e: Experience, form: str, vocab: int = 300, seed: int = 0) -> Experience:
+    """``e`` with a ``sampler_support`` of random kept sets on its counted tokens (empty elsewhere)."""
+    from grpokit.algo import support as sup
+
+    gen = torch.Generator().manual_seed(seed)
+    kept = (torch.rand(*e.completion_ids.shape, vocab, generator=gen) < 0.02) & e.completion_mask.unsqueeze(-1)
+    return e.replace(sampler_support=sup.pack_ids(kept) if form == "ids" else sup.pack_bits(kept))
+
+
+def test_the_sampler_support_is_sliced_sharded_and_joined_with_the_tokens():
+    from grpokit.algo import support as sup
+
+    e = _with_support(_exp(), "ids")
+    full = sup.to_mask(e.sampler_support, 0, 300)  # (N, T, V)
+    mb = e.rows(slice(2, 4))  # completion lengths 2, 3: the columns past 3 are cut
+    assert mb.sampler_support.shape[:2] == (2, 3)
+    assert torch.equal(sup.to_mask(mb.sampler_support, 0, 300), full[2:4, :3])
+    shard = e.shard(1, 3)
+    assert torch.equal(sup.to_mask(shard.sampler_support, 0, 300), full[2:4])
+    # concat: widths and forms differ (ids, bits): one form (bits), shorter parts padded with empty positions
+    a, b = _with_support(_exp(n_groups=1, t=5), "ids"), _with_support(_exp(n_groups=1, t=3, seed=1), "bits", seed=1)
+    out = Experience.concat([a, b], pad_id=0)
+    assert out.sampler_support.dtype == torch.uint8 and out.sampler_support.shape == (4, 5, 38)
+    want = torch.cat(
+        [sup.to_mask(a.sampler_support, 0, 300), sup.to_mask(sup.pad_positions(b.sampler_support, 5), 0, 300)]
+    )
+    assert torch.equal(sup.to_mask(out.sampler_support, 0, 300), want)
+    assert not bool(sup.restricted(out.sampler_support)[2:, 3:].any())
+    with pytest.raises(ValueError, match="sampler_support set in some parts only"):
+        Experience.concat([a, _exp(n_groups=1)], pad_id=0)
+    with pytest.raises(ValueError, match="sampler_support: shape"):
+        e.replace(sampler_support=e.sampler_support[:, :2])

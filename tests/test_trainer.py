@@ -139,8 +139,8 @@ def test_process_supervision_one_step(tiny_model_dir, tmp_path, monkeypatch):
 
 
 def test_sampling_params_reach_generate(tiny_model_dir, tmp_path, monkeypatch):
-    """The recipe's rollout section is what ``model.generate`` samples with: temperature only (the
-    truncating warpers are refused by the recipe, tests/test_sampler_agreement.py)."""
+    """The recipe's rollout section is what ``model.generate`` samples with: temperature only here
+    (the truncating warpers are replayed: tests/rollout/test_sampling_replay.py)."""
     from transformers import GenerationConfig, LlamaForCausalLM
 
     import grpokit.rollout.hf as hf

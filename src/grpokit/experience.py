@@ -12,8 +12,14 @@
   elsewhere, NaN on unscored steps) and ``step_ends`` ``(N, T)`` bool; ``advantages`` ``(N,)`` or
   ``(N, T)`` float32; ``old_logprobs``/``ref_logprobs`` ``(N, T)`` float32; with a value model
   (PPO) ``old_values``/``returns`` ``(N, T)`` float32 (its estimates at sampling, the GAE targets);
-- set by rollout engines that report them (``vllm``): ``sampler_logprobs`` ``(N, T)`` float32, the
-  sampler's own log-probs of the sampled tokens at the sampling temperature (0 on masked tokens);
+- set by rollout engines that report them (``vllm``; ``hf`` with a truncating sampler):
+  ``sampler_logprobs`` ``(N, T)`` float32, the sampler's own log-probs of the sampled tokens at the
+  sampling temperature, over the set it drew from (0 on masked tokens);
+- set by a truncating sampler (``rollout.top_k``/``top_p``/``min_p`` on the ``hf`` engine):
+  ``sampler_support`` ``(N, T, W)``, the set of tokens each token was drawn from
+  (:mod:`grpokit.algo.support`: kept ids or a bitmask; empty = not truncated). Every log-prob and
+  entropy of the batch (π_old, π_θ, π_ref) is renormalized over it (sampling replay,
+  docs/design.md, "Temperature");
 - set by multi-turn rollouts (:mod:`grpokit.rollout.multiturn`): ``attention_mask`` ``(N, T)`` bool,
   every completion token the model attends to: its own tokens (``completion_mask``) and the
   environment's (tool results, feedback), which are context but never trained on. None: the
@@ -23,7 +29,8 @@
   ``tool_calls``, ``env_tokens``, ...), ``{name: (N,) long}``.
 
 Slicing (:meth:`Experience.rows`) cuts the columns that are padding in every selected row, per-token
-fields along with the ids, so a micro-batch carries exactly the width it needs. Imports only torch.
+fields along with the ids, so a micro-batch carries exactly the width it needs. Imports only torch
+(and :mod:`grpokit.algo.support`, torch alone).
 """
 
 from __future__ import annotations
@@ -33,6 +40,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
+
+from grpokit.algo import support as _support
 
 #: per-token fields (N, T) besides the ids: sliced and padded along with ``completion_ids``
 TOKEN_FIELDS = (
@@ -45,6 +54,8 @@ TOKEN_FIELDS = (
     "sampler_logprobs",
     "attention_mask",
 )
+#: per-token fields (N, T, ·): sliced along with the ids like :data:`TOKEN_FIELDS`
+TOKEN_ROW_FIELDS = ("sampler_support",)
 
 
 @dataclass
@@ -68,6 +79,7 @@ class Experience:
     old_values: torch.Tensor | None = None
     returns: torch.Tensor | None = None
     sampler_logprobs: torch.Tensor | None = None
+    sampler_support: torch.Tensor | None = None
     attention_mask: torch.Tensor | None = None
     env_counts: dict[str, torch.Tensor] | None = None
     gen_s: float = 0.0
@@ -84,6 +96,7 @@ class Experience:
             "rewards",
             "advantages",
             *TOKEN_FIELDS,
+            *TOKEN_ROW_FIELDS,
         ):
             v = getattr(self, name)
             if v is not None and v.shape[0] != n:
@@ -92,6 +105,8 @@ class Experience:
             v = getattr(self, name)
             if v is not None and tuple(v.shape) != (n, t):
                 raise ValueError(f"Experience.{name}: shape {tuple(v.shape)}, expected (N, T) = {(n, t)}")
+        if self.sampler_support is not None:
+            _support.check(self.sampler_support, n, t)
         for name, v in (self.env_counts or {}).items():
             if tuple(v.shape) != (n,):
                 raise ValueError(f"Experience.env_counts[{name!r}]: shape {tuple(v.shape)}, expected ({n},)")
@@ -188,7 +203,7 @@ class Experience:
             advantages=None if adv is None else (adv[idx] if adv.dim() == 1 else tok(adv)),
             env_counts=None if self.env_counts is None else {k: v[idx] for k, v in self.env_counts.items()},
             gen_s=self.gen_s,
-            **{name: tok(getattr(self, name)) for name in TOKEN_FIELDS},
+            **{name: tok(getattr(self, name)) for name in (*TOKEN_FIELDS, *TOKEN_ROW_FIELDS)},
         )
 
     def _whole_groups(self, index: torch.Tensor) -> int:
@@ -299,11 +314,26 @@ class Experience:
             old_logprobs=cat("old_logprobs", t),
             ref_logprobs=cat("ref_logprobs", t),
             sampler_logprobs=cat("sampler_logprobs", t),
+            sampler_support=_concat_supports([e.sampler_support for e in parts], t),
             env_counts=_concat_counts([e.env_counts for e in parts], [len(e) for e in parts]),
             attention_mask=None
             if all(e.attention_mask is None for e in parts)
             else torch.cat([pad(e.completion_attention, t, False, False) for e in parts]),
         )
+
+
+def _concat_supports(parts: list[torch.Tensor | None], t: int) -> torch.Tensor | None:
+    """The parts' ``sampler_support`` in one form (:func:`grpokit.algo.support.unify`), each padded to
+    ``t`` positions (empty: not truncated), joined; None if no part has one.
+
+    Raises:
+        ValueError: some parts have one and others not (a batch half replayed would mix distributions).
+    """
+    if all(p is None for p in parts):
+        return None
+    if any(p is None for p in parts):
+        raise ValueError("Experience.concat: sampler_support set in some parts only")
+    return torch.cat([_support.pad_positions(p, t) for p in _support.unify([p for p in parts if p is not None])])
 
 
 def _concat_counts(parts: list[dict[str, torch.Tensor] | None], sizes: list[int]) -> dict[str, torch.Tensor] | None:

@@ -1,16 +1,24 @@
-"""Per-token log-probabilities and entropies from logits, with the sampling temperature applied."""
+"""Per-token log-probabilities and entropies from logits, with the sampling temperature applied
+and, for a truncating sampler, renormalized over the tokens it drew from (:mod:`.support`)."""
 
 from __future__ import annotations
 
 import torch
 
 from ._checks import check_dim
+from .support import contains, to_mask
 
 #: rows of ``(rows, T, V)`` float32 work per chunk; bounds the temporary memory of the log-sum-exp.
 _CHUNK_ROWS = 8
 
 
-def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, *, temperature: float = 1.0) -> torch.Tensor:
+def token_logprobs(
+    logits: torch.Tensor,
+    token_ids: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    support: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Log-probability of each chosen token under ``softmax(logits / temperature)``.
 
     ``logp[n, t] = logits[n, t, id] / τ − logsumexp_v(logits[n, t, v] / τ)``. The temperature is the
@@ -26,12 +34,18 @@ def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, *, temperature
             (already shifted: ``logits[:, t]`` scores ``token_ids[:, t]``).
         token_ids: ``(N, T)`` integer ids.
         temperature: sampling temperature τ > 0.
+        support: ``(N, T, W)`` the tokens a truncating sampler drew each token from
+            (:mod:`grpokit.algo.support`; sampling replay), or None. Given, the softmax is taken
+            over each position's kept set alone (the other logits set to ``-inf``): ``logp =
+            z_id − logsumexp_{v ∈ S} z_v``, whose gradient w.r.t. a logit outside ``S`` is exactly
+            0; an empty position is scored over the full vocabulary. None: nothing changes.
 
     Returns:
         ``(N, T)`` float32 log-probs (differentiable w.r.t. ``logits``).
 
     Raises:
-        ValueError: wrong dimensions, ``(N, T)`` of the two arguments disagree, or τ <= 0.
+        ValueError: wrong dimensions, ``(N, T)`` of the arguments disagree, or τ <= 0; a token
+            outside its position's recorded support (its log-prob would be ``-inf``).
 
     Example:
         >>> logits = torch.tensor([[[2.0, 1.0, 0.0, -1.0]]])
@@ -47,12 +61,38 @@ def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, *, temperature
         )
     if not temperature > 0:
         raise ValueError(f"token_logprobs: temperature must be > 0, got {temperature}")
+    if support is not None:
+        check_support("token_logprobs", support, token_ids)
     out = []
     for start in range(0, logits.shape[0], _CHUNK_ROWS):
         raw = logits[start : start + _CHUNK_ROWS].float()  # (n, T, V)
+        if support is not None:
+            raw = _outside_support(raw, support[start : start + _CHUNK_ROWS])
         ids = token_ids[start : start + _CHUNK_ROWS].unsqueeze(-1)  # (n, T, 1)
         out.append(_ShiftedLogprob.apply(raw, ids, float(temperature)))
     return torch.cat(out, dim=0)
+
+
+def check_support(fn: str, support: torch.Tensor, token_ids: torch.Tensor) -> None:
+    """Raise ``ValueError`` naming ``fn`` unless ``support`` is ``(N, T, W)`` for ``token_ids``
+    ``(N, T)`` and holds every token (a token outside its recorded set would score ``-inf``)."""
+    if support.dim() != 3 or support.shape[:2] != token_ids.shape:
+        raise ValueError(
+            f"{fn}: support (N, T, W) {tuple(support.shape)} and token_ids (N, T) {tuple(token_ids.shape)} disagree"
+        )
+    inside = contains(support, token_ids)
+    if not bool(inside.all()):
+        n, t = (int(i) for i in (~inside).nonzero()[0])
+        raise ValueError(
+            f"{fn}: token {int(token_ids[n, t])} at row {n}, position {t} is outside the support recorded "
+            "for it (the sampler could not have drawn it)"
+        )
+
+
+def _outside_support(raw: torch.Tensor, support: torch.Tensor) -> torch.Tensor:
+    """``raw`` ``(n, T, V)`` with the logits outside each position's kept set at ``-inf`` (a new
+    tensor: the masked entries get no gradient)."""
+    return raw.masked_fill(~to_mask(support, 0, raw.shape[-1]), float("-inf"))
 
 
 def _shifted(raw: torch.Tensor, temperature: float) -> tuple[torch.Tensor, ...]:
@@ -101,7 +141,13 @@ class _ShiftedLogprob(torch.autograd.Function):
         return (out.div_(tau) if tau != 1.0 else out), None, None
 
 
-def token_entropy(logits: torch.Tensor, *, temperature: float = 1.0, differentiable: bool = False) -> torch.Tensor:
+def token_entropy(
+    logits: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    differentiable: bool = False,
+    support: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Entropy (nats) of ``softmax(logits / temperature)`` at every position: for logging, and with
     ``differentiable`` for the loss's entropy bonus (``algo.entropy_coef``).
 
@@ -111,6 +157,8 @@ def token_entropy(logits: torch.Tensor, *, temperature: float = 1.0, differentia
         differentiable: False (default): no gradient, one row at a time. True: differentiable
             w.r.t. ``logits`` (:class:`_ShiftedEntropy`, chunks of rows; the same values): with
             ``z = logits / τ``, ``dH/dz_v = −p_v · (log p_v + H)``, and ``dH/dlogits = dH/dz / τ``.
+        support: ``(N, T, W)`` a truncating sampler's kept sets (:func:`token_logprobs`): the
+            entropy of the distribution renormalized over each set (0 gradient outside it).
 
     Returns:
         ``(N, T)`` float32 entropies ``H = −Σ p·log p`` of ``p = softmax(z)``, ``z = logits / τ``,
@@ -125,15 +173,22 @@ def token_entropy(logits: torch.Tensor, *, temperature: float = 1.0, differentia
         1.386294
     """
     check_dim("token_entropy", "logits", logits, 3)
+    if support is not None and (support.dim() != 3 or support.shape[:2] != logits.shape[:2]):
+        raise ValueError(
+            f"token_entropy: support (N, T, W) {tuple(support.shape)} and logits {tuple(logits.shape)} disagree"
+        )
+
+    def rows(s: int, n: int) -> torch.Tensor:  # (n, T, V) float32, masked to the support if any
+        raw = logits[s : s + n].float()
+        return raw if support is None else _outside_support(raw, support[s : s + n])
+
     if differentiable:
         chunks = range(0, logits.shape[0], _CHUNK_ROWS)
-        return torch.cat(
-            [_ShiftedEntropy.apply(logits[s : s + _CHUNK_ROWS].float(), float(temperature)) for s in chunks]
-        )
+        return torch.cat([_ShiftedEntropy.apply(rows(s, _CHUNK_ROWS), float(temperature)) for s in chunks])
     out = []
     with torch.no_grad():
         for start in range(logits.shape[0]):  # one row at a time: three (T, V) float32 temporaries
-            out.append(_entropy(*_shifted(logits[start : start + 1].float(), temperature)[1:]))
+            out.append(_entropy(*_shifted(rows(start, 1), temperature)[1:]))
     return torch.cat(out, dim=0)
 
 

@@ -91,6 +91,13 @@ def attended(batch: Any) -> torch.Tensor:
     return batch.completion_mask if mask is None else mask
 
 
+def sampler_support(batch: Any) -> torch.Tensor | None:
+    """``(N, T, W)``: the tokens a truncating sampler drew each completion token from
+    (``batch.sampler_support``, :mod:`grpokit.algo.support`), which every log-prob and entropy of
+    ``batch`` is renormalized over (sampling replay), or None (no truncation: the full vocabulary)."""
+    return getattr(batch, "sampler_support", None)
+
+
 def cache_kwarg(fn) -> str:
     """The keyword under which ``fn`` (a model's ``forward`` or ``generate``) takes a KV cache:
     ``cache`` (transformers >= 5.2x) or the older ``past_key_values``."""
@@ -164,11 +171,18 @@ class Backend:
         entropy_grad: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(N, T)`` float32 log-probs of ``batch.completion_ids`` (and the entropy if asked, with
-        gradient when ``entropy_grad``); see :func:`grpokit.models.logprobs.completion_logprobs`.
-        ``share_prompt`` is a hint a backend may ignore (the plain path runs one forward per row)."""
+        gradient when ``entropy_grad``), renormalized over ``batch.sampler_support`` where a
+        truncating sampler recorded one (:func:`sampler_support`); see
+        :func:`grpokit.models.logprobs.completion_logprobs`. ``share_prompt`` is a hint a backend
+        may ignore (the plain path runs one forward per row)."""
         logits = plain_forward(model, model, batch, autocast_bf16)
-        logp = token_logprobs(logits, batch.completion_ids, temperature=temperature)
-        entropy = token_entropy(logits, temperature=temperature, differentiable=entropy_grad) if with_entropy else None
+        support = sampler_support(batch)
+        logp = token_logprobs(logits, batch.completion_ids, temperature=temperature, support=support)
+        entropy = (
+            token_entropy(logits, temperature=temperature, differentiable=entropy_grad, support=support)
+            if with_entropy
+            else None
+        )
         return logp, entropy
 
     def generation(self, model: torch.nn.Module, rows: int, *, packed_weights: bool):

@@ -245,16 +245,38 @@ def _check_more_values(recipe: Recipe) -> None:
         raise RecipeError(f"rollout.top_k: must be >= 0 (0 = off), got {r.top_k}")
     if not 0 <= r.min_p <= 1:
         raise RecipeError(f"rollout.min_p: must be in [0, 1] (0 = off), got {r.min_p}")
-    for key, value, off in (("top_k", r.top_k, 0), ("top_p", r.top_p, 1.0), ("min_p", r.min_p, 0.0)):
-        if value != off:
-            raise RecipeError(
-                f"rollout.{key}={value}: truncated sampling is refused in training. π_old, π_θ and π_ref are "
-                "scored with a full-vocabulary softmax(logits / temperature); a sampler that drops tokens "
-                "(top_k, top_p, min_p) draws from another distribution, so the ratio and the KL would be "
-                f"computed for a policy that did not sample. Leave rollout.{key}={off} (off); "
-                "rollout.temperature is applied to both sides and may be set."
-            )
+    _check_truncated_sampling(r)
     _check_prompt_template("data.prompt_template", recipe.data.prompt_template)
+
+
+def _check_truncated_sampling(r: Any) -> None:
+    """``rollout.top_k``/``top_p``/``min_p`` train through sampling replay (docs/design.md,
+    "Temperature"): the sampler records the set each token was drawn from and π_old, π_θ and π_ref
+    are renormalized over it. Refused where the set cannot be recorded exactly: the ``vllm`` engine
+    and the hf engine's ``multinomial`` sampler."""
+    on = [
+        (k, v, off)
+        for k, v, off in (("top_k", r.top_k, 0), ("top_p", r.top_p, 1.0), ("min_p", r.min_p, 0.0))
+        if v != off
+    ]
+    if not on:
+        return
+    key, value, off = on[0]
+    if r.engine == "vllm":
+        raise RecipeError(
+            f"rollout.{key}={value} with rollout.engine=vllm: truncated sampling trains by replaying the set "
+            "each token was drawn from, and vLLM does not report that set (its logprobs give at most "
+            "max_logprobs top tokens, of logits that differ from the trainer's in floating point, so a set "
+            "rebuilt from them can differ at its boundary). Use rollout.engine=hf, or leave "
+            f"rollout.{key}={off} (off)"
+        )
+    if r.sampler == "multinomial":
+        raise RecipeError(
+            f"rollout.{key}={value} with rollout.sampler=multinomial: truncated sampling trains by replaying "
+            "the set each token was drawn from, which only the inverse_cdf sampler records (generate applies "
+            f"its own warpers after every processor it is given). Use rollout.sampler=inverse_cdf, or leave "
+            f"rollout.{key}={off} (off)"
+        )
 
 
 def _check_prompt_template(key: str, tpl: str) -> None:

@@ -276,11 +276,15 @@ class RolloutConfig:
     temperature: float = _f(1.0, "sampling temperature; also divides logits in every log-prob")
     top_p: float = _f(
         1.0,
-        "nucleus sampling threshold; only 1 (off) is accepted: the loss scores full-vocabulary "
-        "log-probs, so a truncated sampler would draw from another π than the one trained",
+        "nucleus sampling: draw from the fewest most likely tokens holding this mass (1 = off). "
+        "Trained by sampling replay: the sampler records the set each token was drawn from and π_old, "
+        "π_θ and π_ref are renormalized over that same set; hf engine with sampler inverse_cdf only",
     )
-    top_k: int = _f(0, "top-k sampling; only 0 (off) is accepted (see rollout.top_p)")
-    min_p: float = _f(0.0, "min-p sampling; only 0 (off) is accepted (see rollout.top_p)")
+    top_k: int = _f(0, "top-k sampling: draw from the k most likely tokens (0 = off); replayed as rollout.top_p")
+    min_p: float = _f(
+        0.0,
+        "min-p sampling: drop tokens below min_p × the top token's probability (0 = off); replayed as rollout.top_p",
+    )
     chunk_size: int | None = _f(None, "generate at most this many rows per generate() call")
     vllm: dict | None = _f(
         None,

@@ -92,9 +92,13 @@ TRL_NAMES: dict[str, TrlName] = {
         "it is never split into several optimizer steps",
     ),
     "temperature": TrlName("rollout.temperature", "also divides the logits in every log-prob (policy, old, reference)"),
-    "top_p": TrlName("rollout.top_p", "only 1 (off): the loss scores full-vocabulary log-probs"),
-    "top_k": TrlName("rollout.top_k", "only 0 (off), as rollout.top_p"),
-    "min_p": TrlName("rollout.min_p", "only 0 (off; TRL's None), as rollout.top_p", values={"none": "0", "0": "0"}),
+    "top_p": TrlName(
+        "rollout.top_p",
+        "π_old, π_θ and π_ref are renormalized over the tokens each one was drawn from (sampling replay); "
+        "hf engine only",
+    ),
+    "top_k": TrlName("rollout.top_k", "0 = off; replayed as rollout.top_p"),
+    "min_p": TrlName("rollout.min_p", "0 = off (TRL's None); replayed as rollout.top_p"),
     "repetition_penalty": TrlName(None, "not offered: the sampler draws from π itself, the distribution trained"),
     "generation_kwargs": TrlName(None, "not offered (rollout.vllm passes vllm.LLM arguments)"),
     "shuffle_dataset": TrlName(

@@ -45,14 +45,16 @@ def completion_logprobs(
     """Per-token log-probs of ``batch.completion_ids`` given the prompts, under ``model``.
 
     ``batch``: an :class:`~grpokit.experience.Experience` (or a micro-batch of one, ``exp.rows``);
-    only its ids and masks are read. Rows of a group are contiguous.
+    only its ids, masks and ``sampler_support`` are read. Rows of a group are contiguous.
 
     The input is ``[prompt ; completion]`` with ``attention_mask = [prompt_mask ; completion_attention]``
     and position ids counted over unmasked tokens (as ``generate`` counts them with left padding).
-    Logits are divided by ``temperature`` and normalized over the **full vocabulary**: this is the
-    distribution the sampler drew from when it sampled with that temperature and no truncating
-    warper (``top_k``/``top_p``/``min_p`` off, which training recipes enforce; a truncated
-    sampler's log-probs differ, tests/test_sampler_agreement.py).
+    Logits are divided by ``temperature`` and normalized over the **full vocabulary**: the
+    distribution the sampler drew from with that temperature and no truncating warper. With
+    ``top_k``/``top_p``/``min_p`` the batch carries ``sampler_support``, the set each token was
+    drawn from, and the softmax is taken over that set alone (sampling replay, docs/design.md,
+    "Temperature"; tests/test_sampler_agreement.py): the same for the policy, π_old and π_ref,
+    which all score their batches through here.
 
     Runs through ``model``'s backend (:func:`grpokit.backends.get_backend`): ``plain`` (none
     installed) computes the logits at the completion positions only and
@@ -71,9 +73,9 @@ def completion_logprobs(
 
     Returns:
         ``logp`` ``(N, T)`` float32 and, if ``with_entropy`` or ``entropy_grad``, the entropy
-        ``(N, T)`` (nats of ``softmax(logits / temperature)``): without gradient, or with one when
-        ``entropy_grad`` (the loss's entropy bonus, ``algo.entropy_coef``; only then does its
-        backward cost anything).
+        ``(N, T)`` (nats of ``softmax(logits / temperature)``, over the support when replayed):
+        without gradient, or with one when ``entropy_grad`` (the loss's entropy bonus,
+        ``algo.entropy_coef``; only then does its backward cost anything).
     """
     return get_backend(model).logprobs(
         model,
@@ -189,7 +191,8 @@ class LogprobScorer:
     Attributes:
         model: the policy π_θ; ref_model: π_ref, or None (β = 0, or LoRA: the policy with its
             adapters disabled, :func:`reference_logprobs`).
-        temperature: ``rollout.temperature`` (logits divided by it, as the sampler did).
+        temperature: ``rollout.temperature`` (logits divided by it, as the sampler did; a batch's
+            ``sampler_support`` is replayed too: :func:`completion_logprobs`).
         micro_batch_size: ``train.micro_batch_size`` (rows per forward).
         autocast_bf16: ``model.autocast_bf16``.
         share_prompt: let the backend run each distinct prompt once (default on; the benchmark's

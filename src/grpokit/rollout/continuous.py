@@ -27,6 +27,10 @@ for an environment with ``parallel_steps``), before the next decode step, so the
 wait for the slowest answer of that step, not for other rows' turns; and a row's tokens depend on
 its seed and transcript alone (up to float rounding of the batch's shapes), as in lockstep.
 
+Sampling replay (a truncating warper on, :func:`grpokit.rollout.hf.records_support`): each drawn
+token also keeps the set it was drawn from and the sampler's log-prob of it
+(:func:`grpokit.rollout.sampling.drawn_from`), kept with the turn's tokens in the transcript.
+
 Applies to models whose KV cache is a plain growing one (``DynamicCache`` with full-attention
 layers only), with the inverse-CDF sampler or greedy decoding and no repetition penalty;
 :func:`applies` says so, and ``generate_multiturn`` runs lockstep elsewhere.
@@ -76,7 +80,9 @@ def applies(model: Any, params: SamplingParams) -> bool:
 @dataclass
 class _Row:
     """One row of the loop: ``r`` its index in the rollout, ``pending`` the tokens it feeds next,
-    ``turn`` the tokens of its current turn, ``limit`` that turn's token limit, ``u`` its uniforms."""
+    ``turn`` the tokens of its current turn, ``limit`` that turn's token limit, ``u`` its uniforms;
+    with sampling replay ``supports`` / ``logprobs``: each token's kept set and the sampler's
+    log-prob of it."""
 
     r: int
     pending: list[int]
@@ -84,6 +90,8 @@ class _Row:
     tokens: list[int] = field(default_factory=list)
     limit: int = 0
     u: torch.Tensor | None = None
+    supports: list[torch.Tensor] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
 
 
 def continuous_rows(
@@ -137,6 +145,9 @@ def continuous_rows(
     for row in rows:
         _start_turn(row, transcripts[row.r], keys[row.r], params, budget, seed)
     warpers = _warpers(params)
+    from grpokit.rollout.hf import records_support
+
+    record = records_support(params)  # _draw keeps each token's set and log-prob on its row
     steps = 0
     while rows:
         feed = [row.pending[:FEED_PER_STEP] for row in rows]
@@ -170,7 +181,17 @@ def continuous_rows(
                 continue
             ended.add(i)
             t = transcripts[row.r]
-            ask = keep_turn(tokenizer, t, row.tokens, eos, stops, row.limit, budget)
+            ask = keep_turn(
+                tokenizer,
+                t,
+                row.tokens,
+                eos,
+                stops,
+                row.limit,
+                budget,
+                logprobs=row.logprobs if record else None,
+                supports=row.supports if record else None,
+            )
             if len(t.ids) != len(t.model) or (ask is None and not t.done):  # pragma: no cover - invariant
                 raise RuntimeError("continuous_rows: the kept turn differs from the decoded one")
             if ask is not None:
@@ -221,6 +242,7 @@ def _prompt_cache(model: Any, ids: torch.Tensor, mask: torch.Tensor, prefill: An
 def _start_turn(row: _Row, t: Any, key: tuple[int, int], params: SamplingParams, budget: int, seed: int | None) -> None:
     """Begin ``row``'s turn ``row.turn``: its token limit and (seeded sampling) its uniform numbers."""
     row.tokens, row.limit = [], min(params.max_new_tokens, budget - len(t.ids))
+    row.supports, row.logprobs = [], []
     row.u = None
     if seed is not None and params.temperature > 0:
         from grpokit.rollout.sampling import row_uniforms
@@ -241,17 +263,27 @@ def _warpers(params: SamplingParams) -> list[Any]:
 
 def _draw(scores: torch.Tensor, rows: list[_Row], warpers: list[Any], params: SamplingParams) -> list[int]:
     """The next token of each row from its ``(n, V)`` float32 logits: argmax (greedy), else the
-    inverse CDF at the row's uniform number for its turn's next token (torch's RNG without a seed)."""
+    inverse CDF at the row's uniform number for its turn's next token (torch's RNG without a seed).
+    Sampling replay (:func:`grpokit.rollout.hf.records_support`): each row's ``supports`` and
+    ``logprobs`` get the set the token was drawn from (``(W,)``, :mod:`grpokit.algo.support`) and
+    the sampler's log-prob of it."""
     if params.temperature == 0:
         return scores.argmax(-1).tolist()
-    from grpokit.rollout.sampling import sample_inverse_cdf
+    from grpokit.rollout.hf import records_support
+    from grpokit.rollout.sampling import drawn_from, sample_inverse_cdf
 
     for warp in warpers:
         scores = warp(None, scores)
     u = None
     if rows[0].u is not None:
         u = torch.stack([row.u[len(row.tokens)] for row in rows if row.u is not None])
-    return sample_inverse_cdf(scores, u=u).tolist()
+    tokens = sample_inverse_cdf(scores, u=u)
+    if records_support(params):
+        supports, logprobs = drawn_from(scores, tokens)
+        for row, support, logp in zip(rows, supports.unbind(0), logprobs.tolist()):
+            row.supports.append(support)
+            row.logprobs.append(logp)
+    return tokens.tolist()
 
 
 def _turn_ended(tokenizer: Any, row: _Row, eos: set[int], stops: Sequence[str]) -> bool:

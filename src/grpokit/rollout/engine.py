@@ -57,6 +57,17 @@ class SamplingParams:
     def __post_init__(self) -> None:
         self.validate()
 
+    @property
+    def truncates(self) -> bool:
+        """True when the sampler draws from a truncated set (``top_k``, ``top_p`` or ``min_p`` on,
+        temperature > 0): the hf engine then records each token's set (``Experience.sampler_support``)
+        and the trainer scores every policy renormalized over it (sampling replay).
+
+        >>> SamplingParams(top_p=0.9).truncates, SamplingParams(temperature=0.0, top_k=5).truncates
+        (True, False)
+        """
+        return self.temperature > 0 and (self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0)
+
     @classmethod
     def from_config(cls, r: RolloutConfig) -> SamplingParams:
         """From the recipe's ``rollout`` section ``r`` (``temperature``, ``top_p``, ``top_k``,

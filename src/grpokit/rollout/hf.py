@@ -38,6 +38,14 @@ packed weights are the model's backend's (:func:`grpokit.backends.get_backend`):
   ``torch.multinomial`` (one exponential number per vocabulary entry: ~33 ms of a ~130 ms decode
   step for 32 rows × 49k entries). Same distribution, different draws for a seed.
 
+Sampling replay: with a truncating warper (``top_k``/``top_p``/``min_p``, :attr:`SamplingParams.truncates`)
+and the inverse-CDF sampler, the experience also carries ``sampler_support`` ``(N, T, W)``, the set
+each token was drawn from as the sampler had it (:mod:`grpokit.algo.support`; empty after the first
+EOS), and ``sampler_logprobs`` ``(N, T)``, the sampler's log-prob of each token over that set (0
+after the first EOS). The trainer renormalizes π_old, π_θ and π_ref over the same sets
+(docs/design.md, "Temperature"). ``sampler="multinomial"`` records nothing (``generate`` applies its
+own warpers after every processor passed in, so the set is not seen; training refuses the pair).
+
 Seeding: with ``seed`` and the inverse-CDF sampler, row ``(b, g)`` draws its ``max_new_tokens``
 uniform numbers from a generator seeded :func:`grpokit.rollout.engine.request_seed` ``(seed,
 first_prompt + b, g)`` (a table made once per call, :func:`grpokit.rollout.sampling.request_uniforms`),
@@ -59,6 +67,7 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -143,9 +152,10 @@ def build_generation_config(
 
 def sampling_processors(params: SamplingParams, uniforms: torch.Tensor | None = None) -> list[Any]:
     """The ``logits_processor`` list one ``generate`` call needs for ``params`` with the config of
-    :func:`build_generation_config`: ``[InverseCDFSampler]`` when it samples by inverse CDF, else
-    empty (``generate`` samples or decodes greedily by itself). ``uniforms``: the call's rows of
-    the uniform-number table (``(n, max_new_tokens)``), or None for torch's global RNG."""
+    :func:`build_generation_config`: ``[InverseCDFSampler]`` when it samples by inverse CDF (recording
+    its kept sets when ``params`` truncates: :func:`records_support`), else empty (``generate``
+    samples or decodes greedily by itself). ``uniforms``: the call's rows of the uniform-number
+    table (``(n, max_new_tokens)``), or None for torch's global RNG."""
     if _inverse_cdf(params):
         from grpokit.rollout.sampling import InverseCDFSampler
 
@@ -156,6 +166,7 @@ def sampling_processors(params: SamplingParams, uniforms: torch.Tensor | None = 
                 top_p=params.top_p,
                 min_p=params.min_p,
                 uniforms=uniforms,
+                record=records_support(params),
             )
         ]
     return []
@@ -163,6 +174,24 @@ def sampling_processors(params: SamplingParams, uniforms: torch.Tensor | None = 
 
 def _inverse_cdf(params: SamplingParams) -> bool:
     return params.temperature > 0 and params.sampler == "inverse_cdf"
+
+
+def records_support(params: SamplingParams) -> bool:
+    """Whether sampling with ``params`` records ``sampler_support`` and ``sampler_logprobs``
+    (sampling replay): a truncating warper on (:attr:`SamplingParams.truncates`) and the
+    inverse-CDF sampler, the one that sees the warped scores."""
+    return params.truncates and _inverse_cdf(params)
+
+
+@dataclass
+class Generated:
+    """One ``generate`` call's new tokens ``(n, T_c)`` and, when it recorded them (sampling
+    replay), each token's kept set ``(n, T_c, W)`` and the sampler's log-prob of it ``(n, T_c)``
+    (for every decode step, finished rows included: the caller clears what follows an end)."""
+
+    tokens: torch.Tensor
+    support: torch.Tensor | None = None
+    logprobs: torch.Tensor | None = None
 
 
 def generate_rollouts(
@@ -215,7 +244,9 @@ def generate_rollouts(
 
     Returns:
         :class:`~grpokit.experience.Experience` with ``N = B·G`` rows grouped by prompt
-        (``group_index``), ``T <= max_new_tokens``, ``truncated``, ``completions`` and ``gen_s`` set.
+        (``group_index``), ``T <= max_new_tokens``, ``truncated``, ``completions`` and ``gen_s`` set;
+        with a truncating warper and the inverse-CDF sampler also ``sampler_support`` and
+        ``sampler_logprobs`` (module docstring, "Sampling replay").
 
     Raises:
         ValueError: ``group_size < 1``; ``prompts`` empty, not a list of strings, or containing an
@@ -289,17 +320,18 @@ def _generate_chunks(
     packed_weights: bool,
     stopping: Callable[[int], Any] | None = None,
     prefix: int | None = None,
-) -> list[torch.Tensor]:
-    """The new tokens of ``generate`` over consecutive chunks of ``rows`` rows: ``(n, T_chunk)`` each,
-    under the model's backend (its prefill and generation context), a fresh sampler per chunk
-    holding the chunk's rows of ``uniforms``. ``stopping``: ``(prompt width) -> StoppingCriteria``
-    ending a row early (a multi-turn rollout's stop strings), or None. ``prefix``: the leading
-    columns the backend's prefill may share between rows (``Backend.prefill``)."""
+) -> list[Generated]:
+    """``generate`` over consecutive chunks of ``rows`` rows: each chunk's new tokens ``(n, T_chunk)``
+    (and, sampling with a truncating warper, what its sampler recorded: :class:`Generated`), under
+    the model's backend (its prefill and generation context), a fresh sampler per chunk holding the
+    chunk's rows of ``uniforms``. ``stopping``: ``(prompt width) -> StoppingCriteria`` ending a row
+    early (a multi-turn rollout's stop strings), or None. ``prefix``: the leading columns the
+    backend's prefill may share between rows (``Backend.prefill``)."""
     from transformers import LogitsProcessorList, StoppingCriteriaList
 
     N, P = prompt_ids.shape
     backend = get_backend(model)  # the sampler copy runs under the policy's backend
-    chunks: list[torch.Tensor] = []
+    chunks: list[Generated] = []
     with torch.inference_mode(), _seeded(seed, model_device(model)):
         sampler = model if sampler_dtype is None else _sampler_copy(model, sampler_dtype)
         with backend.generation(sampler, rows, packed_weights=packed_weights):
@@ -331,7 +363,12 @@ def _generate_chunks(
                     **extra,
                     **extra_gen,
                 )
-                chunks.append(out[:, P:])  # (n, T_chunk): generate returns prompt + new tokens
+                new = out[:, P:]  # (n, T_chunk): generate returns prompt + new tokens
+                if processors and processors[0].record:
+                    support, logprobs = processors[0].recorded()  # one call per new token
+                    chunks.append(Generated(new, support, logprobs))
+                else:
+                    chunks.append(Generated(new))
     return chunks
 
 
@@ -340,7 +377,7 @@ def _experience(
     prompt_mask: torch.Tensor,
     group_index: torch.Tensor,
     group_size: int,
-    chunks: list[torch.Tensor],
+    chunks: list[Generated],
     *,
     eos: list[int],
     pad_id: int,
@@ -348,17 +385,19 @@ def _experience(
     gen_s: float,
 ) -> Experience:
     """The chunks' tokens right-padded to one ``(N, T)`` with ``pad_id``, masked up to and including
-    the first EOS, decoded; an :class:`Experience` of the prompts and these completions."""
+    the first EOS, decoded; an :class:`Experience` of the prompts and these completions (with the
+    chunks' recorded supports and log-probs, emptied / 0 past the first EOS, when they have them)."""
     # A chunk shorter than the longest stopped early because all its rows hit EOS, so padding
     # it on the right never hides a truncation.
     N, device = prompt_ids.shape[0], prompt_ids.device
-    T = max(c.shape[1] for c in chunks)
+    T = max(c.tokens.shape[1] for c in chunks)
     completion_ids = torch.full((N, T), pad_id, dtype=torch.long, device=device)  # (N, T)
     start = 0
     for c in chunks:
-        completion_ids[start : start + c.shape[0], : c.shape[1]] = c
-        start += c.shape[0]
+        completion_ids[start : start + c.tokens.shape[0], : c.tokens.shape[1]] = c.tokens
+        start += c.tokens.shape[0]
     completion_mask = mask_completions(completion_ids, eos)  # (N, T)
+    sampler_support, sampler_logprobs = _replay_fields(chunks, T, completion_mask)
     truncated = ~completion_terminated(completion_ids, eos)  # (N,)
     n_text = completion_mask.sum(1) - (~truncated).long()  # tokens before the first EOS
     completions = tokenizer.batch_decode(
@@ -375,7 +414,27 @@ def _experience(
         truncated=truncated,
         completions=completions,
         gen_s=gen_s,
+        sampler_support=sampler_support,
+        sampler_logprobs=sampler_logprobs,
     )
+
+
+def _replay_fields(
+    chunks: list[Generated], t: int, completion_mask: torch.Tensor
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``(sampler_support, sampler_logprobs)`` of the chunks joined over rows, padded to ``t``
+    positions, empty / 0 where ``completion_mask`` is False (finished rows' steps and padding), or
+    ``(None, None)`` when the chunks recorded nothing."""
+    from grpokit.algo import support as sup
+
+    if chunks[0].support is None:
+        return None, None
+    supports = sup.unify([c.support for c in chunks if c.support is not None])
+    support = torch.cat([sup.pad_positions(s, t) for s in supports])  # (N, T, W)
+    logp = torch.cat(
+        [torch.nn.functional.pad(c.logprobs, (0, t - c.logprobs.shape[1])) for c in chunks if c.logprobs is not None]
+    )  # (N, T)
+    return sup.cleared(support, ~completion_mask), logp.masked_fill(~completion_mask, 0.0)
 
 
 def left_padded_prompts(tokenizer: Any, prompts: Sequence[str], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,6 +20,10 @@ below, one batched ``generate`` per turn. For each of the ``N = B·G`` rows (gro
    tokens added) and appended, unless the episode is done, ``max_turns`` are used, or it would not fit the
    budget with one more model token. A turn cut by a token limit ends the row (``truncated``).
 
+Sampling replay (a truncating warper, :func:`grpokit.rollout.hf.records_support`): each model token
+keeps the set it was drawn from and the sampler's log-prob of it, in both loops; the experience
+carries them as ``sampler_support`` (empty on the environment's tokens) and ``sampler_logprobs``.
+
 Seeding (inverse-CDF sampler): turn ``k`` of row ``(b, g)`` draws from
 ``request_seed(turn_seed(seed, k), first_prompt + b, g)`` (:func:`turn_seed`; turn 0 uses ``seed``
 itself, so a row that calls no tool samples what the single-turn engine samples), so a row's tokens
@@ -253,10 +257,27 @@ def _lockstep(run: _Rollout, *, static_cache: bool) -> None:
             stopping=stopping,
             prefix=prefix,
         )
-        new_rows = [row for c in chunks for row in c.tolist()]
+        new_rows = [row for c in chunks for row in c.tokens.tolist()]
+        # sampling replay: each new token's kept set and the sampler's log-prob of it, per row
+        supports = [
+            None if c.support is None else c.support[i].unbind(0) for c in chunks for i in range(c.tokens.shape[0])
+        ]
+        logprobs = [
+            None if c.logprobs is None else c.logprobs[i].tolist() for c in chunks for i in range(len(c.tokens))
+        ]
         asks = []  # (row, the turn's text, how it ended): the turns an episode answers
-        for r, new in zip(active, new_rows):
-            ask = keep_turn(run.tokenizer, run.rows_t[r], new, eos_set, run.stops, limits[r], run.budget)
+        for r, new, sets, logps in zip(active, new_rows, supports, logprobs):
+            ask = keep_turn(
+                run.tokenizer,
+                run.rows_t[r],
+                new,
+                eos_set,
+                run.stops,
+                limits[r],
+                run.budget,
+                logprobs=logps,
+                supports=sets,
+            )
             if ask is not None:
                 asks.append((r, *ask))
         answers = ask_episodes(run.episodes, asks, parallel=run.parallel)

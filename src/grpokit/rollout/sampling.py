@@ -15,6 +15,12 @@ one token per row, and returns scores that are 0 at the drawn token and ``-inf``
 greedy ``argmax`` picks the drawn token. Everything else in ``generate`` (EOS handling, padding of
 finished rows, caches, stopping) is unchanged.
 
+Sampling replay (``record=True``, which the hf engine sets when a truncating warper is on): each
+call also keeps, per row, the set of tokens the warpers left finite (the set the token is drawn
+from: :func:`grpokit.algo.support.from_mask`) and the drawn token's log-prob under the warped
+scores renormalized over it (``log_softmax`` of the warped scores); :meth:`InverseCDFSampler.recorded`
+returns both per decode step, for ``Experience.sampler_support`` / ``sampler_logprobs``.
+
 Where the uniform numbers come from: given a table ``uniforms`` ``(N, max_new_tokens)``, the
 sampler's k-th call (``generate``'s k-th decode step, every row of the call at once, finished rows
 included) uses column k, so each row draws from its own stream.
@@ -31,6 +37,7 @@ from typing import Any
 import torch
 from transformers import LogitsProcessor
 
+from grpokit.algo import support as _support
 from grpokit.rollout.engine import request_seed
 
 
@@ -145,6 +152,7 @@ class InverseCDFSampler(LogitsProcessor):
         uniforms: optional ``(N, max_new_tokens)`` float64 table of uniform numbers, one row per
             row of the ``generate`` call: the k-th call of the sampler (decode step k) draws with
             column k. None = torch's global RNG. One sampler per ``generate`` call (it counts calls).
+        record: keep each call's kept sets and drawn tokens' log-probs (:meth:`recorded`).
 
     Raises:
         ValueError: ``temperature <= 0``; ``uniforms`` not 2-D. When called: the call's row count
@@ -159,6 +167,7 @@ class InverseCDFSampler(LogitsProcessor):
         top_p: float = 1.0,
         min_p: float = 0.0,
         uniforms: torch.Tensor | None = None,
+        record: bool = False,
     ):
         from transformers.generation.logits_process import (
             MinPLogitsWarper,
@@ -184,11 +193,20 @@ class InverseCDFSampler(LogitsProcessor):
             )
         self.uniforms = uniforms
         self.calls = 0  # decode steps drawn so far: the column of `uniforms` the next call uses
+        self.record = record
+        self._supports: list[torch.Tensor] = []  # per call: (N, W) the rows' kept sets
+        self._logprobs: list[torch.Tensor] = []  # per call: (N,) the drawn tokens' log-probs
+
+    def warp(self, scores: torch.Tensor) -> torch.Tensor:
+        """``(N, V)`` logits -> the warped scores the token is drawn from (``-inf`` outside the
+        kept set): temperature, then top-k, top-p, min-p, each on the previous one's output."""
+        for warp in self.warpers:
+            scores = warp(None, scores)
+        return scores
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         """``(N, V)`` scores -> ``(N, V)``: 0 at the drawn token, ``-inf`` elsewhere."""
-        for warp in self.warpers:
-            scores = warp(input_ids, scores)
+        scores = self.warp(scores)
         u = None
         if self.uniforms is not None:
             rows, steps = self.uniforms.shape
@@ -205,5 +223,29 @@ class InverseCDFSampler(LogitsProcessor):
             u = self.uniforms[:, self.calls]
         self.calls += 1
         tokens = sample_inverse_cdf(scores, u=u)
+        if self.record:
+            support, logp = drawn_from(scores, tokens)
+            self._supports.append(support)
+            self._logprobs.append(logp)
         out = torch.full_like(scores, float("-inf"))
         return out.scatter_(1, tokens.unsqueeze(1), 0.0)
+
+    def recorded(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """What a ``record=True`` sampler kept over its calls: ``(support, logprobs)``, ``(N, C, W)``
+        (:mod:`grpokit.algo.support`) and ``(N, C)`` float32 for ``C`` calls (decode steps).
+
+        Raises:
+            ValueError: the sampler does not record, or was never called.
+        """
+        if not self.record or not self._supports:
+            raise ValueError("InverseCDFSampler.recorded: nothing recorded (record=False, or no call yet)")
+        return torch.stack(_support.unify(self._supports), 1), torch.stack(self._logprobs, 1)
+
+
+def drawn_from(scores: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(support, logprobs)`` of tokens drawn from warped ``scores`` ``(N, V)`` (``-inf`` outside
+    the kept set): each row's kept set (:func:`grpokit.algo.support.from_mask`, ``(N, W)``) and
+    ``log_softmax(scores)`` at ``tokens`` ``(N,)``, float32 (the sampler's own log-prob of its draw,
+    over the set it drew from)."""
+    logp = torch.log_softmax(scores.float(), dim=-1).gather(1, tokens.unsqueeze(1)).squeeze(1)
+    return _support.from_mask(torch.isfinite(scores)), logp

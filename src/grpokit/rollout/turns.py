@@ -50,7 +50,9 @@ def turn_seed(seed: int, turn: int) -> int:
 class RowTranscript:
     """One row's turns: ``ids`` the transcript's token ids, ``model`` True on the model's tokens,
     ``logprobs`` the sampler's log-prob of each model token where the engine reports them (0.0 on
-    the environment's tokens and where it does not)."""
+    the environment's tokens and where it does not), ``supports`` the set each model token was
+    drawn from where a truncating sampler recorded it (sampling replay: a ``(W,)`` tensor of
+    :mod:`grpokit.algo.support`; None on the environment's tokens and where it did not)."""
 
     ids: list[int] = field(default_factory=list)
     model: list[bool] = field(default_factory=list)
@@ -58,13 +60,23 @@ class RowTranscript:
     truncated: bool = False
     counts: dict[str, int] = field(default_factory=dict)
     logprobs: list[float] = field(default_factory=list)
+    supports: list[torch.Tensor | None] = field(default_factory=list)
 
-    def add(self, ids: Sequence[int], by_model: bool, logprobs: Sequence[float] | None = None) -> None:
+    def add(
+        self,
+        ids: Sequence[int],
+        by_model: bool,
+        logprobs: Sequence[float] | None = None,
+        supports: Sequence[torch.Tensor] | None = None,
+    ) -> None:
         if logprobs is not None and len(logprobs) != len(ids):
             raise ValueError(f"RowTranscript.add: {len(ids)} tokens but {len(logprobs)} log-probs")
+        if supports is not None and len(supports) != len(ids):
+            raise ValueError(f"RowTranscript.add: {len(ids)} tokens but {len(supports)} supports")
         self.ids.extend(int(i) for i in ids)
         self.model.extend([by_model] * len(ids))
         self.logprobs.extend([0.0] * len(ids) if logprobs is None else [float(x) for x in logprobs])
+        self.supports.extend([None] * len(ids) if supports is None else list(supports))
 
     def count(self, counts: Mapping[str, int]) -> None:
         for k, v in counts.items():
@@ -95,13 +107,19 @@ def keep_turn(
     limit: int,
     budget: int,
     logprobs: Sequence[float] | None = None,
+    supports: Sequence[torch.Tensor] | None = None,
 ) -> tuple[str, str] | None:
-    """Keep the turn's tokens in ``t`` (and the sampler's ``logprobs`` of them, one per token of
-    ``new``, where given); ``(its text, "eos" | "stop")`` for the episode to answer, or None when a
-    token limit ended the row."""
+    """Keep the turn's tokens in ``t`` (and the sampler's ``logprobs`` of them and the ``supports``
+    they were drawn from, one per token of ``new``, where given); ``(its text, "eos" | "stop")`` for
+    the episode to answer, or None when a token limit ended the row."""
     kept, how = cut_turn(tokenizer, new, eos, stops, limit)
     start = len(t.ids)
-    t.add(new[:kept], True, None if logprobs is None else list(logprobs)[:kept])
+    t.add(
+        new[:kept],
+        True,
+        None if logprobs is None else list(logprobs)[:kept],
+        None if supports is None else list(supports)[:kept],
+    )
     t.count({"turns": 1})
     if how == "limit":  # the turn's token limit or the row's budget
         t.done, t.truncated = True, True
@@ -170,7 +188,9 @@ def transcripts_experience(
     ``r`` has prompt ``r // group_size``); ``completions`` the transcripts decoded without special
     tokens; ``env_counts`` the per-row counts (:data:`ENV_COUNTS` and the episodes' own) as
     ``{name: (N,) long}``; with ``with_logprobs``, ``sampler_logprobs`` ``(N, T)`` float32 from
-    :attr:`RowTranscript.logprobs` (0 off the model's tokens)."""
+    :attr:`RowTranscript.logprobs` (0 off the model's tokens). Where the transcripts carry
+    :attr:`RowTranscript.supports` (sampling replay), ``sampler_support`` ``(N, T, W)`` too (empty
+    on the environment's tokens and the padding) and ``sampler_logprobs`` whatever ``with_logprobs``."""
     from grpokit.rollout.hf import left_padded
 
     n = len(rows_t)
@@ -188,6 +208,8 @@ def transcripts_experience(
             sampler[r, : len(t.ids)] = torch.tensor(t.logprobs, dtype=torch.float32)
     names = sorted({*ENV_COUNTS, *(k for t in rows_t for k in t.counts)})
     counts = {k: torch.tensor([t.counts.get(k, 0) for t in rows_t], dtype=torch.long) for k in names}
+    support = _transcripts_support(rows_t, t_width)
+    with_logprobs = with_logprobs or support is not None
     sampler_logprobs = sampler.masked_fill(~completion_mask, 0.0).to(device) if with_logprobs else None
     return Experience.grouped(
         prompt_ids.to(device),
@@ -200,5 +222,21 @@ def transcripts_experience(
         attention_mask=attention.to(device),
         env_counts={k: v.to(device) for k, v in counts.items()},
         sampler_logprobs=sampler_logprobs,
+        sampler_support=None if support is None else support.to(device),
         gen_s=gen_s,
     )
+
+
+def _transcripts_support(rows_t: list[RowTranscript], t_width: int) -> torch.Tensor | None:
+    """``(N, t_width, W)``: each model token's recorded set (:attr:`RowTranscript.supports`) at its
+    place, in one form (:func:`grpokit.algo.support.unify`), empty elsewhere; None when no token has one."""
+    from grpokit.algo import support as sup
+
+    where = [(r, j) for r, t in enumerate(rows_t) for j, s in enumerate(t.supports) if s is not None]
+    if not where:
+        return None
+    parts = sup.unify([s for t in rows_t for s in t.supports if s is not None])  # each (W,)
+    out = sup.pad_positions(parts[0].new_empty((len(rows_t), 0, parts[0].shape[-1])), t_width)
+    r_idx, j_idx = (torch.tensor(x, dtype=torch.long) for x in zip(*where))
+    out[r_idx, j_idx] = torch.stack(parts).to(out.device)
+    return out

@@ -24,8 +24,14 @@ Sampling: ``temperature`` and ``max_new_tokens`` from :class:`~grpokit.rollout.e
 the tokenizer are not consulted: ``generation_config="vllm"``, ``skip_tokenizer_init=True``); every
 row ``(b, g)`` is its own request seeded :func:`~grpokit.rollout.engine.request_seed` ``(seed,
 first_prompt + b, g)``, so a row's draws do not depend on which other rows share the batch or call.
-``top_k``/``top_p``/``min_p`` are refused: the trainer scores over the full vocabulary (docs/design.md,
-"Temperature"). ``SamplingParams.sampler`` does not apply (vLLM draws by Gumbel-max; same distribution).
+``top_k``/``top_p``/``min_p`` are refused: the trainer replays a truncating sampler by renormalizing
+over the exact set each token was drawn from (docs/design.md, "Temperature"), and vLLM does not report
+that set. Its ``logprobs=k`` gives at most ``max_logprobs`` (default 20) top tokens per position, while
+a top-p or min-p set can hold thousands; for top-k alone, the ``k`` ids it lists need not be the set its
+sampler kept (a top-k threshold keeps every token tied with the ``k``-th logit), and rebuilding the set
+from the trainer's own π_old logits is not exact either (they differ from vLLM's in floating point, so
+the set's boundary can move). ``SamplingParams.sampler`` does not apply (vLLM draws by Gumbel-max; same
+distribution).
 
 Weights: the ``LLM`` is built from the policy's folder (``model.name_or_path``; a folder holding only
 ``model.config`` when there is none) with ``load_format="dummy"``, in the policy's dtype (or
@@ -82,9 +88,9 @@ def check_sampling(params: SamplingParams) -> None:
     if on:
         k, v, off = on[0]
         raise ValueError(
-            f"rollout.engine=vllm: rollout.{k}={v!r} truncates the sampling distribution, but the "
-            f"trainer scores over the full vocabulary (docs/design.md, 'Temperature'); set "
-            f"rollout.{k}={off!r}"
+            f"rollout.engine=vllm: rollout.{k}={v!r} truncates the sampling distribution, and vLLM does not "
+            f"report the set each token was drawn from, which the trainer's sampling replay renormalizes over "
+            f"(docs/design.md, 'Temperature'); use rollout.engine=hf or set rollout.{k}={off!r}"
         )
 
 

@@ -58,6 +58,13 @@ def sample_and_score(run: Run, step: int, n_prompts: int, *, round_: int = 0) ->
         **extra,
     )
     release_memory()
+    if getattr(run.sampling, "truncates", False) and exp.sampler_support is None:
+        # the recipe checks refuse such engines and samplers; this catches one that slipped past
+        raise RuntimeError(
+            "rollout.top_k/top_p/min_p: the rollout engine returned no sampler_support (the set each token "
+            "was drawn from), so the loss would score another distribution than the one sampled; "
+            "use rollout.engine=hf with rollout.sampler=inverse_cdf (docs/design.md, 'Temperature')"
+        )
     t_reward = time.perf_counter()
     scored = run.rewards.score_rows(exp, rows[first : first + per], run.data.columns)
     if ranks.active:  # the whole batch on every rank: advantages and metrics as one process has them

@@ -112,6 +112,46 @@ def test_linear_token_logprobs_gradcheck_over_several_vocab_blocks(monkeypatch, 
     assert logp.requires_grad and not ent.requires_grad
 
 
+@pytest.mark.parametrize("form", ["ids", "bits"])
+def test_linear_token_logprobs_replays_a_support_over_several_vocab_blocks(monkeypatch, form):
+    """Sampling replay in the fused head: each vocabulary block's logits outside a row's kept set
+    are -inf in the forward and the backward. Row 0 keeps ids in the last block only (the first
+    blocks hold nothing of its set: its running maximum stays -inf until then), row 1 one id, row
+    2 is empty (not truncated: the full vocabulary). Values, entropy and gradients (gradcheck in
+    float64, entropy with its gradient too) against grpokit.algo's on the full logits."""
+    from grpokit.algo import support as sup
+
+    monkeypatch.setattr(ops, "_MIN_BLOCK", 1)
+    monkeypatch.setattr(ops, "_CHUNK_ELEMENTS", 24)  # 6 positions: blocks of 4, 4 and 3 of the 11 columns
+    h, w = _rand(2, 3, 8), _rand(11, 8, seed=1)
+    kept = torch.zeros(2, 3, 11, dtype=torch.bool)
+    kept[0, 0, [8, 10]] = True  # the last block (8, 9, 10) alone
+    kept[0, 1, [3]] = True
+    kept[1, 0, [0, 5, 9]] = True
+    kept[1, 1, :] = True
+    kept[1, 2, [1, 2, 4, 6, 7]] = True  # position (0, 2) stays empty
+    ids = torch.tensor([[10, 3, 6], [5, 7, 4]])
+    support = sup.pack_ids(kept) if form == "ids" else sup.pack_bits(kept)
+
+    def fused(h, w):
+        logp, ent = linear_token_logprobs(
+            h, w, ids, temperature=0.7, with_entropy=True, entropy_grad=True, support=support
+        )
+        return logp, ent
+
+    assert torch.autograd.gradcheck(fused, (h, w))
+    logp, ent = fused(h, w)
+    logits = h @ w.t()
+    torch.testing.assert_close(logp.float(), token_logprobs(logits, ids, temperature=0.7, support=support))
+    torch.testing.assert_close(ent.float(), token_entropy(logits, temperature=0.7, support=support))
+    assert logp[0, 1].item() == 0.0  # a set of one token: log-prob 0
+    # and not the full vocabulary's, which the empty position (0, 2) alone keeps
+    full = token_logprobs(logits, ids, temperature=0.7)
+    assert torch.equal((logp.float() - full).abs() > 1e-3, kept.any(-1) & ~kept.all(-1))
+    with pytest.raises(ValueError, match="outside the support"):
+        linear_token_logprobs(h, w, torch.tensor([[9, 3, 6], [5, 7, 4]]), support=support)
+
+
 def test_bf16_values_and_gradients_match_plain_autograd():
     """In bf16 the forward values are the plain ones bit for bit (same ops, same order); gradients
     agree to bf16 rounding (the backward's float32 intermediates round at other places)."""

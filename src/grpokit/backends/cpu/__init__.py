@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from grpokit.algo import token_entropy, token_logprobs
-from grpokit.backends.base import Backend, grads_reduced_after_backward, plain_forward, world_size
+from grpokit.backends.base import Backend, grads_reduced_after_backward, plain_forward, sampler_support, world_size
 from grpokit.backends.cpu.fused import apply_fused_ops, fused_head, remove_fused_ops
 from grpokit.backends.cpu.ops import linear_token_logprobs
 from grpokit.backends.cpu.shared_prompt import grad_alias, shared_prompt_forward
@@ -61,7 +61,8 @@ class CpuBackend(Backend):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """As the plain path, computed with the shared prompt (``share_prompt``, where a prompt
         repeats) and, without autocast, the fused head (:func:`.ops.linear_token_logprobs`: no
-        ``(N, T, V)`` logits kept; with ``entropy_grad`` its backward adds the entropy's gradient).
+        ``(N, T, V)`` logits kept; with ``entropy_grad`` its backward adds the entropy's gradient;
+        with a sampler's support, renormalized over it block by block).
         Tensors off the CPU take the plain path.
 
         Raises:
@@ -98,9 +99,15 @@ class CpuBackend(Backend):
                 temperature=temperature,
                 with_entropy=with_entropy,
                 entropy_grad=entropy_grad,
+                support=sampler_support(batch),
             )
-        logp = token_logprobs(out, batch.completion_ids, temperature=temperature)
-        entropy = token_entropy(out, temperature=temperature, differentiable=entropy_grad) if with_entropy else None
+        support = sampler_support(batch)
+        logp = token_logprobs(out, batch.completion_ids, temperature=temperature, support=support)
+        entropy = (
+            token_entropy(out, temperature=temperature, differentiable=entropy_grad, support=support)
+            if with_entropy
+            else None
+        )
         return logp, entropy
 
     def generation(self, model: torch.nn.Module, rows: int, *, packed_weights: bool):

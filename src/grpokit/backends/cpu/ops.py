@@ -20,12 +20,18 @@ gradients against plain autograd, and the saved bytes):
 
 And one for time: the token embedding's weight gradient as a sparse tensor over the distinct ids
 (:func:`embedding`) instead of a dense ``(V, H)`` tensor per call.
+
+Imports torch and :mod:`grpokit.algo.support` (a truncating sampler's kept sets, which the LM-head
+log-probs renormalize over, block by block).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from grpokit.algo.support import check as _check_support_shape
+from grpokit.algo.support import contains, restricted, to_mask
 
 #: float32 logits per vocabulary block in :func:`linear_token_logprobs` (4 MB): bounds its temporaries.
 _CHUNK_ELEMENTS = 1 << 20
@@ -205,12 +211,17 @@ class _LinearTokenLogprobs(torch.autograd.Function):
     in the max-subtracted form of :func:`grpokit.algo.token_logprobs` and
     :func:`grpokit.algo.token_entropy` (the same values to float32 rounding). With
     ``entropy_grad`` the entropy is an output with a gradient: the backward adds
-    ``−p·(log p + H)·g_H`` (``z = logits / τ``) to the log-probs' ``(onehot − p)·g`` per block."""
+    ``−p·(log p + H)·g_H`` (``z = logits / τ``) to the log-probs' ``(onehot − p)·g`` per block.
+    With ``support`` (``(M, W)``, a sampler's kept sets) each block's logits outside a row's set
+    are ``-inf`` in both passes: they add nothing and get no gradient; a row's block may hold none
+    of its set (its running maximum then stays ``-inf`` and the block adds 0)."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, token_ids, temperature, with_entropy, entropy_grad=False):
+    def forward(ctx, hidden, weight, token_ids, temperature, with_entropy, entropy_grad=False, support=None):
         h2, ids = hidden.reshape(-1, hidden.shape[-1]), token_ids.reshape(-1)
         m, vocab = h2.shape[0], weight.shape[0]
+        s2 = None if support is None else support.reshape(m, support.shape[-1])
+        cut = None if s2 is None else restricted(s2)  # (M,) rows with a kept set
         acc = torch.promote_types(hidden.dtype, torch.float32)
         # Max-subtracted accumulators over the running maximum M of the raw logits x (no
         # cancellation where the distribution is peaked, see grpokit.algo.token_entropy), with
@@ -225,6 +236,8 @@ class _LinearTokenLogprobs(torch.autograd.Function):
         block = _vocab_block(m, vocab)
         for v0 in range(0, vocab, block):
             z = _block_logits(h2, weight[v0 : v0 + block])  # (M, b) raw logits
+            if s2 is not None:  # outside the kept sets: -inf (adds nothing, no gradient)
+                z.masked_fill_(~to_mask(s2, v0, v0 + z.shape[1], truncated=cut), float("-inf"))
             local = ids - v0
             here = (local >= 0) & (local < z.shape[1])
             picked += torch.where(here, z.gather(1, local.clamp(0, z.shape[1] - 1)[:, None]).squeeze(1), 0.0)
@@ -233,7 +246,10 @@ class _LinearTokenLogprobs(torch.autograd.Function):
             seen = ties > 0  # False before the first finite maximum: nothing to rescale (-inf − M)
             shift = torch.where(moved & seen, run_max - new_max, torch.zeros_like(run_max)) / temperature  # <= 0
             r = shift.exp()
-            u = z - new_max[:, None]  # (M, b) <= 0
+            if s2 is None:
+                u = z - new_max[:, None]  # (M, b) <= 0
+            else:  # a row with nothing finite yet: u = -inf, not (-inf) − (-inf) = NaN
+                u = z - torch.where(torch.isfinite(new_max), new_max, torch.zeros_like(new_max))[:, None]
             top = u == 0
             if temperature != 1.0:
                 u = u / temperature
@@ -251,6 +267,8 @@ class _LinearTokenLogprobs(torch.autograd.Function):
         entropy = (log_s - eu / (ties + tail)) if with_entropy else eu
         ctx.entropy_grad = bool(with_entropy and entropy_grad)
         saved = (entropy,) if ctx.entropy_grad else ()
+        ctx.has_support = s2 is not None
+        saved += (s2,) if s2 is not None else ()
         ctx.save_for_backward(hidden, weight, token_ids, run_max, log_s, *saved)  # the backward's softmax, same form
         ctx.temperature = temperature
         entropy = entropy.view(token_ids.shape if with_entropy else (0,))
@@ -264,6 +282,8 @@ class _LinearTokenLogprobs(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_logp, grad_entropy):
         hidden, weight, token_ids, run_max, log_s, *saved = ctx.saved_tensors
+        s2 = saved.pop() if ctx.has_support else None
+        cut = None if s2 is None else restricted(s2)
         tau = ctx.temperature
         h2, ids, g = hidden.reshape(-1, hidden.shape[-1]), token_ids.reshape(-1), _f32(grad_logp.reshape(-1))
         g_h = _f32(grad_entropy.reshape(-1)) if ctx.entropy_grad and grad_entropy is not None else None
@@ -275,6 +295,8 @@ class _LinearTokenLogprobs(torch.autograd.Function):
         for v0 in range(0, vocab, block):
             w_b = weight[v0 : v0 + block]
             gz = _block_logits(h2, w_b).sub_(run_max[:, None])  # raw logits − M, in place
+            if s2 is not None:  # outside the kept sets: p = 0, no gradient
+                gz.masked_fill_(~to_mask(s2, v0, v0 + gz.shape[1], truncated=cut), float("-inf"))
             if tau != 1.0:
                 gz.div_(tau)
             # d logp / d z = onehot(id) − softmax(z), softmax = exp((x − M) / τ − log S); then d z / d x = 1 / τ
@@ -297,7 +319,7 @@ class _LinearTokenLogprobs(torch.autograd.Function):
                 torch.mm(gz.t(), h2, out=grad_w[v0 : v0 + block])
         if grad_h is not None:
             grad_h = grad_h.to(hidden.dtype).view(hidden.shape)
-        return grad_h, grad_w, None, None, None, None
+        return grad_h, grad_w, None, None, None, None, None
 
 
 def linear_token_logprobs(
@@ -308,6 +330,7 @@ def linear_token_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     entropy_grad: bool = False,
+    support: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-prob of each chosen token under ``softmax(hidden @ weightᵀ / τ)``, without keeping the
     ``(N, T, V)`` logits: the LM head, the temperature and :func:`grpokit.algo.token_logprobs` in
@@ -325,6 +348,9 @@ def linear_token_logprobs(
         with_entropy: also return the entropy (nats) of each position's distribution.
         entropy_grad: the entropy with a gradient (w.r.t. ``hidden`` and ``weight``; the entropy
             bonus of the loss), else none.
+        support: ``(N, T, W)`` a truncating sampler's kept sets (:mod:`grpokit.algo.support`), or
+            None: given, log-probs and entropy are those of the softmax renormalized over each
+            position's set, as :func:`grpokit.algo.token_logprobs` takes them (sampling replay).
 
     Returns:
         ``logp`` ``(N, T)`` float32 (differentiable w.r.t. ``hidden`` and ``weight``) and the entropy
@@ -334,7 +360,7 @@ def linear_token_logprobs(
         peaked distributions at logits of 40; ``tests/backends/cpu/test_ops_precision.py``).
 
     Raises:
-        ValueError: wrong dimensions or dtypes, or τ <= 0.
+        ValueError: wrong dimensions or dtypes, or τ <= 0; a token outside its recorded support.
     """
     if hidden.dim() != 3 or token_ids.shape != hidden.shape[:2]:
         raise ValueError(
@@ -348,7 +374,11 @@ def linear_token_logprobs(
         )
     if not temperature > 0:
         raise ValueError(f"linear_token_logprobs: temperature must be > 0, got {temperature}")
+    if support is not None:
+        _check_support_shape(support, *token_ids.shape)
+        if not bool(contains(support, token_ids).all()):
+            raise ValueError("linear_token_logprobs: a token lies outside the support recorded for it")
     logp, entropy = _LinearTokenLogprobs.apply(
-        hidden, weight, token_ids, float(temperature), with_entropy, entropy_grad
+        hidden, weight, token_ids, float(temperature), with_entropy, entropy_grad, support
     )
     return logp, (entropy if with_entropy else None)
