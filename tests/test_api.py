@@ -127,6 +127,12 @@ def test_bad_objects_are_refused_naming_the_argument(tiny_model_dir, tmp_path):
         grpokit.Trainer(raw, rows=ROWS, rewards=[chars], callbacks=[5])
     with pytest.raises(RecipeError, match="unknown recipe key train.max_step"):
         grpokit.Trainer(raw, rows=ROWS, rewards=[chars], overrides={"train.max_step": 2})
+    with pytest.raises(RecipeError, match=r"num_generations is TRL's name; grpokit: rollout.group_size=4"):
+        grpokit.Trainer(raw, rows=ROWS, rewards=[chars], overrides={"num_generations": 4})
+    with pytest.raises(RecipeError, match=r"use train.max_steps=2"):
+        grpokit.Trainer(raw, rows=ROWS, rewards=[chars], overrides={"max_steps": 2})
+    nested = grpokit.make_recipe(raw, rows=ROWS, rewards=[chars], overrides={"train": {"max_steps": 7}})
+    assert nested.train.max_steps == 7
     # a name of the table that this process was not given (an API run's folder resumed elsewhere)
     with pytest.raises(ValueError, match=r"reward 'obj:nowhere': a Python object given to grpokit's API"):
         given_object("obj:nowhere", what="reward")

@@ -167,12 +167,19 @@ def _raw_recipe(recipe: Any, fresh: Sequence[str]) -> tuple[dict, str | None]:
 
 def _overrides(raw: dict, overrides: Mapping[str, Any] | Sequence[str]) -> None:
     """Apply ``overrides`` to ``raw``: ``"section.key=value"`` strings (YAML values) or a mapping of
-    dotted keys to Python values."""
+    dotted keys (or of section names to mappings of their keys) to Python values; a bare key (TRL's
+    ``num_generations``, grpokit's ``max_steps``) is answered with the grpokit form."""
     if isinstance(overrides, Mapping):
         for key, value in overrides.items():
             sec, dot, name = str(key).partition(".")
+            if not dot and isinstance(value, Mapping):  # {"train": {"max_steps": 2}}: a section's keys
+                _overrides(raw, {f"{sec}.{k}": v for k, v in value.items()})
+                continue
             if not dot or not name:
-                raise RecipeError(f"override {key!r}: expected section.key (e.g. train.max_steps)")
+                from grpokit.config.trl_names import grpokit_form
+
+                form = grpokit_form(str(key), str(value)) if not dot else None  # max_steps, TRL's num_generations
+                raise RecipeError(f"override {key!r}: expected section.key; " + (form or "e.g. train.max_steps"))
             section = raw.setdefault(sec, {})
             if not isinstance(section, dict):
                 raise RecipeError(f"{sec}: expected a mapping")
