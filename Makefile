@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup lock demo long long-arith tools tools-mawps feedback process test lint typecheck bench efficacy-vs-trl ppo ppo-vs-grpo vllm-check clean
+.PHONY: setup lock demo long long-arith loss-variants tools tools-mawps feedback process test lint typecheck bench efficacy-vs-trl ppo ppo-vs-grpo vllm-check clean
 
 # pyproject.toml states ranges (a library must not replace its user's torch); the demo and the tests
 # run on the exact versions of requirements/lock.txt (`make lock` rewrites it from .venv), with
@@ -95,6 +95,14 @@ feedback: $(STAMP)
 	  trained_first=$(FEEDBACK_OUT)/trained_first.json trained_last=$(FEEDBACK_OUT)/trained_last.json \
 	  --pair trained_last:trained_first --pair trained_first:base_first --pair trained_last:base_last \
 	  --json $(FEEDBACK_OUT)/paired.json
+
+# The loss and advantage variants (docs/loss_variants.md, "Measured"): each 30 steps of recipes/arith.yaml,
+# seed 0, then the table (held-out greedy at step 30 paired with plain GRPO) and the entropy/length plot.
+# VARIANTS="plain gspo" runs some; runs/variants/<name> that hold eval_after.json are not run again.
+VARIANTS ?=
+loss-variants: $(STAMP)
+	$(BIN)/python scripts/loss_variants.py run $(if $(VARIANTS),--only $(VARIANTS))
+	$(BIN)/python scripts/loss_variants.py table --json runs/variants/table.json --plot runs/variants/curves.png
 
 long-arith: $(STAMP)
 	$(BIN)/grpokit train recipes/arith.yaml

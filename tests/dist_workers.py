@@ -55,6 +55,17 @@ def gather_and_reduce(rank: int, world: int, port: int, out: str) -> None:
     share = _group(SHARES[rank], 2)
     scored = ScoredRows({"f": SHARES[rank]}, failures=rank + 1)
     whole, sc = gather_scored(share, scored, ranks, pad_id=0)
+    # a refill round of one prompt: rank 0 has no share and only joins the gather
+    lone = (_group([5.0, 6.0], 2), ScoredRows({"f": [5.0, 6.0]}, failures=0)) if rank == 1 else (None, None)
+    refill, refill_sc = gather_scored(*lone, ranks, pad_id=0)
+    # the update's logged sums when rank 0 ran no micro-batch: no stats, no entropy of its own
+    from grpokit.trainer.loop import PassTotals, UpdateTotals
+
+    totals = UpdateTotals(passes=[PassTotals(loss=1.0 + rank)])
+    if rank == 1:
+        totals.passes[0].stats = {"kl": 0.25, "clip_frac_high": 0.5}
+        totals.entropy = 0.75
+    totals.sum_over_ranks(ranks)
     algo = load_algorithm(AlgoConfig(advantage_scale="batch"), 3)
     advantages = algo.advantages(whole)
     sums = gd.sum_over_ranks([1.0 + rank, 0.5], ranks)
@@ -78,6 +89,8 @@ def gather_and_reduce(rank: int, world: int, port: int, out: str) -> None:
             "sums": sums,
             "stop": stop,
             "grads": [p.grad for p in params],
+            "refill": (refill.completions, refill.rewards, refill_sc.per_function, refill_sc.failures),
+            "totals": (totals.passes[0].loss, totals.passes[0].stats, totals.entropy),
         },
         Path(out) / f"rank{rank}.pt",
     )

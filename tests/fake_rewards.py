@@ -98,6 +98,12 @@ def pid_reward(prompts, completions, **_):
     return [float(os.getpid())] * len(completions)
 
 
+def some_prompts_constant_reward(prompts, completions, **_):
+    """0.5 for every completion of a prompt whose length is a multiple of 3 (a group with no signal:
+    dynamic sampling drops it), else the completion's characters / 100."""
+    return [0.5 if len(p) % 3 == 0 else len(c) / 100.0 for p, c in zip(prompts, completions)]
+
+
 def constant_reward(prompts, completions, **_):
     """1.0 for every completion: no group varies, so a step carries no learning signal."""
     return [1.0] * len(completions)

@@ -91,9 +91,11 @@ def test_rows_and_every_kind_of_reward_callable(tiny_model_dir, tmp_path):
     assert len(samples) == 4  # B=2 prompts x G=2
     assert {s["prompt"] for s in samples} <= {r["question"] for r in ROWS}
     m = read_metrics(tmp_path / "metrics.jsonl")[0]
-    for name, f in per.items():
+    labels = ["chars", "scaled", "score", "Judge", "async_chars", "lambda"]  # each function's own name, as TRL
+    assert {k for k in m if k.startswith("rewards/")} == {f"rewards/{x}" for x in labels}
+    for (name, f), label in zip(per.items(), labels):
         want = sum(f(len(s["completion"])) for s in samples) / len(samples)
-        assert m[f"rewards/{name.removeprefix('obj:')}"] == pytest.approx(want), name
+        assert m[f"rewards/{label}"] == pytest.approx(want), name
     for s in samples:
         n = len(s["completion"])
         assert s["reward"] == pytest.approx(sum(w * per[k](n) for k, w in zip(names, weights)))
@@ -131,6 +133,35 @@ def test_bad_objects_are_refused_naming_the_argument(tiny_model_dir, tmp_path):
         grpokit.Trainer(raw, rows=ROWS, rewards=[chars], overrides={"num_generations": 4})
     with pytest.raises(RecipeError, match=r"use train.max_steps=2"):
         grpokit.Trainer(raw, rows=ROWS, rewards=[chars], overrides={"max_steps": 2})
+    with pytest.raises(
+        RecipeError, match=r"rewards.functions\[1\]: unknown reward 'math_corect'; did you mean 'math_c"
+    ):
+        grpokit.Trainer(raw, rows=ROWS, rewards=[chars, "math_corect"])  # when built, not when trained
+    transformers = pytest.importorskip("transformers")
+    with pytest.raises(
+        TypeError, match=r"callback TrainerCallback: a transformers.TrainerCallback; .*grpokit.Callback"
+    ):
+        grpokit.Trainer(raw, rows=ROWS, rewards=[chars], callbacks=[transformers.TrainerCallback()])
+    from grpokit.data.rows import section_rows
+
+    no_answer = grpokit.make_recipe(raw, rows=[{"question": "1+1?", "id": 3}], rewards=[chars])
+    with pytest.raises(
+        ValueError,
+        match=r"^rows=: row 0 has no answer column .* fields present: \['id', 'question'\]; "
+        r"give the rows an 'answer' column \(''",
+    ):
+        section_rows(no_answer, "data")
+    with pytest.raises(
+        TypeError,
+        match=r"reward_funcs= is TRL's; grpokit: rewards=\[...\]; train_dataset= is TRL's; "
+        r"grpokit: rows=; unexpected keyword argument\(s\) 'foo'",
+    ):
+        grpokit.Trainer(raw, reward_funcs=[chars], train_dataset=ROWS, foo=1)
+    with pytest.raises(TypeError, match=r"model=: a path or a hub name, got a dict"):
+        grpokit.Trainer(raw, model={"x": 1}, rows=ROWS, rewards=[chars])
+    assert grpokit.make_recipe(raw, model=tmp_path / "m", rows=ROWS, rewards=[chars]).model.name_or_path == str(
+        tmp_path / "m"
+    )
     nested = grpokit.make_recipe(raw, rows=ROWS, rewards=[chars], overrides={"train": {"max_steps": 7}})
     assert nested.train.max_steps == 7
     # a name of the table that this process was not given (an API run's folder resumed elsewhere)
@@ -289,3 +320,51 @@ def test_importable_spec_only_for_objects_that_import_back():
     assert importable_spec(chars) == "test_api:chars"
     assert importable_spec(Judge(1.0)) is None and importable_spec(Judge) == "test_api:Judge"
     assert importable_spec(functools.partial(chars)) is None
+
+
+def numpy_chars(completions, **_):  # a numpy array of values, as TRL takes it
+    import numpy as np
+
+    return np.array([len(c) / 100.0 for c in completions])
+
+
+def test_a_finished_run_says_so_and_starts_over_when_asked(tiny_model_dir, tmp_path, capsys):
+    """Training a folder that holds a finished run trains nothing: a RunWarning (one plain line)
+    says so and the summary is that run's (its last metrics, its checkpoint);
+    ``train(resume_from_checkpoint=False)`` starts over in the folder."""
+    raw = _tiny(tiny_model_dir, tmp_path)
+    first = grpokit.Trainer(raw, rows=ROWS, rewards=[numpy_chars], overrides={"train.max_steps": 1}, progress=False)
+    done = first.train()
+    assert done["checkpoint"] == str(tmp_path / "checkpoint-1") and done["last_metrics"]["step"] == 1
+    assert done["last_metrics"]["rewards/numpy_chars"] > 0  # the array's values, through the worker process
+    capsys.readouterr()
+    again = grpokit.Trainer(raw, rows=ROWS, rewards=[numpy_chars], overrides={"train.max_steps": 1}, progress=False)
+    with pytest.warns(grpokit.RunWarning, match=r"already holds a run at step 1 .* nothing was trained"):
+        summary = again.train()
+    assert summary["nothing_to_do"] and summary["last_metrics"] == done["last_metrics"]
+    assert summary["checkpoint"] == done["checkpoint"]
+    over = again.train(resume_from_checkpoint=False)
+    assert "resumed_from" not in over and not over.get("nothing_to_do")
+    lines = read_metrics(tmp_path / "metrics.jsonl")
+    assert [m["step"] for m in lines] == [1]  # the earlier run's line replaced, not appended
+    assert over["last_metrics"] == lines[0]
+
+
+def test_run_warnings_are_one_plain_line():
+    """Inside Trainer.train (and grpokit train) a RunWarning prints as ``[grpokit] warning: ...``, not
+    Python's file, line and source line; other warnings keep Python's form."""
+    import subprocess
+    import sys
+
+    code = (
+        "import warnings, grpokit\n"
+        "from grpokit.metrics import plain_warnings\n"
+        "with plain_warnings():\n"
+        "    warnings.warn('little was trained', grpokit.RunWarning)\n"
+        "    warnings.warn('other', UserWarning)\n"
+        "warnings.warn('after', grpokit.RunWarning)\n"
+    )
+    err = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stderr
+    lines = err.splitlines()
+    assert lines[0] == "[grpokit] warning: little was trained"
+    assert "UserWarning: other" in lines[1] and "RunWarning: after" in err  # outside: Python's form again

@@ -31,4 +31,5 @@ def test_python_page_runs(tmp_path, monkeypatch, capsys):
     assert "StopWhenRewarded.on_step_end" in out
     assert (tmp_path / "runs" / "python-demo" / "checkpoint-2").is_dir()
     assert (tmp_path / "runs" / "python-dataset" / "eval_after.json").exists()
+    assert (tmp_path / "runs" / "python-chat" / "checkpoint-1").is_dir()  # TRL's conversational form trained
     assert list((tmp_path / "runs" / "python-wandb" / "wandb").glob("offline-run-*/run-*.wandb"))

@@ -79,7 +79,7 @@ def test_select_groups_renumbers():
     assert torch.equal(s.old_logprobs, e.old_logprobs[[4, 5, 0, 1]])
 
 
-def test_shard_takes_whole_groups_and_refuses_uneven_splits():
+def test_shard_takes_whole_groups_in_contiguous_shares():
     e = Experience.concat([_exp(), _exp(seed=1)], pad_id=0)  # 6 groups
     shards = [e.shard(r, 3) for r in range(3)]
     assert [s.completions for s in shards] == [
@@ -88,8 +88,12 @@ def test_shard_takes_whole_groups_and_refuses_uneven_splits():
         ["c2", "c3", "c4", "c5"],
     ]
     assert all(s.group_index.tolist() == [0, 0, 1, 1] for s in shards)
-    with pytest.raises(ValueError, match="6 groups cannot be split evenly over 4 ranks"):
-        e.shard(0, 4)
+    # 6 groups over 4 ranks (a dynamic-sampling batch): shares 1, 2, 1, 2 at 6r//4, in order
+    uneven = [e.shard(r, 4) for r in range(4)]
+    assert [s.num_groups for s in uneven] == [1, 2, 1, 2]
+    assert sum((s.completions for s in uneven), []) == e.completions
+    one = Experience.concat([_exp(n_groups=1)], pad_id=0)
+    assert one.shard(0, 2).num_groups == 0 and len(one.shard(0, 2)) == 0 and one.shard(1, 2).num_groups == 1
     with pytest.raises(ValueError, match="rank 3 outside 0..2"):
         e.shard(3, 3)
 

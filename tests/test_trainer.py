@@ -49,7 +49,7 @@ def test_two_steps_train_log_and_checkpoint(tiny_model_dir, tmp_path, monkeypatc
     lines = read_metrics(tmp_path / "metrics.jsonl")
     assert [m["step"] for m in lines] == [1, 2]
     for m in lines:
-        missing = (set(METRIC_KEYS) | {f"rewards/{REWARD}"}) - set(m)
+        missing = (set(METRIC_KEYS) | {"rewards/length_reward"}) - set(m)
         assert not missing, missing
         assert math.isfinite(m["loss"]) and math.isfinite(m["grad_norm"])
         assert m["skipped_updates"] == 0 and m["reward_failures"] == 0

@@ -58,6 +58,11 @@ def answer(capsys, *args: str) -> str:
         (["--max_steps=2"], "grpokit train: recipe error: --max_steps=2: use train.max_steps=2"),
         (["--max-steps", "2"], "grpokit train: recipe error: --max-steps 2: use train.max_steps=2"),
         (
+            ["--train.max_steps=2"],
+            "grpokit train: recipe error: --train.max_steps=2: use train.max_steps=2: "
+            "a recipe key is written without dashes",
+        ),
+        (
             ["max_steps=2"],
             "grpokit train: recipe error: override 'max_steps=2': key must be section.name; use train.max_steps=2",
         ),

@@ -23,6 +23,7 @@ _API = {
     "make_recipe": "grpokit.api",
     "Callback": "grpokit.trainer.callbacks",
     "CallbackError": "grpokit.trainer.callbacks",
+    "RunWarning": "grpokit.metrics",
     "Recipe": "grpokit.config",
     "RecipeError": "grpokit.config",
     "load_recipe": "grpokit.config",

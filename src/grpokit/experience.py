@@ -249,21 +249,17 @@ class Experience:
         return Experience(**out)
 
     def shard(self, rank: int, world_size: int) -> Experience:
-        """Rank ``rank``'s share of whole groups: groups ``rank·B/W … (rank+1)·B/W - 1``.
+        """Rank ``rank``'s share of whole groups: groups ``rank·B//W … (rank+1)·B//W - 1`` (equal
+        shares when ``W`` divides ``B``, as ``train.prompts_per_step`` must; a dynamic-sampling
+        batch of fewer groups splits into shares one group apart, and a rank may get none).
 
         Raises:
-            ValueError: the number of groups is not divisible by ``world_size``, or ``rank`` is
-                outside ``0 … world_size-1``.
+            ValueError: ``rank`` is outside ``0 … world_size-1``.
         """
         if not 0 <= rank < world_size:
             raise ValueError(f"Experience.shard: rank {rank} outside 0..{world_size - 1}")
-        if self.num_groups % world_size:
-            raise ValueError(
-                f"Experience.shard: {self.num_groups} groups cannot be split evenly over "
-                f"{world_size} ranks (train.prompts_per_step must be divisible by the world size)"
-            )
-        per = self.num_groups // world_size
-        return self.select_groups(range(rank * per, (rank + 1) * per))
+        b = self.num_groups
+        return self.select_groups(range(rank * b // world_size, (rank + 1) * b // world_size))
 
     @staticmethod
     def concat(parts: Sequence[Experience], pad_id: int) -> Experience:

@@ -20,10 +20,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -64,6 +67,39 @@ METRIC_KEYS = (
 class RunWarning(UserWarning):
     """A step (or an evaluation) that trained on, or measured, little or nothing
     (:func:`warn_if_step_did_nothing`); or a tracker that raised and was dropped (:class:`RunLogger`)."""
+
+
+@contextlib.contextmanager
+def plain_warnings(*, own_output: bool = False) -> Iterator[None]:
+    """While inside, a :class:`RunWarning` (or a missing optional extra's warning) is shown as one
+    ``[grpokit] warning: ...`` line on stderr instead of Python's file, line and source line; other
+    warnings as before. :meth:`grpokit.Trainer.train` runs inside it: only the text is changed
+    (``warnings.formatwarning``), so filters and ``catch_warnings(record=True)`` see the warnings as
+    ever. ``own_output`` (``grpokit train``, which owns its process): such a warning is printed
+    whatever else captures warnings (``warnings.showwarning`` replaced too)."""
+    from grpokit.utils.importing import MissingExtraWarning
+
+    fmt, show = warnings.formatwarning, warnings.showwarning
+
+    def ours(category: type[Warning]) -> bool:
+        return issubclass(category, (RunWarning, MissingExtraWarning))
+
+    def plain(message, category, *a, **k):
+        return f"[grpokit] warning: {message}\n" if ours(category) else fmt(message, category, *a, **k)
+
+    def say(message, category, *a, **k):
+        if ours(category):
+            print(plain(message, category), end="", file=sys.stderr, flush=True)
+        else:
+            show(message, category, *a, **k)
+
+    warnings.formatwarning = plain
+    if own_output:
+        warnings.showwarning = say
+    try:
+        yield
+    finally:
+        warnings.formatwarning, warnings.showwarning = fmt, show
 
 
 #: warn when at least this fraction of the completions was cut at the new-token limit

@@ -408,7 +408,7 @@ def test_reward_pipeline_normalizes_each_and_adds_the_overlong_penalty(tmp_path)
     penalty = [0.0, -0.5, -1.0, 0.0]
     torch.testing.assert_close(e.rewards, _t([s + 0.5 * p for s, p in zip(summed, penalty)]), rtol=1e-12, atol=1e-12)
     assert m["rewards/overlong_penalty"] == pytest.approx(-1.5 / 4)
-    assert m["rewards/fake_rewards:length_reward"] == pytest.approx(0.0375)  # raw values still logged
+    assert m["rewards/length_reward"] == pytest.approx(0.0375)  # raw values still logged
 
 
 def test_reward_pipeline_defaults_leave_the_reward_as_it_was(tmp_path):

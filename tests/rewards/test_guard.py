@@ -172,3 +172,66 @@ def test_worker_ends_when_the_trainer_is_killed(tmp_path, busy):
     else:
         pytest.fail(f"reward worker {worker} outlived its killed trainer")
     assert proc.stdout.read() == ""  # the worker held no copy of the trainer's stdout open
+
+
+def trl_conversational(prompts, completions, **kwargs):  # TRL's form for conversational data
+    return [float(c[0]["content"].strip() == "4") + 0.1 * len(p) for p, c in zip(prompts, completions)]
+
+
+def test_completions_as_messages_gives_trls_conversational_form():
+    """rewards.completions_as=messages: each completion a one-message list, each prompt its row's
+    messages (or one user message); scored as the function computes it on those."""
+    prompts, completions = ["2+2?", "3+1?"], ["4", "5"]
+    system = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]
+    for isolation in ("thread", "process"):
+        g = GuardedReward("conv", trl_conversational, isolation=isolation, as_messages=True)
+        try:
+            assert g(prompts, completions) == [1.1, 0.1]  # one user message per prompt
+            assert g(prompts, completions, prompt_messages=[system, None]) == [1.2, 0.1]
+        finally:
+            g.close()
+
+
+def test_a_form_mismatch_is_told_of_completions_as_not_on_error():
+    """A TRL conversational function given text fails on every row: the message says which form it got
+    and the key that gives the other, not rewards.on_error=none."""
+    g = GuardedReward("conv", trl_conversational, isolation="thread")
+    with pytest.raises(
+        RewardError,
+        match=r"row 0 .*The completions it got are text \(rewards.completions_as=text\); "
+        r"if it reads messages, set rewards.completions_as=messages\.$",
+    ):
+        g(["2+2?"], ["4"])
+
+    def text_only(prompts, completions, **_):
+        return [float(c.strip() == "4") for c in completions]
+
+    g = GuardedReward("txt", text_only, isolation="thread", as_messages=True)
+    with pytest.raises(RewardError, match=r"got are messages .* set rewards.completions_as=text\.$"):
+        g(["2+2?"], ["4"])
+    g = GuardedReward("zero", lambda p, c, **_: [1 / 0], isolation="thread")
+    with pytest.raises(RewardError, match=r"If only some rows make it fail, rewards.on_error=none"):
+        g(["q"], ["c"])
+
+
+def test_completions_as_messages_reaches_own_functions_only(tmp_path):
+    """From the recipe: the user's function gets TRL's conversational form, a built-in still gets text."""
+    from grpokit.rewards.pipeline import RewardPipeline
+    from helpers import tiny_recipe
+
+    recipe = tiny_recipe(
+        "unused-model",
+        tmp_path,
+        rewards={
+            "functions": ["test_guard:trl_conversational", "math_correct"],
+            "isolation": "thread",
+            "completions_as": "messages",
+        },
+    )
+    pipe = RewardPipeline.from_config(recipe.rewards)
+    try:
+        own, builtin = pipe.funcs.values()
+        assert own.as_messages and not builtin.as_messages
+        assert own(["2+2?"], ["4"]) == [1.1] and builtin(["2+2?"], [r"\boxed{4}"], answer=["4"]) == [1.0]
+    finally:
+        pipe.close()

@@ -3,7 +3,9 @@
 import doctest
 import math
 
+import numpy as np
 import pytest
+import torch
 
 import grpokit.rewards.base as rb
 from grpokit.rewards import RewardFunction, compute_rewards, format_reward, get_reward_function, math_correct
@@ -67,6 +69,10 @@ def _const(values):
     return lambda prompts, completions, **_: list(values)
 
 
+def _raw(out):
+    return lambda prompts, completions, **_: out
+
+
 def test_compute_rewards_weighted_sum():
     # total = 1.0*a + 0.5*b: [1 + 0.5*0, 0 + 0.5*1, None (a is None), 1 + 0.5*None -> None]
     funcs = {"a": _const([1.0, 0.0, None, 1.0]), "b": _const([0.0, 1.0, 1.0, float("nan")])}
@@ -100,12 +106,33 @@ def test_compute_rewards_passes_columns():
         (_const([1.0]), r"reward 'bad' returned 1 values for 2 completions"),
         (lambda p, c, **_: (x for x in [1.0, 1.0]), r"reward 'bad' returned generator"),
         (_const([1.0, "1"]), r"reward 'bad' returned '1' \(str\) at index 1"),
-        (_const([1.0, True]), r"reward 'bad' returned True \(bool\) at index 1"),
+        (_const([1.0, [1.0]]), r"reward 'bad' returned \[1.0\] \(list\) at index 1"),
+        (_raw(np.ones((2, 1))), r"reward 'bad' returned ndarray of shape \(2, 1\); expected a list"),
+        (_raw(torch.tensor(1.0)), r"reward 'bad' returned Tensor of shape \(\); expected a list"),
     ],
 )
 def test_compute_rewards_validates_outputs(fn, match):
     with pytest.raises(ValueError, match=match):
         compute_rewards({"bad": fn}, {}, ["q"] * 2, ["c"] * 2, {})
+
+
+@pytest.mark.parametrize(
+    "out",
+    [
+        [True, False, None],  # TRL takes bools as 1.0 / 0.0
+        np.array([1.0, 0.0, np.nan]),
+        torch.tensor([1.0, 0.0, float("nan")]),
+        np.array([True, False, True]),
+        [np.float32(1.0), np.bool_(False), torch.tensor(float("nan"))],
+        (1, 0, None),
+    ],
+)
+def test_compute_rewards_takes_what_trl_takes(out):
+    total, parts = compute_rewards({"f": _raw(out)}, {}, ["q"] * 3, ["c"] * 3, {})
+    want = {0: 1.0, 1: 0.0}
+    assert parts["f"][:2] == [want[0], want[1]] and all(type(v) is float for v in parts["f"][:2])
+    last = parts["f"][2]
+    assert last == (1.0 if isinstance(out, np.ndarray) and out.dtype == bool else None)
 
 
 def test_compute_rewards_input_errors():

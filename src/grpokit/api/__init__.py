@@ -73,6 +73,7 @@ class Trainer:
     Args:
         recipe: a packaged recipe's name, a YAML path, a dict of sections, a :class:`grpokit.Recipe`,
             or None (the packaged demo recipe).
+        model: a Hugging Face model folder or hub name (``model.name_or_path``).
         rows, eval_rows, rewards, reward_weights, process_reward, env, tools: Python objects in the
             recipe's keys (the module docstring).
         callbacks: hooks called during training (:class:`grpokit.Callback` objects or functions
@@ -83,13 +84,15 @@ class Trainer:
     Raises (when built, before any model loads):
         RecipeError: an unknown key or a value out of range (names the key).
         TypeError: rows that are not mappings, an object that is not callable where a function belongs,
-            a callback with no hook.
+            a callback with no hook; an argument of TRL's ``GRPOTrainer`` (``reward_funcs=``,
+            ``train_dataset=``, ``args=``, ...): the message gives grpokit's for each.
     """
 
     def __init__(
         self,
         recipe: Any = None,
         *,
+        model: str | Path | None = None,
         rows: Any = None,
         eval_rows: Any = None,
         rewards: Sequence[Any] | None = None,
@@ -100,10 +103,14 @@ class Trainer:
         callbacks: Iterable[Any] = (),
         overrides: Mapping[str, Any] | Sequence[str] = (),
         progress: bool = True,
+        **trl_arguments: Any,
     ):
+        if trl_arguments:
+            raise TypeError(_trl_arguments_answer(trl_arguments))
         self._objects = Objects()
         self.recipe: Recipe = make_recipe(
             recipe,
+            model=model,
             rows=rows,
             eval_rows=eval_rows,
             rewards=rewards,
@@ -124,11 +131,18 @@ class Trainer:
         """The run folder (``train.output_dir``)."""
         return Path(self.recipe.train.output_dir)
 
-    def train(self) -> dict[str, Any]:
-        """Run (or resume, per ``train.resume``) the training; returns the run's summary: ``output_dir``,
-        ``last_metrics`` (the last ``metrics.jsonl`` line), ``eval_before``/``eval_after`` (held-out
-        results, with an ``eval`` section), and ``early_stopped_at``/``stopped_by`` when a callback
-        stopped it.
+    def train(self, resume_from_checkpoint: bool | str | Path | None = None) -> dict[str, Any]:
+        """Run the training; returns the run's summary: ``output_dir``, ``checkpoint`` (the trained
+        model's folder), ``last_metrics`` (the last ``metrics.jsonl`` line), ``eval_before``/``eval_after``
+        (held-out results, with an ``eval`` section), and ``early_stopped_at``/``stopped_by`` when a
+        callback stopped it.
+
+        ``resume_from_checkpoint`` (TRL's argument): None follows ``train.resume`` (``auto``: a run
+        folder that holds a checkpoint continues from its newest, and one already at
+        ``train.max_steps`` trains nothing: it says so in a :class:`grpokit.RunWarning` and returns
+        that run's summary with ``nothing_to_do``); True = ``auto``; False = start over in
+        ``train.output_dir`` (its earlier metrics replaced; checkpoints of the same steps written over);
+        a path = that checkpoint.
 
         Raises:
             what ``grpokit train`` reports as errors (:mod:`grpokit.cli.main`): ``ValueError`` for bad
@@ -136,8 +150,33 @@ class Trainer:
             ``RuntimeError`` for a fault of the run; :class:`CallbackError` when a callback raised
             (the run stopped with its checkpoint).
         """
+        import dataclasses
+        import warnings
+
+        from grpokit.metrics import RunWarning, plain_warnings
+
+        recipe = self.recipe
+        if resume_from_checkpoint is not None:
+            value = (
+                "auto"
+                if resume_from_checkpoint is True
+                else "none"
+                if resume_from_checkpoint is False
+                else str(resume_from_checkpoint)
+            )
+            recipe = dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, resume=value))
         self._objects.give_all()
-        self.summary = train_recipe(self.recipe, progress=self.progress, callbacks=self.callbacks)
+        with plain_warnings():  # a RunWarning: one "[grpokit] warning: ..." line, not a source location
+            self.summary = train_recipe(recipe, progress=self.progress, callbacks=self.callbacks)
+            if self.summary.get("nothing_to_do"):
+                warnings.warn(
+                    f"{self.output_dir} already holds a run at step {self.summary['step']} (train.max_steps="
+                    f"{recipe.train.max_steps}): nothing was trained; this is that run's summary. To train again: "
+                    "trainer.train(resume_from_checkpoint=False) starts over in that folder, or give another "
+                    "train.output_dir; a larger train.max_steps continues it",
+                    RunWarning,
+                    stacklevel=2,
+                )
         return self.summary
 
     def evaluate(self, model: str | Path | None = None, *, when: str = "api") -> dict[str, Any]:
@@ -155,6 +194,29 @@ class Trainer:
 
         self._objects.give_all()
         return evaluate_heldout(self.recipe, model, when=when)
+
+
+#: TRL GRPOTrainer's arguments -> grpokit.Trainer's
+_TRL_ARGUMENTS = {
+    "reward_funcs": "rewards=[...]",
+    "train_dataset": "rows=",
+    "eval_dataset": "eval_rows=",
+    "args": "overrides={...} (GRPOConfig's fields under grpokit's names: docs/from_trl.md; TRL names such as "
+    "num_generations are answered with grpokit's key)",
+    "processing_class": "nothing (the tokenizer is model='s)",
+    "reward_processing_classes": "nothing (a reward model's tokenizer is its own: rewards=['rm:FOLDER'])",
+    "peft_config": "overrides={'model.lora': {'r': 16, 'alpha': 32}}",
+}
+
+
+def _trl_arguments_answer(given: Mapping[str, Any]) -> str:
+    """The TypeError message for keyword arguments grpokit.Trainer does not take: grpokit's form of
+    each TRL one, Python's words for the others."""
+    said = [f"{k}= is TRL's; grpokit: {_TRL_ARGUMENTS[k]}" for k in given if k in _TRL_ARGUMENTS]
+    other = [k for k in given if k not in _TRL_ARGUMENTS]
+    if other:
+        said.append("unexpected keyword argument(s) " + ", ".join(repr(k) for k in other))
+    return "grpokit.Trainer: " + "; ".join(said)
 
 
 def sft(recipe: Any, *, model: str | None = None, out: str | Path | None = None, **objects: Any) -> dict[str, Any]:

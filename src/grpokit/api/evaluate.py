@@ -29,12 +29,10 @@ def evaluate_heldout(recipe: Recipe, model: str | Path | None = None, *, when: s
         ValueError: no ``eval.dataset``; what :class:`~grpokit.eval.evaluate.HeldOutEval` raises.
         OSError: a model that cannot be found.
     """
-    from grpokit.backends import install_backend
     from grpokit.data.rows import section_rows
     from grpokit.eval.evaluate import HeldOutEval
-    from grpokit.models.loading import eos_token_ids, load_model, load_tokenizer, model_max_positions
-    from grpokit.rollout.engine import load_engine
-    from grpokit.rollout.multiturn import MultiTurnEngine, env_options
+    from grpokit.models.loading import load_tokenizer, model_max_positions
+    from grpokit.rollout.multiturn import env_options
     from grpokit.trainer.build import resolve_device
 
     held = HeldOutEval(recipe, section_rows(recipe, "data"))  # bad data fails before the model loads
@@ -43,15 +41,29 @@ def evaluate_heldout(recipe: Recipe, model: str | Path | None = None, *, when: s
     device = resolve_device(recipe.model.device)
     tokenizer = load_tokenizer(name, trust_remote_code=recipe.model.trust_remote_code)
     held.prepare(tokenizer, model_max_positions(name, trust_remote_code=recipe.model.trust_remote_code))
-    net = load_model(name, device=device, trust_remote_code=recipe.model.trust_remote_code).eval()
-    install_backend(net, "auto", announce=False)
-    on_model = dict(model=net, tokenizer=tokenizer, eos_token_ids=eos_token_ids(net, tokenizer))
-    engine = load_engine("hf", **on_model) if env is None else MultiTurnEngine(**on_model, **env)
+    engine = evaluation_engine(name, device, tokenizer, env, trust_remote_code=recipe.model.trust_remote_code)
     out = Path(recipe.train.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     res = held.run(engine, out, when)
     res["model"] = name
     return res
+
+
+def evaluation_engine(
+    name: str, device: Any, tokenizer: Any, env: dict[str, Any] | None, *, trust_remote_code: bool = False
+) -> Any:
+    """Model ``name`` loaded on ``device`` for evaluation (``eval()``, the fast generation backend where
+    it is exact) in the hf rollout engine, or with ``env`` (:func:`grpokit.rollout.multiturn.env_options`)
+    the multi-turn engine. Raises OSError/ValueError: a model that cannot be loaded."""
+    from grpokit.backends import install_backend
+    from grpokit.models.loading import eos_token_ids, load_model
+    from grpokit.rollout.engine import load_engine
+    from grpokit.rollout.multiturn import MultiTurnEngine
+
+    model = load_model(name, device=device, trust_remote_code=trust_remote_code).eval()
+    install_backend(model, "auto", announce=False)
+    on_model = dict(model=model, tokenizer=tokenizer, eos_token_ids=eos_token_ids(model, tokenizer))
+    return load_engine("hf", **on_model) if env is None else MultiTurnEngine(**on_model, **env)
 
 
 def shortest_context(models: list[str]) -> int | None:
@@ -93,22 +105,15 @@ def evaluate_models(
     Raises:
         OSError, ValueError: a model that cannot be loaded; RuntimeError: a fault while evaluating.
     """
-    from grpokit.backends import install_backend
     from grpokit.data import dataset_label
     from grpokit.data.heldout import answer_extractor
     from grpokit.eval.compare import compare
     from grpokit.eval.evaluate import evaluate
     from grpokit.eval.stats import format_summary
-    from grpokit.models.loading import eos_token_ids, load_model
-    from grpokit.rollout.engine import load_engine
-    from grpokit.rollout.multiturn import MultiTurnEngine
 
     results = {}
     for m in models:
-        model = load_model(m, device=device).eval()
-        install_backend(model, "auto", announce=False)  # the fast generation path where it is exact
-        on_model = dict(model=model, tokenizer=tokenizer, eos_token_ids=eos_token_ids(model, tokenizer))
-        engine = load_engine("hf", **on_model) if env is None else MultiTurnEngine(**on_model, **env)
+        engine = evaluation_engine(m, device, tokenizer, env)
         results[m] = r = evaluate(
             engine,
             prompts,

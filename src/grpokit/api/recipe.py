@@ -202,6 +202,7 @@ def _section(raw: dict, sec: str) -> dict:
 def make_recipe(
     recipe: Any = None,
     *,
+    model: str | Path | None = None,
     rows: Any = None,
     eval_rows: Any = None,
     rewards: Sequence[Any] | None = None,
@@ -213,18 +214,26 @@ def make_recipe(
     _objects: Objects | None = None,
 ) -> Recipe:
     """The validated :class:`grpokit.Recipe` of ``recipe`` with the Python objects in their keys (the
-    module docstring) and ``overrides``. The objects are put in this process's table
-    (:mod:`grpokit.utils.given`).
+    module docstring), ``model`` as ``model.name_or_path``, and ``overrides``. The objects are put in
+    this process's table (:mod:`grpokit.utils.given`).
 
     Raises:
-        RecipeError: an unknown key or a value out of range (names the key), a recipe not found.
+        RecipeError: an unknown key or a value out of range (names the key), a recipe not found, an
+            unknown built-in reward name.
         TypeError: rows that are not mappings, an object that is not callable where a function
-            belongs (names the argument).
+            belongs, a ``model`` that is not a path or name (names the argument).
     """
     objects = _objects if _objects is not None else Objects()
     fresh = [sec for arg, sec in _FRESH_SECTION.items() if {"rows": rows, "rewards": rewards}[arg] is not None]
     raw, _ = _raw_recipe(recipe, fresh if recipe is None else ())
     data, rw, algo, rollout, ev = (_section(raw, s) for s in ("data", "rewards", "algo", "rollout", "eval"))
+    if model is not None:
+        if not isinstance(model, (str, Path)):
+            raise TypeError(
+                f"model=: a path or a hub name, got a {type(model).__name__} (a loaded model: save_pretrained() "
+                "it to a folder and give the folder)"
+            )
+        _section(raw, "model")["name_or_path"] = str(model)
     # the arguments replace the recipe's values, and the keys that belong to what they replace
     if rows is not None:
         for key in _ROWS_KEYS["data"]:
@@ -258,6 +267,7 @@ def make_recipe(
             section["dataset"] = objects.rows(section["dataset"], what=what)
     if isinstance(rw.get("functions"), list):
         rw["functions"] = [objects.name(f, what=f"rewards.functions[{i}]") for i, f in enumerate(rw["functions"])]
+        _check_builtin_names(rw["functions"])
     if ev.get("scorer") is not None:
         ev["scorer"] = objects.name(ev["scorer"], what="eval.scorer")
     if algo.get("process_reward") is not None:
@@ -272,6 +282,27 @@ def make_recipe(
         ]
     objects.give_all()
     return recipe_from_dict(raw)
+
+
+def _check_builtin_names(names: Sequence[Any]) -> None:
+    """A reward name without ``:`` must be a built-in (or registered) one: said when the recipe is
+    made, not when the run starts.
+
+    Raises:
+        RecipeError: an unknown name (names the entry, a close built-in, and the forms allowed)."""
+    import difflib
+
+    from grpokit.rewards.base import BUILTIN_REWARDS
+
+    for i, name in enumerate(names):
+        if isinstance(name, str) and ":" not in name and name not in BUILTIN_REWARDS:
+            close = difflib.get_close_matches(name, list(BUILTIN_REWARDS), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise RecipeError(
+                f"rewards.functions[{i}]: unknown reward {name!r}; {hint}built-in rewards: "
+                f"{', '.join(sorted(BUILTIN_REWARDS))}; or give a Python function, 'module:function' or "
+                "'path/to/file.py:function'"
+            )
 
 
 def _env_name(objects: Objects, env: Any, options: Any) -> str:

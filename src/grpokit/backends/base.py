@@ -83,6 +83,25 @@ def plain_forward(model: torch.nn.Module, net: torch.nn.Module, batch: Any, auto
     return out[:, :-1]  # position P-1+t predicts completion token t
 
 
+def logits_to_logprobs(
+    logits: torch.Tensor,
+    batch: Any,
+    temperature: float,
+    *,
+    with_entropy: bool,
+    entropy_grad: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(N, T)`` float32 log-probs of ``batch.completion_ids`` from ``(N, T, V)`` ``logits`` at
+    ``temperature``, renormalized over the sampler's support where one was recorded
+    (:func:`sampler_support`), and the entropy on the same distribution when ``with_entropy`` (with
+    gradient when ``entropy_grad``), else None: the end of every backend's unfused path."""
+    support = sampler_support(batch)
+    logp = token_logprobs(logits, batch.completion_ids, temperature=temperature, support=support)
+    if not with_entropy:
+        return logp, None
+    return logp, token_entropy(logits, temperature=temperature, differentiable=entropy_grad, support=support)
+
+
 def attended(batch: Any) -> torch.Tensor:
     """``(N, T)`` bool: the completion tokens of ``batch`` the forward attends to: its
     ``completion_attention`` (an :class:`~grpokit.experience.Experience`: the model's tokens and a
@@ -176,14 +195,7 @@ class Backend:
         :func:`grpokit.models.logprobs.completion_logprobs`. ``share_prompt`` is a hint a backend
         may ignore (the plain path runs one forward per row)."""
         logits = plain_forward(model, model, batch, autocast_bf16)
-        support = sampler_support(batch)
-        logp = token_logprobs(logits, batch.completion_ids, temperature=temperature, support=support)
-        entropy = (
-            token_entropy(logits, temperature=temperature, differentiable=entropy_grad, support=support)
-            if with_entropy
-            else None
-        )
-        return logp, entropy
+        return logits_to_logprobs(logits, batch, temperature, with_entropy=with_entropy, entropy_grad=entropy_grad)
 
     def generation(self, model: torch.nn.Module, rows: int, *, packed_weights: bool):
         """A context inside which ``model`` generates (``rows``: the rows of one decode step).

@@ -108,24 +108,13 @@ def _train(argv: list[str]) -> int:
     except RecipeError as e:
         print(f"grpokit train: recipe error: {_one_line(e)}{source_note(str(e), sources)}", file=sys.stderr)
         return 2
-    import warnings
-
     from grpokit.api import train_recipe
-    from grpokit.metrics import RunWarning
-    from grpokit.utils.importing import MissingExtraWarning
+    from grpokit.metrics import plain_warnings
 
-    show = warnings.showwarning
-
-    def say(message, category, *a, **k):  # a RunWarning is one plain line, not a source location
-        if issubclass(category, (RunWarning, MissingExtraWarning)):
-            print(f"[grpokit] warning: {message}", file=sys.stderr, flush=True)
-        else:
-            show(message, category, *a, **k)
-
-    warnings.showwarning = say
     rank = f" (rank {os.environ.get('RANK')})" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
     try:
-        summary = train_recipe(recipe, progress=not ns.no_progress)
+        with plain_warnings(own_output=True):  # a RunWarning is one plain line, not a source location
+            summary = train_recipe(recipe, progress=not ns.no_progress)
     except RecipeError as e:  # found only once the run's folder is read (a key a checkpoint holds changed)
         print(
             f"grpokit train{rank}: recipe error: {_one_line(e)}{source_note(str(e), sources, recipe)}", file=sys.stderr
@@ -146,8 +135,6 @@ def _train(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 128 + signum
-    finally:
-        warnings.showwarning = show
     if summary.get("nothing_to_do"):
         return 0
     if summary.get("rank", 0) == 0:  # data parallel: rank 0 reports
@@ -171,6 +158,8 @@ def _report(summary: dict) -> str:
     last = summary.get("last_metrics") or {}
     if last:
         lines.append(f"last step {last['step']}: reward_mean {last['reward_mean']}, step_s {last['step_s']:.1f}")
+    if summary.get("checkpoint"):
+        lines.append(f"checkpoint: {summary['checkpoint']}")
     return "\n".join(lines)
 
 

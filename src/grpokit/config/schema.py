@@ -343,6 +343,13 @@ class RewardsConfig:
         "z-score each reward function within its group before the weighted sum (GDPO; TRL's "
         "multi_objective_aggregation=normalize_then_sum); the sum then feeds the advantages",
     )
+    completions_as: str = _f(
+        "text",
+        "what your reward functions get: text (prompts and completions as strings) or messages (TRL's "
+        "conversational form: each completion [{'role': 'assistant', 'content': ...}], each prompt its "
+        "message list); built-in rewards, reward models and servers always get text",
+        ("text", "messages"),
+    )
     on_error: str = _f(
         "raise",
         "a reward function that raises or times out: stop the run, or score it as unscorable (None)",

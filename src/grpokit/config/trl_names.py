@@ -308,8 +308,13 @@ def grpokit_form(name: str, value: str | None = None) -> str | None:
     "num_generations is TRL's name; grpokit: rollout.group_size=8"
     >>> grpokit_form("loss_type", "dapo")
     "loss_type is TRL's name; grpokit: algo.loss_aggregation=token_mean"
+    >>> grpokit_form("train.max_steps", "2")
+    'use train.max_steps=2: a recipe key is written without dashes'
     """
     name = name.strip().replace("-", "_")
+    sec, dot, bare = name.partition(".")
+    if dot and name in keys_named(bare):  # --train.max_steps=2: the key itself, written as a flag
+        return f"use {name}={'VALUE' if value is None else value}: a recipe key is written without dashes"
     keys = keys_named(name)
     main = [k for k in keys if not k.startswith(("sft.", "prm."))]  # the sections grpokit train reads
     trl = TRL_NAMES.get(name)

@@ -27,7 +27,7 @@ from typing import Any
 from grpokit.data.files import looks_like_path, map_fields, read_hf_dataset, read_local_file
 from grpokit.data.packaged import PACKAGED_DATASETS, load_packaged
 from grpokit.data.prompts import build_chat_prompt, filter_by_prompt_length, render_prompts
-from grpokit.utils.given import given_rows, is_given
+from grpokit.utils.given import given_label, given_rows, is_given
 
 __all__ = [
     "PACKAGED_DATASETS",
@@ -60,6 +60,8 @@ def _validate(rows: list[dict[str, Any]], source: str) -> list[dict[str, Any]]:
 def dataset_label(dataset: str, split: str) -> str:
     """``dataset/split`` for messages, or ``dataset`` alone where the split does not apply (local files and
     reasoning_gym ignore it, see :func:`load_rows`), so no message names a split that was never read."""
+    if is_given(dataset):
+        return given_label(dataset)  # rows given to the API: rows= / eval_rows=, no split
     if dataset.startswith("reasoning_gym:") or (
         not dataset.startswith("hf:") and dataset not in PACKAGED_DATASETS and looks_like_path(dataset)
     ):
@@ -121,7 +123,16 @@ def load_rows(
     if is_given(dataset):  # rows given to grpokit's API (grpokit.utils.given)
         if opts:
             raise ValueError(f"dataset {dataset!r}: options do not apply to rows given in Python")
-        records = given_rows(dataset)
+        records, label = given_rows(dataset), given_label(dataset)
+        if label.endswith("="):  # rows= / eval_rows=: say how to give an answer the rows lack
+            fix = "an 'answer' column ('' when your reward functions use none)"
+            fields = ("data" if label == "rows=" else "eval") + ".prompt_field / answer_field"
+            try:
+                mapped = map_fields(records[:limit], label, prompt_field, answer_field)
+            except ValueError as e:
+                said = str(e).split("; set ")[0]  # map_fields' advice names a recipe key alone
+                raise ValueError(f"{said}; give the rows {fix}, or name theirs with {fields}") from None
+            return _validate(mapped, label)
         return _validate(map_fields(records[:limit], dataset, prompt_field, answer_field), dataset)
     if dataset.startswith("reasoning_gym:"):
         from grpokit.data.reasoning_gym import load_reasoning_gym

@@ -8,6 +8,7 @@ import random
 import sys
 
 from grpokit.config import Recipe
+from grpokit.utils.given import given_label
 
 
 def load_data_rows(
@@ -77,6 +78,9 @@ def section_rows(recipe: Recipe, section: str) -> list[dict]:
     except (ValueError, FileNotFoundError) as e:
         # a fixed, one-argument class: ``type(e)(msg)`` fails for UnicodeDecodeError (5 arguments)
         cls = FileNotFoundError if isinstance(e, FileNotFoundError) else ValueError
+        label = given_label(sec.dataset)
+        if label != sec.dataset:  # rows given to the API: the message names rows= / eval_rows= (no split)
+            raise cls(str(e) if str(e).startswith(label) else f"{label}: {e}") from e
         raise cls(f"{section}.dataset={sec.dataset!r} {section}.split={sec.split!r}: {e}") from e
 
 

@@ -109,21 +109,44 @@ def get_reward_function(name: str) -> Callable[..., list[float | None]]:
     return fn
 
 
+def reward_values(out: Any) -> list[Any] | None:
+    """A reward's output as a list: a list or tuple, or a one-dimensional numpy array or torch tensor
+    (``.tolist()``); None for anything else."""
+    if isinstance(out, (list, tuple)):
+        return list(out)
+    tolist = getattr(out, "tolist", None)
+    if callable(tolist) and getattr(out, "ndim", None) == 1:
+        values = tolist()
+        return values if isinstance(values, list) else None
+    return None
+
+
 def _check_output(name: str, out: Any, n: int) -> list[float | None]:
-    if not isinstance(out, (list, tuple)):
-        raise ValueError(f"reward {name!r} returned {type(out).__name__}; expected a list of {n}")
-    if len(out) != n:
-        raise ValueError(f"reward {name!r} returned {len(out)} values for {n} completions")
+    """``out`` as ``n`` floats or None: numbers, bools (1.0/0.0), numpy and torch scalars, None and NaN
+    (unscorable) accepted, as TRL takes them.
+
+    Raises:
+        ValueError: not a list (or 1-D array/tensor), a wrong length, or a value that is not a number
+            (names the reward function and the index)."""
+    values = reward_values(out)
+    if values is None:
+        shape = getattr(out, "shape", None)
+        got = f"{type(out).__name__} of shape {tuple(shape)}" if shape is not None else type(out).__name__
+        raise ValueError(f"reward {name!r} returned {got}; expected a list (or 1-D array) of {n} numbers")
+    if len(values) != n:
+        raise ValueError(f"reward {name!r} returned {len(values)} values for {n} completions")
     clean: list[float | None] = []
-    for i, v in enumerate(out):
+    for i, v in enumerate(values):
+        if getattr(v, "ndim", None) == 0 and callable(getattr(v, "item", None)):
+            v = v.item()  # a numpy or torch scalar
         if v is None:
             clean.append(None)
-        elif isinstance(v, numbers.Real) and not isinstance(v, bool):
+        elif isinstance(v, numbers.Real):  # bool included: True is 1.0
             f = float(v)
             clean.append(None if math.isnan(f) else f)
         else:
             raise ValueError(
-                f"reward {name!r} returned {v!r} ({type(v).__name__}) at index {i}; expected float or None"
+                f"reward {name!r} returned {v!r} ({type(v).__name__}) at index {i}; expected a number or None"
             )
     return clean
 

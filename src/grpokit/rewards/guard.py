@@ -227,8 +227,28 @@ ROWS_SLACK_S = 1.0
 
 def _the_row(value: Any) -> Any:
     """A one-row call's value: the one element of a list of one, else the value itself (the length
-    check downstream then names it)."""
-    return value[0] if isinstance(value, (list, tuple)) and len(value) == 1 else value
+    check downstream then names it); a 1-D array or tensor of one counts as a list."""
+    from grpokit.rewards.base import reward_values
+
+    values = reward_values(value)
+    return values[0] if values is not None and len(values) == 1 else value
+
+
+def as_messages(
+    prompts: list[str], completions: list[str], prompt_messages: list[Any] | None = None
+) -> tuple[list[list[dict[str, str]]], list[list[dict[str, str]]]]:
+    """Prompts and completions in TRL's conversational form: each completion
+    ``[{"role": "assistant", "content": text}]``, each prompt its row's message list
+    (``prompt_messages``, where the row gave one) or ``[{"role": "user", "content": prompt}]``.
+
+    >>> as_messages(["2+2?"], ["4"])
+    ([[{'role': 'user', 'content': '2+2?'}]], [[{'role': 'assistant', 'content': '4'}]])
+    """
+    msgs = [
+        list(m) if m is not None else [{"role": "user", "content": p}]
+        for p, m in zip(prompts, prompt_messages or [None] * len(prompts))
+    ]
+    return msgs, [[{"role": "assistant", "content": c}] for c in completions]
 
 
 class GuardedReward:
@@ -258,6 +278,7 @@ class GuardedReward:
             ``"thread"``: in a thread of the trainer, abandoned at the limit (a call that holds
             the GIL cannot be cut off).
         find_row: after a failed batch, score each row alone to find the culprit (default).
+        as_messages: call ``fn`` in TRL's conversational form (:func:`as_messages`), not with strings.
         extra_keywords: keywords its caller adds besides the row columns (``("steps",)`` for a
             process reward), for :meth:`check_signature`.
 
@@ -277,6 +298,7 @@ class GuardedReward:
         isolation: str = "process",
         find_row: bool = True,
         extra_keywords: tuple[str, ...] = (),
+        as_messages: bool = False,
     ):
         if on_error not in ("raise", "none"):
             raise ValueError(f"rewards.on_error: expected raise or none, got {on_error!r}")
@@ -290,6 +312,7 @@ class GuardedReward:
             )
         self.name, self.fn, self.timeout_s, self.on_error = name, fn, timeout_s, on_error
         self.isolation, self.find_row, self.extra_keywords = isolation, find_row, tuple(extra_keywords)
+        self.as_messages = as_messages
         self.failures = 0
         self.caller = RewardCall(fn, name)
         self._worker = Worker(self.caller) if isolation == "process" else None
@@ -316,6 +339,9 @@ class GuardedReward:
         return call_in_thread(self.caller if op == "call" else self.caller.rows, limit, args, kwargs)
 
     def __call__(self, prompts: list[str], completions: list[str], **columns: Any) -> list:
+        texts = completions  # what messages quote
+        if self.as_messages:
+            prompts, completions = as_messages(prompts, completions, columns.get("prompt_messages"))  # type: ignore[assignment]
         try:
             return self._call((prompts, completions), columns)
         except RewardSignatureError:
@@ -341,7 +367,7 @@ class GuardedReward:
                     raise
                 except Exception as e:  # noqa: BLE001
                     err = e
-            self._row_failed(i, err, completions)
+            self._row_failed(i, err, texts)
             out.append(None)
         return out
 
@@ -364,8 +390,7 @@ class GuardedReward:
         if self.on_error == "raise":
             raise RewardError(
                 f"reward function {self.name!r} failed on row {i} "
-                f"(completion starts {completions[i][:60]!r}): {cause}. Set "
-                "rewards.on_error=none to score such rows as unscorable instead."
+                f"(completion starts {completions[i][:60]!r}): {cause}. {self._advice(e)}"
             ) from (None if isinstance(e, RewardTimeout) else e)
         self.failures += 1
         return None
@@ -374,11 +399,31 @@ class GuardedReward:
         cause = str(e) if isinstance(e, RewardTimeout) else f"{type(e).__name__}: {e}"
         if self.on_error == "raise":
             raise RewardError(
-                f"reward function {self.name!r} failed on a batch of {n} completions: {cause}. "
-                "Set rewards.on_error=none to score such batches as unscorable instead."
+                f"reward function {self.name!r} failed on a batch of {n} completions: {cause}. {self._advice(e)}"
             ) from (None if isinstance(e, RewardTimeout) else e)
         self.failures += n
         return [None] * n
+
+    def _advice(self, e: BaseException) -> str:
+        """What to do about a failure ``e``: a function that indexes a completion as TRL's
+        conversational form (``c[0]["content"]``) while it is given text is told of
+        ``rewards.completions_as``; otherwise on_error's choice, for rows that may fail."""
+        said = str(e)
+        wrong_form = isinstance(e, (TypeError, AttributeError, KeyError)) and (
+            ("string indices must be integers" in said or "'str' object has no attribute" in said)
+            if not self.as_messages
+            else ("'list' object has no attribute" in said or "list indices must be integers" in said)
+        )
+        if wrong_form:
+            now, other = ("text", "messages") if not self.as_messages else ("messages", "text")
+            return (
+                f"The completions it got are {now} (rewards.completions_as={now}); if it reads "
+                f"{other}, set rewards.completions_as={other}."
+            )
+        return (
+            "If only some rows make it fail, rewards.on_error=none scores those as unscorable "
+            "instead (a function that fails on every row gives no reward to learn from)."
+        )
 
     def close(self) -> None:
         """End the worker process, if any (a later call starts a new one)."""

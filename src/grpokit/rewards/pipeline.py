@@ -17,13 +17,14 @@ logged as ``rewards/overlong_penalty``).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from grpokit.rewards.base import compute_rewards, get_reward_function
+from grpokit.rewards.base import BUILTIN_REWARDS, compute_rewards, get_reward_function
 from grpokit.rewards.calling import RewardSignatureError
 from grpokit.rewards.guard import GuardedReward
 from grpokit.rewards.remote import RemoteReward, is_remote
@@ -133,7 +134,8 @@ class RewardPipeline:
     ) -> RewardPipeline:
         """From the recipe's ``rewards`` section: each of ``rc.functions`` (a built-in name,
         ``module:function``, ``rm:PATH_OR_HUB_NAME`` or ``http(s)://...``; :func:`reward_function`)
-        wrapped with ``rc.timeout_s``/``rc.on_error``/``rc.isolation``, weights ``rc.weights``
+        wrapped with ``rc.timeout_s``/``rc.on_error``/``rc.isolation`` (the user's own functions
+        called in TRL's conversational form with ``rc.completions_as=messages``), weights ``rc.weights``
         (default 1 each), each z-scored in its group first with ``rc.normalize_each``. Reward models
         and reward servers run in a thread of the trainer (a model in its memory; network I/O bounded
         by socket timeouts), and a failed server call is not searched row by row. ``device``: where
@@ -154,6 +156,7 @@ class RewardPipeline:
                 raise RewardSignatureError(f"rewards.functions: {e}") from None
             except ValueError as e:
                 raise ValueError(f"rewards.functions: {e}") from e
+            own = name not in BUILTIN_REWARDS and not name.startswith(("rm:", "http://", "https://"))
             funcs[name] = GuardedReward(
                 name,
                 fn,
@@ -161,6 +164,7 @@ class RewardPipeline:
                 on_error=rc.on_error,
                 isolation=getattr(fn, "isolation", rc.isolation),
                 find_row=not isinstance(fn, RemoteReward),
+                as_messages=own and rc.completions_as == "messages",
             )
         weights = dict(zip(rc.functions, rc.weights)) if rc.weights else {n: 1.0 for n in rc.functions}
         return cls(funcs, weights, step_scorer, normalize_each=rc.normalize_each, overlong=overlong)
@@ -267,22 +271,52 @@ class ScoredRows:
     failures: int
 
 
+_MODULE_FUNCTION = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
+
+
+def reward_labels(names: Sequence[str]) -> dict[str, str]:
+    """The label of each reward function's metric ``rewards/<label>``: a Python object given to the
+    library API (``obj:exact``) and an importable ``module:function`` (``mymod.rewards:exact``) are
+    both ``exact``, the function's own name as TRL logs it; another name (a built-in, a file
+    ``./r.py:f``, a URL, ``rm:FOLDER``) is itself. Two names that would share a label keep their whole
+    names.
+
+    >>> reward_labels(["obj:exact", "my.mod:fmt", "math_correct", "./r.py:f"])
+    {'obj:exact': 'exact', 'my.mod:fmt': 'fmt', 'math_correct': 'math_correct', './r.py:f': './r.py:f'}
+    >>> reward_labels(["a:exact", "b:exact"])
+    {'a:exact': 'a:exact', 'b:exact': 'b:exact'}
+    """
+    from grpokit.utils.given import PREFIX, is_given
+
+    short = {}
+    for name in names:
+        if is_given(name):
+            short[name] = name[len(PREFIX) :]
+        elif _MODULE_FUNCTION.fullmatch(name):
+            short[name] = name.rpartition(":")[2].rpartition(".")[2]
+        else:
+            short[name] = name
+    counts: dict[str, int] = {}
+    for label in short.values():
+        counts[label] = counts.get(label, 0) + 1
+    return {name: label if counts[label] == 1 else name for name, label in short.items()}
+
+
 def reward_metrics(exp: Any, per_function: Mapping[str, Sequence]) -> dict[str, Any]:
     """The reward metrics of a scored experience (``exp.rewards`` set; ``exp.step_rewards`` and
-    ``exp.step_ends`` with process supervision): ``rewards/<name>`` (mean of the function's
-    non-None values, None if none; a function given to the library API as ``obj:NAME`` is
-    ``rewards/NAME``), ``unscorable_frac``, ``frac_zero_std``, ``reward_mean`` /
+    ``exp.step_ends`` with process supervision): ``rewards/<label>`` (mean of the function's
+    non-None values, None if none; labels: :func:`reward_labels`), ``unscorable_frac``,
+    ``frac_zero_std``, ``reward_mean`` /
     ``reward_std`` (over the finite rewards; None / 0.0 with fewer than 1 / 2), and with step
     rewards :func:`step_metrics` and ``step_frac_zero_std`` (groups whose pooled step rewards are
     equal: no process signal, ``algo.process_constant_groups``)."""
     from grpokit import algo
-    from grpokit.utils.given import PREFIX, is_given
 
     metrics: dict[str, Any] = {}
+    labels = reward_labels(list(per_function))
     for name, vals in per_function.items():
         ok = [v for v in vals if v is not None]
-        label = name[len(PREFIX) :] if is_given(name) else name  # obj:exact (a Python object): rewards/exact
-        metrics[f"rewards/{label}"] = sum(ok) / len(ok) if ok else None
+        metrics[f"rewards/{labels[name]}"] = sum(ok) / len(ok) if ok else None
     rewards = exp.rewards.double().cpu()
     metrics["unscorable_frac"] = float((~torch.isfinite(rewards)).float().mean())
     metrics["frac_zero_std"] = float(algo.constant_groups(rewards, exp.group_size).float().mean())

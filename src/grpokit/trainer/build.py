@@ -337,9 +337,9 @@ def start_ranks(recipe: Recipe, device: torch.device) -> Ranks:
     Raises:
         ValueError: ``train.prompts_per_step`` not divisible by the number of processes, or, with
             more than one process, a setting whose samples or updates would depend on the rank
-            split (names the key): ``algo.dynamic_sampling``, ``rollout.sampler=multinomial``,
-            ``rollout.engine=vllm``; ``model.lora``, ``model.autocast_bf16`` or ``algo.estimator=ppo``
-            with fsdp2.
+            split (names the key): ``rollout.sampler=multinomial``, ``rollout.engine=vllm``;
+            ``algo.dynamic_sampling`` with fsdp2 on several ranks; ``model.lora``,
+            ``model.autocast_bf16`` or ``algo.estimator=ppo`` with fsdp2.
     """
     from grpokit.utils.distributed import init_ranks, launched_world_size, resolve_parallel
 
@@ -352,7 +352,6 @@ def start_ranks(recipe: Recipe, device: torch.device) -> Ranks:
                 "processes launched: each rank takes whole groups"
             )
         refused = {
-            "algo.dynamic_sampling": recipe.algo.dynamic_sampling,
             "rollout.sampler=multinomial": recipe.rollout.sampler == "multinomial",
             "rollout.engine=vllm": recipe.rollout.engine == "vllm",
         }
@@ -361,6 +360,12 @@ def start_ranks(recipe: Recipe, device: torch.device) -> Ranks:
                 raise ValueError(
                     f"{key} is not supported with {world} processes yet (train.parallel={mode}); run it in one process"
                 )
+    if mode == "fsdp2" and world > 1 and recipe.algo.dynamic_sampling:
+        raise ValueError(
+            "algo.dynamic_sampling with train.parallel=fsdp2 is not supported: a step of fewer groups than "
+            "train.prompts_per_step splits unevenly over the ranks, and fsdp2 gathers every layer in each "
+            "micro-batch on every rank, so they would run different numbers of collectives; use train.parallel=ddp"
+        )
     if mode == "fsdp2" and recipe.algo.estimator == "ppo":  # its value model is a copy of the (sharded) decoder
         raise ValueError("algo.estimator=ppo with train.parallel=fsdp2 is not supported yet; use train.parallel=ddp")
     if mode == "fsdp2" and recipe.model.lora is not None:

@@ -73,6 +73,12 @@ def callback_name(cb: Any) -> str:
 HOOKS = ("on_train_begin", "on_step_end", "on_evaluate", "on_save", "on_train_end")
 
 
+def _is_transformers_callback(cb: Any) -> bool:
+    """Whether ``cb`` (an instance or a class) derives from ``transformers.TrainerCallback``."""
+    cls = cb if isinstance(cb, type) else type(cb)
+    return any(k.__name__ == "TrainerCallback" and k.__module__.startswith("transformers") for k in cls.__mro__)
+
+
 class Callbacks:
     """The run's callbacks, called in the order given.
 
@@ -80,12 +86,19 @@ class Callbacks:
     (``error`` holds the :class:`CallbackError`); the loop reads both after each step.
 
     Raises:
-        TypeError: an object with none of the hooks that is not callable (names it and the hooks).
+        TypeError: an object with none of the hooks that is not callable (names it and the hooks); a
+            ``transformers.TrainerCallback`` (its hooks take ``(args, state, control)``).
     """
 
     def __init__(self, callbacks: Iterable[Any] = ()):
         self.items: list[Any] = []
         for cb in callbacks:
+            if _is_transformers_callback(cb):
+                raise TypeError(
+                    f"callback {callback_name(cb)}: a transformers.TrainerCallback; grpokit calls its own hooks "
+                    "with other arguments (on_step_end(step, metrics), ...): subclass grpokit.Callback "
+                    "(docs/python.md, Callbacks)"
+                )
             if not any(hasattr(cb, h) for h in HOOKS) and not callable(cb):
                 raise TypeError(
                     f"callback {cb!r}: neither callable nor an object with any of {', '.join(HOOKS)} "

@@ -44,9 +44,13 @@ def sample_and_score(run: Run, step: int, n_prompts: int, *, round_: int = 0) ->
     seed, g, ranks = run.recipe.train.seed, run.recipe.rollout.group_size, run.ranks
     idx = next_prompt_indices(run.state, len(run.data.rows), n_prompts, seed)  # the same on every rank
     rows = [run.data.rows[i] for i in idx]
-    per = n_prompts // ranks.world_size  # this rank samples and scores prompts first … first+per-1
-    first = ranks.rank * per
-    mine = idx[first : first + per]
+    first, last = rank_share(n_prompts, ranks.rank, ranks.world_size)  # this rank's prompts first … last-1
+    mine = idx[first:last]
+    if not mine:  # a refill round of fewer prompts than ranks: this rank only joins the gather
+        exp, scored = gather_scored(None, None, ranks, run.tokenizer.pad_token_id)
+        exp = exp.to(run.device)
+        metrics = dict(reward_metrics(exp, scored.per_function), reward_failures=scored.failures, **env_metrics(exp))
+        return Collected(rows, exp, metrics, 0.0)
     # a multi-turn engine's environment sees each row's columns
     extra = rows_for(run.engine, [run.data.rows[i] for i in mine])
     exp = run.engine.generate(
@@ -66,7 +70,7 @@ def sample_and_score(run: Run, step: int, n_prompts: int, *, round_: int = 0) ->
             "use rollout.engine=hf with rollout.sampler=inverse_cdf (docs/design.md, 'Temperature')"
         )
     t_reward = time.perf_counter()
-    scored = run.rewards.score_rows(exp, rows[first : first + per], run.data.columns)
+    scored = run.rewards.score_rows(exp, rows[first:last], run.data.columns)
     if ranks.active:  # the whole batch on every rank: advantages and metrics as one process has them
         exp, scored = gather_scored(exp, scored, ranks, run.tokenizer.pad_token_id)
     metrics = dict(reward_metrics(exp, scored.per_function), reward_failures=scored.failures, **env_metrics(exp))
@@ -118,14 +122,31 @@ def refill_groups_with_signal(run: Run, step: int, first: Collected) -> Collecte
     return Collected(kept_rows, out, metrics, reward_s)
 
 
-def gather_scored(exp: Experience, scored: ScoredRows, ranks: Ranks, pad_id: int) -> tuple[Experience, ScoredRows]:
+def rank_share(n: int, rank: int, world_size: int) -> tuple[int, int]:
+    """The prompts ``first … last-1`` of ``n`` that ``rank`` samples: contiguous shares in rank order,
+    ``rank·n//W … (rank+1)·n//W`` (equal when ``W`` divides ``n``; else they differ by one, and a
+    rank may have none).
+
+    >>> rank_share(4, 1, 2), rank_share(3, 0, 2), rank_share(3, 1, 2), rank_share(1, 0, 2)
+    ((2, 4), (0, 1), (1, 3), (0, 0))
+    """
+    return rank * n // world_size, (rank + 1) * n // world_size
+
+
+def gather_scored(
+    exp: Experience | None, scored: ScoredRows | None, ranks: Ranks, pad_id: int
+) -> tuple[Experience, ScoredRows]:
     """Every rank's scored share of a step (its experience with rewards, and the reward functions'
     values per row) joined in rank order into the whole batch, on every rank: what one process
     would hold after scoring (``Experience.concat``: prompts left-padded, completions right-padded
-    with ``pad_id``). ``gen_s`` is the slowest rank's (they generate at the same time); failures
-    are summed. The experience comes back on ``exp``'s device."""
-    parts = gather_objects((exp.to("cpu"), scored), ranks)
-    whole = Experience.concat([e for e, _ in parts], pad_id).to(exp.device)
+    with ``pad_id``). A rank with no share passes None for both. ``gen_s`` is the slowest rank's
+    (they generate at the same time); failures are summed. The experience comes back on the device
+    of the first share."""
+    shared = gather_objects(None if exp is None else (exp.to("cpu"), scored), ranks)
+    parts = [p for p in shared if p is not None]
+    device = exp.device if exp is not None else parts[0][0].device
+    whole = Experience.concat([e for e, _ in parts], pad_id).to(device)
     whole.gen_s = max(e.gen_s for e, _ in parts)
-    per_function = {k: [v for _, sc in parts for v in sc.per_function[k]] for k in scored.per_function}
+    names = parts[0][1].per_function
+    per_function = {k: [v for _, sc in parts for v in sc.per_function[k]] for k in names}
     return whole, ScoredRows(per_function, sum(sc.failures for _, sc in parts))

@@ -53,7 +53,15 @@ from grpokit.trainer.collect import refill_groups_with_signal, sample_and_score
 from grpokit.trainer.model_card import rewrite_card
 from grpokit.trainer.resume import check_resume_recipe, resume, save_run_checkpoint
 from grpokit.trainer.stopping import StopFlag, nothing_to_do, stop_signal
-from grpokit.utils.distributed import any_rank, barrier, gathered, reduce_gradients, shutdown, sum_over_ranks
+from grpokit.utils.distributed import (
+    any_rank,
+    barrier,
+    gather_objects,
+    gathered,
+    reduce_gradients,
+    shutdown,
+    sum_over_ranks,
+)
 from grpokit.utils.memory import release_memory
 
 
@@ -152,6 +160,9 @@ def _train(
     elif main and error is None:
         _say_stopped(recipe, summary)
     logger.close()
+    final = run.out / f"checkpoint-{run.state.step}"
+    if (final / "trainer_state.json").exists():
+        summary["checkpoint"] = str(final)  # the newest complete checkpoint: the trained model
     if main:
         (run.out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     if "stopped_at" in summary or error is not None:  # a stopped rank exits non-zero and torchrun then ends
@@ -472,18 +483,23 @@ class UpdateTotals:
         return self.passes[-1]
 
     def sum_over_ranks(self, ranks: Any) -> None:
-        """Replace this rank's sums by the whole batch's: one collective for every value."""
+        """Replace this rank's sums by the whole batch's: one collective for every value, after one
+        that agrees on which values there are (a rank whose share had no rows, in a dynamic-sampling
+        step of fewer groups than ranks, ran no micro-batch and has no stat and no entropy: it adds 0)."""
         if not ranks.active:
             return
-        keys = [(i, k) for i, p in enumerate(self.passes) for k in sorted(p.stats)]
-        values = [p.loss for p in self.passes] + [self.passes[i].stats[k] for i, k in keys]
-        values += [self.entropy] if self.entropy is not None else []
+        mine = ([(i, k) for i, p in enumerate(self.passes) for k in sorted(p.stats)], self.entropy is not None)
+        every = gather_objects(mine, ranks)
+        keys = sorted({key for ks, _ in every for key in ks})
+        with_entropy = any(e for _, e in every)
+        values = [p.loss for p in self.passes] + [self.passes[i].stats.get(k, 0.0) for i, k in keys]
+        values += [self.entropy or 0.0] if with_entropy else []
         summed = sum_over_ranks(values, ranks)
         for p, v in zip(self.passes, summed):
             p.loss = v
         for (i, k), v in zip(keys, summed[len(self.passes) :]):
             self.passes[i].stats[k] = v
-        if self.entropy is not None:
+        if with_entropy:
             self.entropy = summed[-1]
 
     def means(self, mu: int) -> dict[str, Any]:

@@ -67,7 +67,9 @@ class StopFlag:
 def nothing_to_do(recipe: Recipe, start: Path | None) -> dict[str, Any] | None:
     """The summary of a run already done: its resume checkpoint ``start`` is at or past
     ``train.max_steps`` (said on rank 0's stdout); None when there are steps left (or no checkpoint,
-    or a ``trainer_state.json`` that cannot be read: resuming reports that)."""
+    or a ``trainer_state.json`` that cannot be read: resuming reports that). The summary is the one
+    the finished run wrote (``summary.json``: ``last_metrics``, ``eval_after``, ...) with
+    ``nothing_to_do``, ``step``, ``resumed_from`` and ``checkpoint`` (``start``) set."""
     if start is None:
         return None
     try:
@@ -87,12 +89,21 @@ def nothing_to_do(recipe: Recipe, start: Path | None) -> dict[str, Any] | None:
             "train.resume=none or a new train.output_dir to start over)",
             flush=True,
         )
+    done: dict[str, Any] = {}
+    try:  # what the run that got there wrote at its end: last_metrics, eval_after, checkpoint
+        done = json.loads(read_utf8(start.parent / "summary.json"))
+    except (ValueError, OSError):
+        pass
+    if not isinstance(done, dict):
+        done = {}
     return {
+        **done,
         "output_dir": str(recipe.train.output_dir),
         "rank": rank,
         "nothing_to_do": True,
         "step": step,
         "resumed_from": str(start),
+        "checkpoint": str(start),
     }
 
 

@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["PREFIX", "is_given", "give", "given_object", "given_rows", "forget"]
+__all__ = ["PREFIX", "is_given", "give", "given_label", "given_object", "given_rows", "forget"]
 
 PREFIX = "obj:"
 """The prefix of a name this table resolves (``obj:my_reward``)."""
@@ -40,6 +40,21 @@ def is_given(name: str) -> bool:
     (True, False)
     """
     return isinstance(name, str) and name.startswith(PREFIX)
+
+
+def given_label(name: str) -> str:
+    """How messages name a dataset: rows given to the API as the argument that gave them (``rows=``,
+    ``eval_rows=``), anything else as itself.
+
+    >>> given_label("obj:data-rows-0123456789"), given_label("obj:eval-rows-0123456789"), given_label("gsm8k")
+    ('rows=', 'eval_rows=', 'gsm8k')
+    """
+    if is_given(name):
+        if name.startswith(PREFIX + "data-rows-"):
+            return "rows="
+        if name.startswith(PREFIX + "eval-rows-"):
+            return "eval_rows="
+    return name
 
 
 def _check_label(label: str) -> str:

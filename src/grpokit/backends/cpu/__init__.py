@@ -28,8 +28,14 @@ from typing import Any
 
 import torch
 
-from grpokit.algo import token_entropy, token_logprobs
-from grpokit.backends.base import Backend, grads_reduced_after_backward, plain_forward, sampler_support, world_size
+from grpokit.backends.base import (
+    Backend,
+    grads_reduced_after_backward,
+    logits_to_logprobs,
+    plain_forward,
+    sampler_support,
+    world_size,
+)
 from grpokit.backends.cpu.fused import apply_fused_ops, fused_head, remove_fused_ops
 from grpokit.backends.cpu.ops import linear_token_logprobs
 from grpokit.backends.cpu.shared_prompt import grad_alias, shared_prompt_forward
@@ -101,14 +107,7 @@ class CpuBackend(Backend):
                 entropy_grad=entropy_grad,
                 support=sampler_support(batch),
             )
-        support = sampler_support(batch)
-        logp = token_logprobs(out, batch.completion_ids, temperature=temperature, support=support)
-        entropy = (
-            token_entropy(out, temperature=temperature, differentiable=entropy_grad, support=support)
-            if with_entropy
-            else None
-        )
-        return logp, entropy
+        return logits_to_logprobs(out, batch, temperature, with_entropy=with_entropy, entropy_grad=entropy_grad)
 
     def generation(self, model: torch.nn.Module, rows: int, *, packed_weights: bool):
         """Linear layers on weights packed once for oneDNN (``packed_weights``; CPU weights only)."""
