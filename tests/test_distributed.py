@@ -76,7 +76,6 @@ def test_resolve_parallel():
         ),
         ({"rollout": {"sampler": "multinomial", "group_size": 2}}, r"rollout.sampler=multinomial is not supported"),
         ({"rollout": {"engine": "vllm", "group_size": 2}}, r"rollout.engine=vllm is not supported"),
-        ({"model": {"lora": {"r": 4}}, "train": {"parallel": "fsdp2"}}, r"model.lora with train.parallel=fsdp2"),
         (
             {"model": {"autocast_bf16": True}, "train": {"parallel": "fsdp2"}},
             r"model.autocast_bf16 with train.parallel",
@@ -396,6 +395,17 @@ def test_two_ranks_with_lora_train_as_one_process(tiny_model_dir, recipe_file, t
     _run1(tiny_model_dir, tmp_path / "one", model=lora)
     _run2(recipe_file, f"train.output_dir={tmp_path / 'two'}", "model.lora={r: 4, alpha: 8}")
     _assert_same_run(tmp_path / "one", tmp_path / "two", name="adapter_model")
+    # fsdp2: the adapters sharded with their layers (the root is the model under peft's wrapper, which
+    # generate() reaches), π_ref with them disabled, adapter-only checkpoints gathered from the shards;
+    # a resume loads the adapter into the shards and gives the same step 3
+    sharded = tmp_path / "fsdp2"
+    _run2(recipe_file, f"train.output_dir={sharded}", "train.parallel=fsdp2", "model.lora={r: 4, alpha: 8}")
+    _assert_same_run(tmp_path / "one", sharded, name="adapter_model", sharded=True)
+    assert not (sharded / "checkpoint-3" / "model.safetensors").exists()  # the adapter alone
+    shutil.rmtree(sharded / "checkpoint-3")
+    log = _run2(recipe_file, f"train.output_dir={sharded}", "train.parallel=fsdp2", "model.lora={r: 4, alpha: 8}")
+    assert "resumed from" in log
+    _assert_same_run(tmp_path / "one", sharded, name="adapter_model", sharded=True)
 
 
 def test_two_ranks_match_the_cpu_speed_backend(tiny_model_dir, one_process, tmp_path):

@@ -59,6 +59,7 @@ __all__ = [
     "is_adapter_checkpoint",
     "is_peft_model",
     "load_adapter_weights",
+    "adapter_state_for_model",
     "merged_copy",
     "merged_state_dict",
     "require_peft",
@@ -296,6 +297,28 @@ def load_adapter_weights(model: torch.nn.Module, folder: str | Path) -> None:
     result = peft.set_peft_model_state_dict(model, weights)
     if result.unexpected_keys:
         raise ValueError(f"checkpoint {folder}: adapter keys not loaded {result.unexpected_keys[:3]}; {hint}")
+
+
+def adapter_state_for_model(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """An adapter file's weights (``adapter_model.safetensors``: peft's names, without the adapter's
+    name) under ``model``'s own state-dict names (``...lora_A.default.weight``), for loaders that
+    take a model's state dict (a sharded model's, :func:`grpokit.utils.distributed.load_full_state`).
+
+    Raises:
+        ValueError: an adapter parameter of ``model`` the file lacks, or a file key that names none
+            (a different ``model.lora``)."""
+    names = [k for k in model.state_dict() if "lora_" in k]
+    adapter = getattr(model, "active_adapter", "default")
+    adapter = adapter if isinstance(adapter, str) else adapter[0]
+    by_file = {k.replace(f".{adapter}.", "."): k for k in names}
+    missing = sorted(set(by_file) - set(weights))
+    unexpected = sorted(set(weights) - set(by_file))
+    if missing or unexpected:
+        raise ValueError(
+            f"the adapter does not fit model.lora: missing {missing[:3]}, unexpected {unexpected[:3]}; resume with "
+            "the model.lora of the run that wrote it, or start over (train.resume=none)"
+        )
+    return {by_file[k]: v for k, v in weights.items()}
 
 
 def export_checkpoint(

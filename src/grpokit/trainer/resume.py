@@ -13,6 +13,7 @@ import torch
 
 from grpokit.config import Recipe
 from grpokit.config.resume import check_resume
+from grpokit.models.lora import adapter_state_for_model, is_peft_model
 from grpokit.trainer.build import Run
 from grpokit.trainer.checkpoint import (
     load_model_weights,
@@ -88,7 +89,11 @@ def resume(run: Run, ckpt: Path, changes: Sequence[tuple[str, Any, Any]] = ()) -
     state, blob = load_training_state(ckpt)
     settings = hyperparameters(run.optimizer)  # the recipe's: load_state_dict brings the checkpoint's back
     if is_sharded(run.model):
-        load_full_state(run.model, run.optimizer, read_model_state(ckpt), blob["optimizer"])
+        weights = read_model_state(ckpt)
+        lora = is_peft_model(run.model)
+        if lora:  # the checkpoint holds the adapter alone, under peft's file names
+            weights = adapter_state_for_model(run.model, weights)
+        load_full_state(run.model, run.optimizer, weights, blob["optimizer"], adapter_only=lora)
     else:
         load_model_weights(run.model, ckpt)
         run.optimizer.load_state_dict(blob["optimizer"])

@@ -278,20 +278,30 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     raise ValueError(f"train.parallel=fsdp2: found no list of decoder layers in {type(model).__name__}")
 
 
+def fsdp_root(model: torch.nn.Module) -> torch.nn.Module:
+    """The module FSDP2 shards as its root: the model, or under a peft (LoRA) wrapper the wrapped
+    Hugging Face model, whose ``forward`` both the wrapper's forward and its ``generate`` reach
+    (peft's ``generate`` calls the wrapped model's, never the wrapper's ``forward``, and FSDP2 must
+    see its root's forward first)."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) and hasattr(model, "peft_config") else model
+
+
 def is_sharded(model: torch.nn.Module) -> bool:
-    """The model was sharded by :func:`shard_model` (FSDP2)."""
+    """The model (or a peft wrapper's model) was sharded by :func:`shard_model` (FSDP2)."""
     from torch.distributed.fsdp import FSDPModule
 
-    return isinstance(model, FSDPModule)
+    return isinstance(fsdp_root(model), FSDPModule)
 
 
 def shard_model(model: torch.nn.Module) -> torch.nn.Module:
     """Shard ``model`` in place with FSDP2: each decoder layer, then the root (embeddings, final
-    norm, head). Gradients are reduce-scattered as sums (divide factor 1: the loss is already
-    normalized by the whole batch's counts). Returns ``model``."""
+    norm, head; under a peft wrapper the wrapped model, :func:`fsdp_root`). Gradients are
+    reduce-scattered as sums (divide factor 1: the loss is already normalized by the whole batch's
+    counts). Returns ``model``."""
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
-    units = [*decoder_layers(model), model]
+    units = [*decoder_layers(model), fsdp_root(model)]
     for unit in units:
         fully_shard(unit)
     for sharded in cast("list[FSDPModule]", units):  # per unit: each reduces its own parameters' gradients
@@ -310,7 +320,7 @@ def gathered(model: torch.nn.Module) -> Iterator[None]:
         return
     from torch.distributed.fsdp import FSDPModule
 
-    root = cast(FSDPModule, model)  # is_sharded
+    root = cast(FSDPModule, fsdp_root(model))  # is_sharded
     units = [m for m in model.modules() if isinstance(m, FSDPModule)]  # each layer and the root
     for unit in units:  # here, outside inference mode: the gathered tensors may serve autograd later
         unit.unshard()
@@ -356,12 +366,19 @@ def full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) 
 
 
 def load_full_state(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, model_state: dict, optimizer_state: dict | None
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    model_state: dict,
+    optimizer_state: dict | None,
+    *,
+    adapter_only: bool = False,
 ) -> None:
-    """Load full (unsharded) state dicts, present on every rank, into a sharded model and its optimizer."""
+    """Load full (unsharded) state dicts, present on every rank, into a sharded model and its
+    optimizer. ``adapter_only`` (LoRA): ``model_state`` holds the adapter's parameters alone, under
+    the model's names; the frozen base keeps the weights it was loaded with."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
 
-    opts = StateDictOptions(full_state_dict=True)
+    opts = StateDictOptions(full_state_dict=True, strict=not adapter_only)
     model_state = dict(model_state)
     embed = next((k for k in model_state if k.endswith("embed_tokens.weight")), None)
     for key in model.state_dict():  # a tied head is saved once, as the embedding (save_pretrained)
