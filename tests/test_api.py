@@ -342,12 +342,24 @@ def test_a_finished_run_says_so_and_starts_over_when_asked(tiny_model_dir, tmp_p
     with pytest.warns(grpokit.RunWarning, match=r"already holds a run at step 1 .* nothing was trained"):
         summary = again.train()
     assert summary["nothing_to_do"] and summary["last_metrics"] == done["last_metrics"]
-    assert summary["checkpoint"] == done["checkpoint"]
+    assert summary["checkpoint"] == done["checkpoint"] and summary["recipe_changes"] == []
+    changed = grpokit.Trainer(
+        raw,
+        rows=ROWS,
+        rewards=[numpy_chars],
+        overrides={"train.max_steps": 1, "rollout.max_new_tokens": 5},
+        progress=False,
+    )
+    with pytest.warns(grpokit.RunWarning, match=r"differ from that run's were not used: rollout.max_new_tokens=5 \("):
+        assert changed.train()["recipe_changes"] == [["rollout.max_new_tokens", 8, 5]]
     over = again.train(resume_from_checkpoint=False)
     assert "resumed_from" not in over and not over.get("nothing_to_do")
     lines = read_metrics(tmp_path / "metrics.jsonl")
     assert [m["step"] for m in lines] == [1]  # the earlier run's line replaced, not appended
     assert over["last_metrics"] == lines[0]
+    empty = grpokit.Trainer(raw, rows=ROWS, rewards=[numpy_chars], overrides={"train.output_dir": str(tmp_path / "e")})
+    with pytest.raises(ValueError, match=r"resume_from_checkpoint=True: .*/e holds no checkpoint to resume from"):
+        empty.train(resume_from_checkpoint=True)  # TRL raises too
 
 
 def test_run_warnings_are_one_plain_line():

@@ -218,7 +218,7 @@ def test_eval_warns_of_cut_answers_records_its_settings_and_never_overwrites(
     err = capsys.readouterr().err  # a random tiny model never ends an answer within 2 tokens
     assert (
         f"[grpokit] warning: {tiny_model_dir}: 100% of the greedy completions reached --max-new-tokens=2 "
-        "without an EOS: their answers count as wrong"
+        "without an EOS: an answer cut off there is scored as it stands, usually wrong"
     ) in err
     res = json.loads(out.read_text())
     demo = load_recipe(DEFAULT_RECIPE).data

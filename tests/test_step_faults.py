@@ -217,7 +217,7 @@ def test_an_eval_whose_answers_are_cut_says_so(tiny_model_dir, tmp_path):
     cut = [str(w.message) for w in said if str(w.message).startswith("eval ")]
     assert cut == [
         f"eval {when}: 100% of the greedy completions reached eval.max_new_tokens=4 without an EOS: "
-        "their answers count as wrong"
+        "an answer cut off there is scored as it stands, usually wrong"
         for when in ("before", "after")
     ]
 

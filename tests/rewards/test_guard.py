@@ -192,14 +192,26 @@ def test_completions_as_messages_gives_trls_conversational_form():
             g.close()
 
 
+def test_completions_as_auto_follows_the_rows_prompts():
+    """auto (None, the recipe's default): TRL's form for a call whose rows gave their prompts as
+    messages (a prompt_messages column with a list), text for rows whose prompts were text."""
+    chat = [[{"role": "user", "content": "2+2?"}], [{"role": "user", "content": "3+1?"}]]
+    g = GuardedReward("conv", trl_conversational, isolation="thread", as_messages=None)
+    assert g(["2+2?", "3+1?"], ["4", "5"], prompt_messages=chat) == [1.1, 0.1]
+    with pytest.raises(RewardError, match=r"got are text"):  # text rows: text, as with TRL's plain datasets
+        g(["2+2?"], ["4"], prompt_messages=[None])
+    with pytest.raises(RewardError, match=r"got are text"):
+        g(["2+2?"], ["4"])
+
+
 def test_a_form_mismatch_is_told_of_completions_as_not_on_error():
     """A TRL conversational function given text fails on every row: the message says which form it got
     and the key that gives the other, not rewards.on_error=none."""
     g = GuardedReward("conv", trl_conversational, isolation="thread")
     with pytest.raises(
         RewardError,
-        match=r"row 0 .*The completions it got are text \(rewards.completions_as=text\); "
-        r"if it reads messages, set rewards.completions_as=messages\.$",
+        match=r"row 0 .*The completions it got are text; if it reads messages, set "
+        r"rewards.completions_as=messages \(Python: overrides=\{'rewards.completions_as': 'messages'\}\)\.$",
     ):
         g(["2+2?"], ["4"])
 
@@ -207,7 +219,7 @@ def test_a_form_mismatch_is_told_of_completions_as_not_on_error():
         return [float(c.strip() == "4") for c in completions]
 
     g = GuardedReward("txt", text_only, isolation="thread", as_messages=True)
-    with pytest.raises(RewardError, match=r"got are messages .* set rewards.completions_as=text\.$"):
+    with pytest.raises(RewardError, match=r"got are messages; .* set rewards.completions_as=text \(Python: .*\)\.$"):
         g(["2+2?"], ["4"])
     g = GuardedReward("zero", lambda p, c, **_: [1 / 0], isolation="thread")
     with pytest.raises(RewardError, match=r"If only some rows make it fail, rewards.on_error=none"):

@@ -140,7 +140,9 @@ class Trainer:
         ``resume_from_checkpoint`` (TRL's argument): None follows ``train.resume`` (``auto``: a run
         folder that holds a checkpoint continues from its newest, and one already at
         ``train.max_steps`` trains nothing: it says so in a :class:`grpokit.RunWarning` and returns
-        that run's summary with ``nothing_to_do``); True = ``auto``; False = start over in
+        that run's summary with ``nothing_to_do``, naming the settings that differ from that run's, none
+        of them used); True = resume from the newest checkpoint (a ``ValueError`` when there is
+        none, as TRL raises); False = start over in
         ``train.output_dir`` (its earlier metrics replaced; checkpoints of the same steps written over);
         a path = that checkpoint.
 
@@ -156,6 +158,14 @@ class Trainer:
         from grpokit.metrics import RunWarning, plain_warnings
 
         recipe = self.recipe
+        if resume_from_checkpoint is True:  # TRL's: a checkpoint must be there to resume from
+            from grpokit.trainer.checkpoint import list_checkpoints
+
+            if not (self.output_dir.is_dir() and list_checkpoints(self.output_dir)):
+                raise ValueError(
+                    f"resume_from_checkpoint=True: {self.output_dir} holds no checkpoint to resume from "
+                    "(train.output_dir); train() without it starts a run"
+                )
         if resume_from_checkpoint is not None:
             value = (
                 "auto"
@@ -169,10 +179,18 @@ class Trainer:
         with plain_warnings():  # a RunWarning: one "[grpokit] warning: ..." line, not a source location
             self.summary = train_recipe(recipe, progress=self.progress, callbacks=self.callbacks)
             if self.summary.get("nothing_to_do"):
+                changed = self.summary.get("recipe_changes") or []
+                unused = (
+                    " Your settings that differ from that run's were not used: "
+                    + ", ".join(f"{k}={new!r} (the run's: {old!r})" for k, old, new in changed[:6])
+                    + "."
+                    if changed
+                    else ""
+                )
                 warnings.warn(
                     f"{self.output_dir} already holds a run at step {self.summary['step']} (train.max_steps="
-                    f"{recipe.train.max_steps}): nothing was trained; this is that run's summary. To train again: "
-                    "trainer.train(resume_from_checkpoint=False) starts over in that folder, or give another "
+                    f"{recipe.train.max_steps}): nothing was trained; this is that run's summary.{unused} To train "
+                    "again: trainer.train(resume_from_checkpoint=False) starts over in that folder, or give another "
                     "train.output_dir; a larger train.max_steps continues it",
                     RunWarning,
                     stacklevel=2,
@@ -191,9 +209,11 @@ class Trainer:
             OSError: a model that cannot be found.
         """
         from grpokit.api.evaluate import evaluate_heldout
+        from grpokit.metrics import plain_warnings
 
         self._objects.give_all()
-        return evaluate_heldout(self.recipe, model, when=when)
+        with plain_warnings():  # a RunWarning: one "[grpokit] warning: ..." line, as in train()
+            return evaluate_heldout(self.recipe, model, when=when)
 
 
 #: TRL GRPOTrainer's arguments -> grpokit.Trainer's

@@ -344,11 +344,12 @@ class RewardsConfig:
         "multi_objective_aggregation=normalize_then_sum); the sum then feeds the advantages",
     )
     completions_as: str = _f(
-        "text",
-        "what your reward functions get: text (prompts and completions as strings) or messages (TRL's "
+        "auto",
+        "what your reward functions get: text (prompts and completions as strings), messages (TRL's "
         "conversational form: each completion [{'role': 'assistant', 'content': ...}], each prompt its "
-        "message list); built-in rewards, reward models and servers always get text",
-        ("text", "messages"),
+        "message list) or auto (messages when the rows' prompts are message lists, as TRL decides; else "
+        "text); built-in rewards, reward models and servers always get text",
+        ("auto", "text", "messages"),
     )
     on_error: str = _f(
         "raise",

@@ -76,7 +76,8 @@ def evaluate(
     Returns:
         ``accuracy``, ``correct``, ``total``, ``unscorable`` (completions, greedy and sampled, the
         scorer gave no score: counted wrong), ``truncated_frac`` (greedy completions that reached
-        ``max_new_tokens`` without an EOS: their answers count as wrong; :func:`measured_little`),
+        ``max_new_tokens`` without an EOS: an answer cut off there is scored as it stands, usually
+        wrong; :func:`measured_little`),
         ``seconds``, ``examples`` (the first five greedy completions: the row's ``question``, the
         ``prompt`` the model was given, ``completion``, ``correct``, ``truncated``), ``settings``
         (what decides the numbers: ``max_new_tokens``, ``num_samples`` and, with samples,
@@ -184,17 +185,17 @@ def evaluate(
 def measured_little(res: dict[str, Any], *, budget: str) -> list[str]:
     """What makes an :func:`evaluate` result ``res`` measure less than it seems, one sentence each
     (empty when nothing): at least :data:`grpokit.metrics.TRUNCATED_WARN_FRAC` of the greedy
-    completions cut at the token budget (their answers count as wrong), completions the scorer
-    could not score. ``budget``: how the token budget was set, e.g. ``"--max-new-tokens=256"`` or
-    ``"eval.max_new_tokens=64"``. The run's evaluations warn with them (``RunWarning``), ``grpokit
-    eval`` prints them."""
+    completions cut at the token budget (an answer cut off there is scored as it stands, usually
+    wrong), completions the scorer could not score. ``budget``: how the token budget was set, e.g.
+    ``"--max-new-tokens=256"`` or ``"eval.max_new_tokens=64"``. The run's evaluations warn with them
+    (``RunWarning``), ``grpokit eval`` prints them."""
     from grpokit.metrics import TRUNCATED_WARN_FRAC
 
     said = []
     if res["truncated_frac"] >= TRUNCATED_WARN_FRAC:
         said.append(
             f"{res['truncated_frac']:.0%} of the greedy completions reached {budget} without an EOS: "
-            "their answers count as wrong"
+            "an answer cut off there is scored as it stands, usually wrong"
         )
     if res.get("unscorable"):
         said.append(

@@ -207,6 +207,8 @@ def compute_rewards(
         except RewardSignatureError:
             raise
         except Exception as e:
+            if type(e).__name__ == "RewardError":  # a guarded function's own message names it and the row
+                raise
             raise RuntimeError(f"reward {name!r} raised {type(e).__name__}: {e}") from e
         per_function[name] = _check_output(name, out, n)
 

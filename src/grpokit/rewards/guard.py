@@ -278,7 +278,9 @@ class GuardedReward:
             ``"thread"``: in a thread of the trainer, abandoned at the limit (a call that holds
             the GIL cannot be cut off).
         find_row: after a failed batch, score each row alone to find the culprit (default).
-        as_messages: call ``fn`` in TRL's conversational form (:func:`as_messages`), not with strings.
+        as_messages: call ``fn`` in TRL's conversational form (:func:`as_messages`), not with strings;
+            None: in that form when a row of the call had its prompt as messages (a
+            ``prompt_messages`` column), as TRL decides for a conversational dataset.
         extra_keywords: keywords its caller adds besides the row columns (``("steps",)`` for a
             process reward), for :meth:`check_signature`.
 
@@ -298,7 +300,7 @@ class GuardedReward:
         isolation: str = "process",
         find_row: bool = True,
         extra_keywords: tuple[str, ...] = (),
-        as_messages: bool = False,
+        as_messages: bool | None = False,
     ):
         if on_error not in ("raise", "none"):
             raise ValueError(f"rewards.on_error: expected raise or none, got {on_error!r}")
@@ -313,6 +315,7 @@ class GuardedReward:
         self.name, self.fn, self.timeout_s, self.on_error = name, fn, timeout_s, on_error
         self.isolation, self.find_row, self.extra_keywords = isolation, find_row, tuple(extra_keywords)
         self.as_messages = as_messages
+        self._messages_now = bool(as_messages)  # the form of the current call (auto: per call)
         self.failures = 0
         self.caller = RewardCall(fn, name)
         self._worker = Worker(self.caller) if isolation == "process" else None
@@ -340,8 +343,11 @@ class GuardedReward:
 
     def __call__(self, prompts: list[str], completions: list[str], **columns: Any) -> list:
         texts = completions  # what messages quote
-        if self.as_messages:
-            prompts, completions = as_messages(prompts, completions, columns.get("prompt_messages"))  # type: ignore[assignment]
+        given = columns.get("prompt_messages")
+        auto = given is not None and any(m is not None for m in given)
+        self._messages_now = auto if self.as_messages is None else self.as_messages
+        if self._messages_now:
+            prompts, completions = as_messages(prompts, completions, given)  # type: ignore[assignment]
         try:
             return self._call((prompts, completions), columns)
         except RewardSignatureError:
@@ -408,17 +414,17 @@ class GuardedReward:
         """What to do about a failure ``e``: a function that indexes a completion as TRL's
         conversational form (``c[0]["content"]``) while it is given text is told of
         ``rewards.completions_as``; otherwise on_error's choice, for rows that may fail."""
-        said = str(e)
+        said, messages = str(e), self._messages_now
         wrong_form = isinstance(e, (TypeError, AttributeError, KeyError)) and (
             ("string indices must be integers" in said or "'str' object has no attribute" in said)
-            if not self.as_messages
+            if not messages
             else ("'list' object has no attribute" in said or "list indices must be integers" in said)
         )
         if wrong_form:
-            now, other = ("text", "messages") if not self.as_messages else ("messages", "text")
+            now, other = ("text", "messages") if not messages else ("messages", "text")
             return (
-                f"The completions it got are {now} (rewards.completions_as={now}); if it reads "
-                f"{other}, set rewards.completions_as={other}."
+                f"The completions it got are {now}; if it reads {other}, set rewards.completions_as={other} "
+                f"(Python: overrides={{'rewards.completions_as': '{other}'}})."
             )
         return (
             "If only some rows make it fail, rewards.on_error=none scores those as unscorable "

@@ -135,7 +135,7 @@ class RewardPipeline:
         """From the recipe's ``rewards`` section: each of ``rc.functions`` (a built-in name,
         ``module:function``, ``rm:PATH_OR_HUB_NAME`` or ``http(s)://...``; :func:`reward_function`)
         wrapped with ``rc.timeout_s``/``rc.on_error``/``rc.isolation`` (the user's own functions
-        called in TRL's conversational form with ``rc.completions_as=messages``), weights ``rc.weights``
+        called in TRL's conversational form as ``rc.completions_as`` says), weights ``rc.weights``
         (default 1 each), each z-scored in its group first with ``rc.normalize_each``. Reward models
         and reward servers run in a thread of the trainer (a model in its memory; network I/O bounded
         by socket timeouts), and a failed server call is not searched row by row. ``device``: where
@@ -157,6 +157,7 @@ class RewardPipeline:
             except ValueError as e:
                 raise ValueError(f"rewards.functions: {e}") from e
             own = name not in BUILTIN_REWARDS and not name.startswith(("rm:", "http://", "https://"))
+            form = None if rc.completions_as == "auto" else rc.completions_as == "messages"  # None: per call
             funcs[name] = GuardedReward(
                 name,
                 fn,
@@ -164,7 +165,7 @@ class RewardPipeline:
                 on_error=rc.on_error,
                 isolation=getattr(fn, "isolation", rc.isolation),
                 find_row=not isinstance(fn, RemoteReward),
-                as_messages=own and rc.completions_as == "messages",
+                as_messages=form if own else False,
             )
         weights = dict(zip(rc.functions, rc.weights)) if rc.weights else {n: 1.0 for n in rc.functions}
         return cls(funcs, weights, step_scorer, normalize_each=rc.normalize_each, overlong=overlong)

@@ -69,7 +69,9 @@ def nothing_to_do(recipe: Recipe, start: Path | None) -> dict[str, Any] | None:
     ``train.max_steps`` (said on rank 0's stdout); None when there are steps left (or no checkpoint,
     or a ``trainer_state.json`` that cannot be read: resuming reports that). The summary is the one
     the finished run wrote (``summary.json``: ``last_metrics``, ``eval_after``, ...) with
-    ``nothing_to_do``, ``step``, ``resumed_from`` and ``checkpoint`` (``start``) set."""
+    ``nothing_to_do``, ``step``, ``resumed_from``, ``checkpoint`` (``start``) and ``recipe_changes``
+    (``[key, the run's value, this recipe's]`` for each key this recipe changes, none of them used)
+    set; the line said names those changes."""
     if start is None:
         return None
     try:
@@ -80,13 +82,22 @@ def nothing_to_do(recipe: Recipe, start: Path | None) -> dict[str, Any] | None:
     if type(step) is not int or step < max_steps:
         return None
     rank = int(os.environ.get("RANK", "0"))
+    changes = _unused_changes(recipe, start)
     if rank == 0:
         where = (
             f"train.max_steps={max_steps}" if step == max_steps else f"step {step}, past train.max_steps={max_steps}"
         )
+        unused = (
+            "; this recipe's "
+            + ", ".join(f"{k}={new!r} (the run's: {old!r})" for k, old, new in changes[:4])
+            + (f" and {len(changes) - 4} more" if len(changes) > 4 else "")
+            + " were not used"
+            if changes
+            else ""
+        )
         print(
             f"[grpokit] {start} is already at {where}, nothing to do (raise train.max_steps to continue; "
-            "train.resume=none or a new train.output_dir to start over)",
+            f"train.resume=none or a new train.output_dir to start over){unused}",
             flush=True,
         )
     done: dict[str, Any] = {}
@@ -104,7 +115,20 @@ def nothing_to_do(recipe: Recipe, start: Path | None) -> dict[str, Any] | None:
         "step": step,
         "resumed_from": str(start),
         "checkpoint": str(start),
+        "recipe_changes": [list(c) for c in changes],
     }
+
+
+def _unused_changes(recipe: Recipe, start: Path) -> list[tuple[str, Any, Any]]:
+    """The keys whose values ``recipe`` changes from checkpoint ``start``'s ``recipe.json`` (none
+    of which a finished run uses), ``train.max_steps`` aside; [] when it cannot be read."""
+    from grpokit.config.resume import resume_changes
+
+    try:
+        old = json.loads(read_utf8(start / "recipe.json"))
+    except (ValueError, OSError):
+        return []
+    return [c for c in resume_changes(old, recipe) if c[0] != "train.max_steps"] if isinstance(old, dict) else []
 
 
 def stop_signal(stop: StopFlag, ranks: Ranks) -> int:
