@@ -242,7 +242,8 @@ def test_rerunning_a_finished_run_loads_nothing_and_writes_nothing(tiny_model_di
     assert main(["train", str(recipe), "--no-progress", "data.limit=4"]) == 0
     assert capsys.readouterr().out == (
         f"[grpokit] {out / 'checkpoint-1'} is already at train.max_steps=1, nothing to do (raise train.max_steps to "
-        "continue; train.resume=none or a new train.output_dir to start over)\n"
+        "continue; train.resume=none or a new train.output_dir to start over); not used, as they differ from the "
+        "run's: data.limit=4 (the run's: 8)\n"
     )
     assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()} == before
 

@@ -88,10 +88,9 @@ def nothing_to_do(recipe: Recipe, start: Path | None) -> dict[str, Any] | None:
             f"train.max_steps={max_steps}" if step == max_steps else f"step {step}, past train.max_steps={max_steps}"
         )
         unused = (
-            "; this recipe's "
+            "; not used, as they differ from the run's: "
             + ", ".join(f"{k}={new!r} (the run's: {old!r})" for k, old, new in changes[:4])
             + (f" and {len(changes) - 4} more" if len(changes) > 4 else "")
-            + " were not used"
             if changes
             else ""
         )
