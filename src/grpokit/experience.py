@@ -58,6 +58,18 @@ TOKEN_FIELDS = (
 TOKEN_ROW_FIELDS = ("sampler_support",)
 
 
+def rank_share(n: int, rank: int, world_size: int) -> tuple[int, int]:
+    """The items ``first … last-1`` of ``n`` that ``rank`` takes: contiguous shares in rank order,
+    ``rank·n//W … (rank+1)·n//W`` (equal when ``W`` divides ``n``; else they differ by one, and a
+    rank may have none). The prompts a rank samples and the groups it trains on
+    (:meth:`Experience.shard`).
+
+    >>> rank_share(4, 1, 2), rank_share(3, 0, 2), rank_share(3, 1, 2), rank_share(1, 0, 2)
+    ((2, 4), (0, 1), (1, 3), (0, 0))
+    """
+    return rank * n // world_size, (rank + 1) * n // world_size
+
+
 @dataclass
 class Experience:
     """A batch of grouped completions and what the loop computed for them (module docstring)."""
@@ -249,17 +261,16 @@ class Experience:
         return Experience(**out)
 
     def shard(self, rank: int, world_size: int) -> Experience:
-        """Rank ``rank``'s share of whole groups: groups ``rank·B//W … (rank+1)·B//W - 1`` (equal
-        shares when ``W`` divides ``B``, as ``train.prompts_per_step`` must; a dynamic-sampling
-        batch of fewer groups splits into shares one group apart, and a rank may get none).
+        """Rank ``rank``'s share of whole groups (:func:`rank_share`: equal shares when ``W`` divides
+        ``B``, as ``train.prompts_per_step`` must; a dynamic-sampling batch of fewer groups splits into
+        shares one group apart, and a rank may get none).
 
         Raises:
             ValueError: ``rank`` is outside ``0 … world_size-1``.
         """
         if not 0 <= rank < world_size:
             raise ValueError(f"Experience.shard: rank {rank} outside 0..{world_size - 1}")
-        b = self.num_groups
-        return self.select_groups(range(rank * b // world_size, (rank + 1) * b // world_size))
+        return self.select_groups(range(*rank_share(self.num_groups, rank, world_size)))
 
     @staticmethod
     def concat(parts: Sequence[Experience], pad_id: int) -> Experience:

@@ -156,6 +156,7 @@ class Trainer:
         import warnings
 
         from grpokit.metrics import RunWarning, plain_warnings
+        from grpokit.trainer.stopping import said_changes
 
         recipe = self.recipe
         if resume_from_checkpoint is True:  # TRL's: a checkpoint must be there to resume from
@@ -180,13 +181,8 @@ class Trainer:
             self.summary = train_recipe(recipe, progress=self.progress, callbacks=self.callbacks)
             if self.summary.get("nothing_to_do"):
                 changed = self.summary.get("recipe_changes") or []
-                unused = (
-                    " Your settings that differ from that run's were not used: "
-                    + ", ".join(f"{k}={new!r} (the run's: {old!r})" for k, old, new in changed[:6])
-                    + "."
-                    if changed
-                    else ""
-                )
+                unused = f" Your settings that differ from that run's were not used: {said_changes(changed, 6)}."
+                unused = unused if changed else ""
                 warnings.warn(
                     f"{self.output_dir} already holds a run at step {self.summary['step']} (train.max_steps="
                     f"{recipe.train.max_steps}): nothing was trained; this is that run's summary.{unused} To train "

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from grpokit.experience import Experience
+from grpokit.experience import Experience, rank_share
 from grpokit.metrics import env_metrics
 from grpokit.rewards.pipeline import ScoredRows, reward_metrics
 from grpokit.rollout.engine import rows_for
@@ -46,33 +46,33 @@ def sample_and_score(run: Run, step: int, n_prompts: int, *, round_: int = 0) ->
     rows = [run.data.rows[i] for i in idx]
     first, last = rank_share(n_prompts, ranks.rank, ranks.world_size)  # this rank's prompts first … last-1
     mine = idx[first:last]
-    if not mine:  # a refill round of fewer prompts than ranks: this rank only joins the gather
-        exp, scored = gather_scored(None, None, ranks, run.tokenizer.pad_token_id)
-        exp = exp.to(run.device)
-        metrics = dict(reward_metrics(exp, scored.per_function), reward_failures=scored.failures, **env_metrics(exp))
-        return Collected(rows, exp, metrics, 0.0)
-    # a multi-turn engine's environment sees each row's columns
-    extra = rows_for(run.engine, [run.data.rows[i] for i in mine])
-    exp = run.engine.generate(
-        [run.data.prompts[i] for i in mine],
-        g,
-        run.sampling,
-        seed * 100003 + step + 1000003 * round_,
-        first_prompt=first,
-        **extra,
-    )
-    release_memory()
-    if getattr(run.sampling, "truncates", False) and exp.sampler_support is None:
-        # the recipe checks refuse such engines and samplers; this catches one that slipped past
-        raise RuntimeError(
-            "rollout.top_k/top_p/min_p: the rollout engine returned no sampler_support (the set each token "
-            "was drawn from), so the loss would score another distribution than the one sampled; "
-            "use rollout.engine=hf with rollout.sampler=inverse_cdf (docs/design.md, 'Temperature')"
-        )
+    exp: Experience | None = None  # a rank with no share (a refill round of fewer prompts than ranks)
+    scored: ScoredRows | None = None  # only joins the gather below
     t_reward = time.perf_counter()
-    scored = run.rewards.score_rows(exp, rows[first:last], run.data.columns)
+    if mine:
+        # a multi-turn engine's environment sees each row's columns
+        extra = rows_for(run.engine, [run.data.rows[i] for i in mine])
+        exp = run.engine.generate(
+            [run.data.prompts[i] for i in mine],
+            g,
+            run.sampling,
+            seed * 100003 + step + 1000003 * round_,
+            first_prompt=first,
+            **extra,
+        )
+        release_memory()
+        if getattr(run.sampling, "truncates", False) and exp.sampler_support is None:
+            # the recipe checks refuse such engines and samplers; this catches one that slipped past
+            raise RuntimeError(
+                "rollout.top_k/top_p/min_p: the rollout engine returned no sampler_support (the set each token "
+                "was drawn from), so the loss would score another distribution than the one sampled; "
+                "use rollout.engine=hf with rollout.sampler=inverse_cdf (docs/design.md, 'Temperature')"
+            )
+        t_reward = time.perf_counter()
+        scored = run.rewards.score_rows(exp, rows[first:last], run.data.columns)
     if ranks.active:  # the whole batch on every rank: advantages and metrics as one process has them
-        exp, scored = gather_scored(exp, scored, ranks, run.tokenizer.pad_token_id)
+        exp, scored = gather_scored(exp, scored, ranks, run.tokenizer.pad_token_id, device=run.device)
+    assert exp is not None and scored is not None  # one process always has its share
     metrics = dict(reward_metrics(exp, scored.per_function), reward_failures=scored.failures, **env_metrics(exp))
     return Collected(rows, exp, metrics, time.perf_counter() - t_reward)
 
@@ -122,29 +122,18 @@ def refill_groups_with_signal(run: Run, step: int, first: Collected) -> Collecte
     return Collected(kept_rows, out, metrics, reward_s)
 
 
-def rank_share(n: int, rank: int, world_size: int) -> tuple[int, int]:
-    """The prompts ``first … last-1`` of ``n`` that ``rank`` samples: contiguous shares in rank order,
-    ``rank·n//W … (rank+1)·n//W`` (equal when ``W`` divides ``n``; else they differ by one, and a
-    rank may have none).
-
-    >>> rank_share(4, 1, 2), rank_share(3, 0, 2), rank_share(3, 1, 2), rank_share(1, 0, 2)
-    ((2, 4), (0, 1), (1, 3), (0, 0))
-    """
-    return rank * n // world_size, (rank + 1) * n // world_size
-
-
 def gather_scored(
-    exp: Experience | None, scored: ScoredRows | None, ranks: Ranks, pad_id: int
+    exp: Experience | None, scored: ScoredRows | None, ranks: Ranks, pad_id: int, *, device: Any = None
 ) -> tuple[Experience, ScoredRows]:
     """Every rank's scored share of a step (its experience with rewards, and the reward functions'
     values per row) joined in rank order into the whole batch, on every rank: what one process
     would hold after scoring (``Experience.concat``: prompts left-padded, completions right-padded
     with ``pad_id``). A rank with no share passes None for both. ``gen_s`` is the slowest rank's
-    (they generate at the same time); failures are summed. The experience comes back on the device
-    of the first share."""
+    (they generate at the same time); failures are summed. The experience comes back on ``device``
+    (default: ``exp``'s; the CPU for a rank with no share)."""
     shared = gather_objects(None if exp is None else (exp.to("cpu"), scored), ranks)
     parts = [p for p in shared if p is not None]
-    device = exp.device if exp is not None else parts[0][0].device
+    device = device if device is not None else exp.device if exp is not None else "cpu"
     whole = Experience.concat([e for e, _ in parts], pad_id).to(device)
     whole.gen_s = max(e.gen_s for e, _ in parts)
     names = parts[0][1].per_function

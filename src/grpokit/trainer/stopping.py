@@ -87,13 +87,7 @@ def nothing_to_do(recipe: Recipe, start: Path | None) -> dict[str, Any] | None:
         where = (
             f"train.max_steps={max_steps}" if step == max_steps else f"step {step}, past train.max_steps={max_steps}"
         )
-        unused = (
-            "; not used, as they differ from the run's: "
-            + ", ".join(f"{k}={new!r} (the run's: {old!r})" for k, old, new in changes[:4])
-            + (f" and {len(changes) - 4} more" if len(changes) > 4 else "")
-            if changes
-            else ""
-        )
+        unused = "; not used, as they differ from the run's: " + said_changes(changes) if changes else ""
         print(
             f"[grpokit] {start} is already at {where}, nothing to do (raise train.max_steps to continue; "
             f"train.resume=none or a new train.output_dir to start over){unused}",
@@ -116,6 +110,17 @@ def nothing_to_do(recipe: Recipe, start: Path | None) -> dict[str, Any] | None:
         "checkpoint": str(start),
         "recipe_changes": [list(c) for c in changes],
     }
+
+
+def said_changes(changes: list, most: int = 4) -> str:
+    """``key=new (the run's: old)`` for the first ``most`` of ``changes`` (``(key, old, new)``), and
+    how many more.
+
+    >>> said_changes([("rollout.group_size", 8, 2)])
+    "rollout.group_size=2 (the run's: 8)"
+    """
+    shown = ", ".join(f"{k}={new!r} (the run's: {old!r})" for k, old, new in changes[:most])
+    return shown + (f" and {len(changes) - most} more" if len(changes) > most else "")
 
 
 def _unused_changes(recipe: Recipe, start: Path) -> list[tuple[str, Any, Any]]:
