@@ -117,6 +117,32 @@ def test_datasets_dataset_and_iterables_as_rows(tiny_model_dir, tmp_path):
     assert rows_of(pd.DataFrame(ROWS)) == ROWS
 
 
+def test_peft_config_becomes_model_lora(tiny_model_dir, tmp_path):
+    """TRL's peft_config=LoraConfig(...) is taken: its four fields map to model.lora's keys, peft's
+    own defaults (r 8, alpha 8) when left, anything grpokit's LoRA lacks refused by name."""
+    peft = pytest.importorskip("peft")
+    raw = _tiny(tiny_model_dir, tmp_path)
+    cfg = peft.LoraConfig(
+        r=4, lora_alpha=12, target_modules={"v_proj", "q_proj"}, lora_dropout=0.05, task_type="CAUSAL_LM"
+    )
+    lora = grpokit.Trainer(raw, rows=ROWS, rewards=[chars], peft_config=cfg).recipe.model.lora
+    assert lora == {"r": 4, "alpha": 12, "target_modules": ["q_proj", "v_proj"], "dropout": 0.05}
+    as_strings = grpokit.Trainer(raw, rows=ROWS, rewards=[chars], overrides=["train.max_steps=3"], peft_config=cfg)
+    assert as_strings.recipe.model.lora == lora and as_strings.recipe.train.max_steps == 3
+    left = grpokit.Trainer(raw, rows=ROWS, rewards=[chars], peft_config=peft.LoraConfig()).recipe.model.lora
+    assert left == {"r": 8, "alpha": 8, "target_modules": "all-linear", "dropout": 0.0}
+    mapped = grpokit.Trainer(raw, rows=ROWS, rewards=[chars], peft_config={"r": 2, "target_modules": "q_proj"})
+    assert mapped.recipe.model.lora["r"] == 2 and mapped.recipe.model.lora["target_modules"] == ["q_proj"]
+    with pytest.raises(
+        ValueError, match=r"peft_config.use_dora=True: grpokit's LoRA \(model.lora\) takes r, lora_alpha"
+    ):
+        grpokit.Trainer(raw, rows=ROWS, rewards=[chars], peft_config=peft.LoraConfig(use_dora=True))
+    with pytest.raises(ValueError, match=r"peft_config.bias='all'"):
+        grpokit.Trainer(raw, rows=ROWS, rewards=[chars], peft_config={"r": 2, "bias": "all"})
+    with pytest.raises(TypeError, match=r"peft_config: expected a peft.LoraConfig or a mapping of its fields, got int"):
+        grpokit.Trainer(raw, rows=ROWS, rewards=[chars], peft_config=3)
+
+
 def test_bad_objects_are_refused_naming_the_argument(tiny_model_dir, tmp_path):
     raw = _tiny(tiny_model_dir, tmp_path)
     with pytest.raises(TypeError, match=r"data.dataset: row 1 is a str"):

@@ -119,6 +119,21 @@ def test_concat_pads_every_field():
         )
 
 
+def test_reward_parts_follow_the_rows_and_a_missing_name_is_nan():
+    a, b = _exp(n_groups=2), _exp(n_groups=1, seed=1)
+    a.reward_parts = {"f": torch.tensor([0.0, 1.0, 2.0, 3.0], dtype=torch.float64)}
+    b.reward_parts = {"g": torch.tensor([5.0, 6.0], dtype=torch.float64)}
+    out = Experience.concat([a, b], pad_id=0)
+    f, g = out.reward_parts["f"], out.reward_parts["g"]
+    assert f[:4].tolist() == [0.0, 1.0, 2.0, 3.0] and f[4:].isnan().all() and f.dtype == torch.float64
+    assert g[:4].isnan().all() and g[4:].tolist() == [5.0, 6.0]
+    assert out.select_groups([2, 0]).reward_parts["g"][:2].tolist() == [5.0, 6.0]
+    assert a.rows(slice(1, 3)).reward_parts["f"].tolist() == [1.0, 2.0]
+    assert a.to("meta").reward_parts["f"].device.type == "meta"
+    with pytest.raises(ValueError, match=r"Experience.reward_parts\['f'\]: shape \(3,\), expected \(4,\)"):
+        a.replace(reward_parts={"f": torch.zeros(3)})
+
+
 def test_bad_shapes_are_refused():
     e = _exp()
     with pytest.raises(ValueError, match="Experience.prompt_mask: 5 rows, completion_ids has 6"):

@@ -73,6 +73,28 @@ def test_samples_show_the_prompt_the_model_saw_and_each_advantage(tiny_model_dir
         assert a["advantage"] == pytest.approx(want, rel=1e-5) and b["advantage"] == pytest.approx(-want, rel=1e-5)
 
 
+def test_samples_show_each_reward_functions_own_value(tiny_model_dir, tmp_path):
+    """samples.jsonl gives each function's value before its weight, labelled as its metric, beside
+    the weighted total (TRL users read rewards per function)."""
+    from grpokit.trainer.loop import train
+    from helpers import tiny_recipe
+
+    fns = ["fake_rewards:length_reward", "fake_rewards:constant_reward"]
+    recipe = tiny_recipe(
+        tiny_model_dir, tmp_path, train={"max_steps": 1}, rewards={"functions": fns, "weights": [2.0, 0.5]}
+    )
+    train(recipe, progress=False)
+    lines = [json.loads(l) for l in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert len(lines) == 4
+    for s in lines:
+        parts = s["rewards"]
+        assert set(parts) == {"length_reward", "constant_reward"}  # the labels of rewards/<label>
+        assert s["reward"] == pytest.approx(2.0 * parts["length_reward"] + 0.5 * parts["constant_reward"])
+    metric = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+    mean = sum(s["rewards"]["length_reward"] for s in lines) / 4
+    assert metric["rewards/length_reward"] == pytest.approx(mean)
+
+
 def test_sample_lines_of_token_advantages_give_the_first_tokens(smollm2_tokenizer):
     import torch
 

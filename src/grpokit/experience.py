@@ -26,7 +26,10 @@
   completion is the model's alone (``completion_mask``). :attr:`Experience.completion_attention`
   is the one to build the forward pass's attention from; every loss, KL, ratio and statistic
   reads ``completion_mask``. ``env_counts``: per-row counts of the episode (``turns``,
-  ``tool_calls``, ``env_tokens``, ...), ``{name: (N,) long}``.
+  ``tool_calls``, ``env_tokens``, ...), ``{name: (N,) long}``;
+- set by the reward pipeline: ``reward_parts``, each reward function's value per row (before its
+  weight), ``{function name: (N,) float64}`` (NaN = the function gave None), what ``samples.jsonl``
+  shows beside the weighted total ``rewards``.
 
 Slicing (:meth:`Experience.rows`) cuts the columns that are padding in every selected row, per-token
 fields along with the ids, so a micro-batch carries exactly the width it needs. Imports only torch
@@ -56,6 +59,9 @@ TOKEN_FIELDS = (
 )
 #: per-token fields (N, T, ·): sliced along with the ids like :data:`TOKEN_FIELDS`
 TOKEN_ROW_FIELDS = ("sampler_support",)
+#: per-row fields held as ``{name: (N,) tensor}``, and the value :meth:`Experience.concat` gives the
+#: rows of a part that lacks a name
+ROW_DICT_FIELDS = {"env_counts": 0, "reward_parts": float("nan")}
 
 
 def rank_share(n: int, rank: int, world_size: int) -> tuple[int, int]:
@@ -94,6 +100,7 @@ class Experience:
     sampler_support: torch.Tensor | None = None
     attention_mask: torch.Tensor | None = None
     env_counts: dict[str, torch.Tensor] | None = None
+    reward_parts: dict[str, torch.Tensor] | None = None
     gen_s: float = 0.0
     """Wall-clock seconds the rollout engine spent generating these rows."""
 
@@ -119,9 +126,10 @@ class Experience:
                 raise ValueError(f"Experience.{name}: shape {tuple(v.shape)}, expected (N, T) = {(n, t)}")
         if self.sampler_support is not None:
             _support.check(self.sampler_support, n, t)
-        for name, v in (self.env_counts or {}).items():
-            if tuple(v.shape) != (n,):
-                raise ValueError(f"Experience.env_counts[{name!r}]: shape {tuple(v.shape)}, expected ({n},)")
+        for field_name in ROW_DICT_FIELDS:
+            for name, v in (getattr(self, field_name) or {}).items():
+                if tuple(v.shape) != (n,):
+                    raise ValueError(f"Experience.{field_name}[{name!r}]: shape {tuple(v.shape)}, expected ({n},)")
         am = self.attention_mask
         if am is not None and am.device.type != "meta" and bool((self.completion_mask & ~am.bool()).any()):
             raise ValueError("Experience.attention_mask: False on a token that completion_mask trains on")
@@ -174,9 +182,13 @@ class Experience:
             for f in dataclasses.fields(self)
             if isinstance(v := getattr(self, f.name), torch.Tensor)
         }
-        if self.env_counts is not None:
-            moved["env_counts"] = {k: v.to(device) for k, v in self.env_counts.items()}
-        return self.replace(**moved)
+        return self.replace(**moved, **self._row_dicts(lambda v: v.to(device)))
+
+    def _row_dicts(self, each) -> dict[str, dict[str, torch.Tensor] | None]:
+        """Each of :data:`ROW_DICT_FIELDS` with ``each`` applied to its tensors (None stays None)."""
+        return {
+            f: None if (d := getattr(self, f)) is None else {k: each(v) for k, v in d.items()} for f in ROW_DICT_FIELDS
+        }
 
     def rows(self, idx: slice | torch.Tensor) -> Experience:
         """Rows ``idx`` (a slice, an index tensor or a bool mask), with the prompt columns that are
@@ -213,8 +225,8 @@ class Experience:
             completions=[self.completions[i] for i in sel] if self.completions else [],
             rewards=row(self.rewards),
             advantages=None if adv is None else (adv[idx] if adv.dim() == 1 else tok(adv)),
-            env_counts=None if self.env_counts is None else {k: v[idx] for k, v in self.env_counts.items()},
             gen_s=self.gen_s,
+            **self._row_dicts(lambda v: v[idx]),
             **{name: tok(getattr(self, name)) for name in (*TOKEN_FIELDS, *TOKEN_ROW_FIELDS)},
         )
 
@@ -255,8 +267,7 @@ class Experience:
             if isinstance(v, torch.Tensor):
                 out[name] = v[idx]
         out["completions"] = [self.completions[i] for i in sel] if self.completions else []
-        if self.env_counts is not None:
-            out["env_counts"] = {k: v[idx] for k, v in self.env_counts.items()}
+        out.update(self._row_dicts(lambda v: v[idx]))
         out["group_index"] = torch.arange(len(groups), device=self.device).repeat_interleave(g)
         return Experience(**out)
 
@@ -322,7 +333,10 @@ class Experience:
             ref_logprobs=cat("ref_logprobs", t),
             sampler_logprobs=cat("sampler_logprobs", t),
             sampler_support=_concat_supports([e.sampler_support for e in parts], t),
-            env_counts=_concat_counts([e.env_counts for e in parts], [len(e) for e in parts]),
+            **{
+                f: _concat_row_dicts([getattr(e, f) for e in parts], [len(e) for e in parts], fill)
+                for f, fill in ROW_DICT_FIELDS.items()
+            },
             attention_mask=None
             if all(e.attention_mask is None for e in parts)
             else torch.cat([pad(e.completion_attention, t, False, False) for e in parts]),
@@ -343,11 +357,21 @@ def _concat_supports(parts: list[torch.Tensor | None], t: int) -> torch.Tensor |
     return torch.cat([_support.pad_positions(p, t) for p in _support.unify([p for p in parts if p is not None])])
 
 
-def _concat_counts(parts: list[dict[str, torch.Tensor] | None], sizes: list[int]) -> dict[str, torch.Tensor] | None:
-    """The parts' ``env_counts`` in order (a count a part lacks is 0 on its rows); None if none has any."""
+def _concat_row_dicts(
+    parts: list[dict[str, torch.Tensor] | None], sizes: list[int], fill: float
+) -> dict[str, torch.Tensor] | None:
+    """The parts' ``{name: (n,) tensor}`` joined in order (a name a part lacks is ``fill`` on its
+    rows, in the dtype the other parts give it); None if no part has any."""
     if all(c is None for c in parts):
         return None
     names = sorted({k for c in parts for k in (c or {})})
-    return {
-        k: torch.cat([(c or {}).get(k, torch.zeros(n, dtype=torch.long)) for c, n in zip(parts, sizes)]) for k in names
-    }
+    out = {}
+    for k in names:
+        like = next(c[k] for c in parts if c and k in c)
+        out[k] = torch.cat(
+            [
+                (c or {}).get(k, torch.full((n,), fill, dtype=like.dtype, device=like.device))
+                for c, n in zip(parts, sizes)
+            ]
+        )
+    return out

@@ -294,7 +294,11 @@ def sample_lines(rows: list[dict[str, Any]], exp: Any, tokenizer: Any) -> list[d
     - ``prompt``: the row's question (what reward functions get as ``prompts``), ``answer``;
     - ``model_prompt``: the text the model was given, decoded from its prompt tokens (template,
       system prompt, chat template and BOS as the model saw them; padding left out);
-    - ``completion``, ``reward`` (None: unscorable), ``truncated`` (no EOS within the limit);
+    - ``completion``, ``reward`` (the weighted total; None: unscorable), ``truncated`` (no EOS
+      within the limit);
+    - ``rewards``: each reward function's own value (before its weight) by the label of its
+      ``rewards/<label>`` metric (None: the function gave None), when the pipeline recorded them
+      (``exp.reward_parts``);
     - ``advantage``: the completion's advantage; under process supervision (token advantages
       ``(N, T)``) that of its first token, the sum of its normalized step rewards;
     - ``turns`` (multi-turn rollouts only): the transcript as its model and environment turns
@@ -326,6 +330,11 @@ def sample_lines(rows: list[dict[str, Any]], exp: Any, tokenizer: Any) -> list[d
         }
         for i, (b, text, r) in enumerate(zip(group, exp.completions, exp.rewards.tolist()))
     ]
+    parts = getattr(exp, "reward_parts", None)
+    if parts:
+        values = {k: v.tolist() for k, v in parts.items()}
+        for i, line in enumerate(lines):
+            line["rewards"] = {k: num(v[i]) for k, v in values.items()}
     if getattr(exp, "attention_mask", None) is not None:
         for i, line in enumerate(lines):
             line["turns"] = transcript_turns(exp, i, tokenizer)

@@ -44,6 +44,8 @@ runs through :func:`train_recipe`, so both give the same metrics for the same re
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -80,12 +82,15 @@ class Trainer:
             ``(step, metrics)``; :mod:`grpokit.trainer.callbacks`).
         overrides: ``"section.key=value"`` strings or ``{"section.key": value}``, applied last.
         progress: show the progress bar.
+        peft_config: as TRL's: a ``peft.LoraConfig`` (or a mapping of its fields) becomes ``model.lora``
+            (:func:`lora_from_peft`).
 
     Raises (when built, before any model loads):
         RecipeError: an unknown key or a value out of range (names the key).
         TypeError: rows that are not mappings, an object that is not callable where a function belongs,
             a callback with no hook; an argument of TRL's ``GRPOTrainer`` (``reward_funcs=``,
             ``train_dataset=``, ``args=``, ...): the message gives grpokit's for each.
+        ValueError: a ``peft_config`` setting grpokit's LoRA does not have (names the field).
     """
 
     def __init__(
@@ -103,10 +108,13 @@ class Trainer:
         callbacks: Iterable[Any] = (),
         overrides: Mapping[str, Any] | Sequence[str] = (),
         progress: bool = True,
+        peft_config: Any = None,
         **trl_arguments: Any,
     ):
         if trl_arguments:
             raise TypeError(_trl_arguments_answer(trl_arguments))
+        if peft_config is not None:
+            overrides = _with_lora(overrides, lora_from_peft(peft_config))
         self._objects = Objects()
         self.recipe: Recipe = make_recipe(
             recipe,
@@ -221,8 +229,67 @@ _TRL_ARGUMENTS = {
     "num_generations are answered with grpokit's key)",
     "processing_class": "nothing (the tokenizer is model='s)",
     "reward_processing_classes": "nothing (a reward model's tokenizer is its own: rewards=['rm:FOLDER'])",
-    "peft_config": "overrides={'model.lora': {'r': 16, 'alpha': 32}}",
 }
+
+#: ``peft.LoraConfig`` fields and the ``model.lora`` keys they become
+_PEFT_LORA_KEYS = {"r": "r", "lora_alpha": "alpha", "target_modules": "target_modules", "lora_dropout": "dropout"}
+#: ``peft.LoraConfig`` fields that say nothing about the adapters grpokit builds
+_PEFT_IGNORED = {
+    "task_type",
+    "peft_type",
+    "auto_mapping",
+    "peft_version",
+    "base_model_name_or_path",
+    "revision",
+    "inference_mode",
+}
+
+
+def lora_from_peft(config: Any) -> dict[str, Any]:
+    """``model.lora`` from TRL's ``peft_config=``: a ``peft.LoraConfig`` or a mapping of its fields.
+    ``r``, ``lora_alpha``, ``target_modules`` (a list, a set, one name, or ``"all-linear"``) and
+    ``lora_dropout`` map to ``r``, ``alpha``, ``target_modules``, ``dropout``; ``task_type`` and the
+    bookkeeping fields are ignored. A ``LoraConfig`` left at its own defaults gets peft's (``r`` 8,
+    ``alpha`` 8), as TRL would build it; its ``target_modules=None`` (peft's per-architecture choice)
+    becomes grpokit's ``all-linear``.
+
+    Raises:
+        ValueError: any other field set away from peft's default (``use_dora``, ``bias``,
+            ``modules_to_save``, ...: grpokit's LoRA has none of them), or an unknown key in a mapping;
+            the message names the field.
+    """
+    if isinstance(config, Mapping):
+        given = dict(config)
+        defaults: dict[str, Any] = {}
+    elif dataclasses.is_dataclass(config) and not isinstance(config, type):
+        given = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+        defaults = {f.name: getattr(type(config)(), f.name) for f in dataclasses.fields(config)}
+    else:
+        raise TypeError(
+            f"peft_config: expected a peft.LoraConfig or a mapping of its fields, got {type(config).__name__}"
+        )
+    for name, value in given.items():
+        if name in _PEFT_LORA_KEYS or name in _PEFT_IGNORED:
+            continue
+        if name not in defaults or value != defaults[name]:
+            raise ValueError(
+                f"peft_config.{name}={value!r}: grpokit's LoRA (model.lora) takes r, lora_alpha, target_modules "
+                "and lora_dropout only; leave the others at peft's defaults"
+            )
+    lora = {ours: given[theirs] for theirs, ours in _PEFT_LORA_KEYS.items() if given.get(theirs) is not None}
+    tm = lora.get("target_modules")
+    if isinstance(tm, str) and tm != "all-linear":
+        lora["target_modules"] = [tm]
+    elif isinstance(tm, (set, frozenset, tuple)):
+        lora["target_modules"] = sorted(tm)
+    return lora
+
+
+def _with_lora(overrides: Mapping[str, Any] | Sequence[str], lora: dict[str, Any]) -> Mapping[str, Any] | list[str]:
+    """``overrides`` with ``model.lora`` set to ``lora`` (peft_config=)."""
+    if isinstance(overrides, Mapping):
+        return {**overrides, "model.lora": lora}
+    return [*overrides, "model.lora=" + json.dumps(lora)]
 
 
 def _trl_arguments_answer(given: Mapping[str, Any]) -> str:

@@ -58,7 +58,10 @@ TRL_NAMES: dict[str, TrlName] = {
     "train_dataset": TrlName("data.dataset", "a packaged name, a local .jsonl/.parquet, hf:NAME or reasoning_gym:TASK"),
     "eval_dataset": TrlName("eval.dataset", "held-out accuracy (greedy, and eval.num_samples samples), not a loss"),
     "peft_config": TrlName(
-        "model.lora", "a mapping {r, alpha, target_modules, dropout} instead of a LoraConfig", same_value=False
+        "model.lora",
+        "a mapping {r, alpha, target_modules, dropout} in a recipe; grpokit.Trainer(peft_config=LoraConfig(...)) "
+        "takes the LoraConfig",
+        same_value=False,
     ),
     # GRPOConfig: data and generation
     "num_generations": TrlName("rollout.group_size", "G, completions sampled per prompt"),

@@ -212,9 +212,11 @@ class RewardPipeline:
         return dict(reward_metrics(exp, scored.per_function), reward_failures=scored.failures)
 
     def score_rows(self, exp: Any, rows: list[dict], columns: list[str]) -> ScoredRows:
-        """:meth:`score` without the metrics: sets ``exp.rewards`` (and the step rewards) and
-        returns each function's value per row and the failures of this call (a data-parallel
-        loop gathers these from every rank and computes :func:`reward_metrics` over the batch)."""
+        """:meth:`score` without the metrics: sets ``exp.rewards`` (and the step rewards),
+        ``exp.reward_parts`` (each function's value per row by its metric's label, NaN for None:
+        what ``samples.jsonl`` shows), and returns each function's value per row and the failures
+        of this call (a data-parallel loop gathers these from every rank and computes
+        :func:`reward_metrics` over the batch)."""
         group = exp.group_index.tolist()
         prompts = [rows[b]["prompt"] for b in group]
         cols = {k: [rows[b].get(k) for b in group] for k in columns}
@@ -227,6 +229,13 @@ class RewardPipeline:
             rewards, penalty = self._with_overlong_penalty(rewards, exp.completion_mask)
             per_fn = {**per_fn, OVERLONG: list(penalty)}  # logged as rewards/overlong_penalty
         exp.rewards = rewards.to(exp.device)
+        labels = reward_labels(list(per_fn))
+        exp.reward_parts = {
+            labels[k]: torch.tensor([math.nan if v is None else float(v) for v in vals], dtype=torch.float64).to(
+                exp.device
+            )
+            for k, vals in per_fn.items()
+        }
         if self.step_scorer is not None:
             exp.step_rewards, exp.step_ends, _ = self.step_scorer.score(exp, prompts, cols)
         return ScoredRows({k: list(v) for k, v in per_fn.items()}, self._failures() - failures_before)
