@@ -59,7 +59,7 @@ def gather_and_reduce(rank: int, world: int, port: int, out: str) -> None:
     lone = (_group([5.0, 6.0], 2), ScoredRows({"f": [5.0, 6.0]}, failures=0)) if rank == 1 else (None, None)
     refill, refill_sc = gather_scored(*lone, ranks, pad_id=0)
     # the update's logged sums when rank 0 ran no micro-batch: no stats, no entropy of its own
-    from grpokit.trainer.loop import PassTotals, UpdateTotals
+    from grpokit.trainer.update import PassTotals, UpdateTotals
 
     totals = UpdateTotals(passes=[PassTotals(loss=1.0 + rank)])
     if rank == 1:

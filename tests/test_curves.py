@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from grpokit.metrics import curve_panels, plot_curves, smooth
+from grpokit.metrics.curves import curve_panels, plot_curves, smooth
 
 
 def _rows(n=4, evals=()):

@@ -18,8 +18,8 @@ from grpokit.models.logprobs import LogprobScorer
 from grpokit.rewards.pipeline import RewardPipeline
 from grpokit.trainer.build import TrainData
 from grpokit.trainer.collect import refill_groups_with_signal
-from grpokit.trainer.loop import optimize
 from grpokit.trainer.state import TrainState
+from grpokit.trainer.update import optimize
 from grpokit.utils.distributed import SINGLE
 from helpers import tiny_recipe
 

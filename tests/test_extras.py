@@ -229,7 +229,7 @@ def test_hub_and_parquet_data_without_datasets_name_the_extra(monkeypatch, tmp_p
 
 
 def test_plot_without_matplotlib_warns_once_and_draws_nothing(monkeypatch, tmp_path):
-    from grpokit.metrics import plot_curves
+    from grpokit.metrics.curves import plot_curves
 
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text(json.dumps({"step": 1, "reward_mean": 0.5}) + "\n")

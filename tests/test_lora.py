@@ -25,7 +25,8 @@ from grpokit.models.logprobs import batch_logprobs, completion_logprobs, referen
 from grpokit.models.lora import adapter_dropout, is_peft_model, merged_copy
 from grpokit.trainer.checkpoint import load_model_weights, load_training_state
 from grpokit.trainer.collect import sample_and_score
-from grpokit.trainer.loop import optimize, train
+from grpokit.trainer.loop import train
+from grpokit.trainer.update import optimize
 from helpers import tiny_recipe, tiny_recipe_dict, write_recipe
 
 pytest.importorskip("peft")

@@ -41,6 +41,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -184,7 +185,7 @@ class Experience:
         }
         return self.replace(**moved, **self._row_dicts(lambda v: v.to(device)))
 
-    def _row_dicts(self, each) -> dict[str, dict[str, torch.Tensor] | None]:
+    def _row_dicts(self, each) -> dict[str, Any]:
         """Each of :data:`ROW_DICT_FIELDS` with ``each`` applied to its tensors (None stays None)."""
         return {
             f: None if (d := getattr(self, f)) is None else {k: each(v) for k, v in d.items()} for f in ROW_DICT_FIELDS
@@ -315,6 +316,10 @@ class Experience:
             return torch.cat(vals)
 
         n_groups = sum(e.num_groups for e in parts)
+        row_dicts: dict[str, Any] = {
+            f: _concat_row_dicts([getattr(e, f) for e in parts], [len(e) for e in parts], fill)
+            for f, fill in ROW_DICT_FIELDS.items()
+        }
         return Experience(
             prompt_ids=cat("prompt_ids", p, pad_id, True),
             prompt_mask=cat("prompt_mask", p, False, True),
@@ -333,10 +338,7 @@ class Experience:
             ref_logprobs=cat("ref_logprobs", t),
             sampler_logprobs=cat("sampler_logprobs", t),
             sampler_support=_concat_supports([e.sampler_support for e in parts], t),
-            **{
-                f: _concat_row_dicts([getattr(e, f) for e in parts], [len(e) for e in parts], fill)
-                for f, fill in ROW_DICT_FIELDS.items()
-            },
+            **row_dicts,
             attention_mask=None
             if all(e.attention_mask is None for e in parts)
             else torch.cat([pad(e.completion_attention, t, False, False) for e in parts]),
