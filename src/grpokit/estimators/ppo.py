@@ -20,7 +20,10 @@ DeepSeekMath §4.1 (arXiv 2402.03300) introduces GRPO as PPO (Ouyang et al. 2022
    model learns, the policy is not touched).
 
 The value model (:class:`grpokit.estimators.value.ValueModel`) is a copy of the policy's decoder with a zero
-scalar head; it and its optimizer are in every checkpoint (``state_dict``).
+scalar head; it and its optimizer are in every checkpoint (``state_dict``). Under FSDP2
+(``train.parallel=fsdp2``) the value model is sharded as the policy is (each decoder layer, then the
+whole); its gradients are reduce-scattered in the backward, and its checkpoint state is gathered to
+full tensors (every rank calls ``state_dict``; rank 0 writes it).
 """
 
 from __future__ import annotations
@@ -33,7 +36,16 @@ import torch
 from grpokit import algo
 from grpokit.estimators.value import ValueModel
 from grpokit.models.logprobs import LogprobScorer
-from grpokit.utils.distributed import group_ranks, reduce_gradients, sum_over_ranks
+from grpokit.utils.distributed import (
+    full_state,
+    group_ranks,
+    is_sharded,
+    load_full_state,
+    norm_value,
+    reduce_gradients,
+    shard_model,
+    sum_over_ranks,
+)
 
 if TYPE_CHECKING:
     from grpokit.config import AlgoConfig, TrainConfig
@@ -49,15 +61,20 @@ class PPO:
         self.needs_entropy = False  # the loss variants and entropy bonus are GRPO's (the recipe checks refuse them)
         self.critic: ValueModel | None = None
         self.critic_optimizer: torch.optim.Optimizer | None = None
+        self.sharded = False
 
     # -- set-up ------------------------------------------------------------------------------
 
     def bind(self, logprobs: LogprobScorer, train_cfg: TrainConfig) -> None:
         """Build the value model from the policy's decoder (``logprobs.model``) and its AdamW
-        (``train.critic_learning_rate``, ``train.adam_betas``, ``train.weight_decay``)."""
+        (``train.critic_learning_rate``, ``train.adam_betas``, ``train.weight_decay``); sharded
+        with FSDP2 when the policy is (every rank must call this then)."""
         self.logprobs = logprobs
         self.micro_batch_size, self.autocast_bf16 = logprobs.micro_batch_size, logprobs.autocast_bf16
         self.critic = ValueModel.from_policy(logprobs.model)
+        self.sharded = is_sharded(logprobs.model)
+        if self.sharded:
+            shard_model(self.critic)
         self.critic_optimizer = torch.optim.AdamW(
             self.critic.parameters(),
             lr=train_cfg.critic_learning_rate,
@@ -176,10 +193,11 @@ class PPO:
                 loss.backward()
                 total += loss.item()
                 frac += f.item() * int(m.sum()) / n_tok
-            reduce_gradients([p for p in critic.parameters() if p.requires_grad], ranks)
+            if not self.sharded:  # FSDP2 reduce-scattered them in the backward
+                reduce_gradients([p for p in critic.parameters() if p.requires_grad], ranks)
             total, frac = sum_over_ranks([total, frac], ranks)
             clip = train_cfg.max_grad_norm if train_cfg.max_grad_norm > 0 else float("inf")
-            gn = float(torch.nn.utils.clip_grad_norm_(critic.parameters(), clip))
+            gn = norm_value(torch.nn.utils.clip_grad_norm_(critic.parameters(), clip))
             if math.isfinite(gn) and math.isfinite(total) and gn > 0:
                 opt.step()
             losses.append(total)
@@ -197,8 +215,13 @@ class PPO:
         }
 
     def state_dict(self) -> dict[str, Any]:
-        """The value model's weights and its optimizer's state."""
+        """The value model's weights and its optimizer's state. Sharded (FSDP2): gathered to full
+        tensors on rank 0's CPU (the optimizer's keyed by parameter names), empty elsewhere; every
+        rank must call it."""
         critic = self._bound()
+        if self.sharded:
+            weights, opt_state = full_state(critic, self._optimizer())
+            return {"critic": weights, "critic_optimizer": opt_state}
         return {"critic": critic.state_dict(), "critic_optimizer": self._optimizer().state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -212,5 +235,8 @@ class PPO:
                 "algo.estimator=ppo: the checkpoint holds no value model (written by another "
                 "estimator?); start a new run (train.resume=none)"
             )
+        if self.sharded:  # every rank holds the full state: each loads its shards from it
+            load_full_state(self._bound(), self._optimizer(), state["critic"], state["critic_optimizer"])
+            return
         self._bound().load_state_dict(state["critic"])
         self._optimizer().load_state_dict(state["critic_optimizer"])

@@ -9,6 +9,11 @@ at zero (weight and bias), so the first values are 0 and the first advantages ar
 A LoRA policy (a peft model, ``model.lora``) gives a plain decoder: its weights with the adapters
 folded in, copied (:func:`grpokit.models.lora.merged_copy`; the policy keeps its adapters, nothing is merged
 in place). The value model is then trained in full, as without LoRA.
+
+A policy sharded by FSDP2 (``train.parallel=fsdp2``) gives a plain decoder of its class built from
+its full weights (gathered on every rank); the trainer then shards the value model the same way
+(each decoder layer, then the model with the head). Its forward runs through ``__call__`` so that
+FSDP2's hooks gather the shards.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import torch
 
 from grpokit.backends.base import plain_forward
 from grpokit.models.lora import is_peft_model, merged_copy
+from grpokit.utils.distributed import fsdp_root, is_sharded
 
 
 def _backbone(model: torch.nn.Module) -> torch.nn.Module:
@@ -49,12 +55,17 @@ class ValueModel(torch.nn.Module):
     def from_policy(cls, policy: torch.nn.Module) -> ValueModel:
         """A deep copy of ``policy``'s decoder (its current weights; trainable) and a zero head, in
         eval mode (no dropout), on the policy's device. A LoRA (peft) policy: the decoder of a
-        merged copy (base weights plus the adapters' current delta; no adapter layers in it).
+        merged copy (base weights plus the adapters' current delta; no adapter layers in it). A
+        policy sharded by FSDP2: a plain decoder with its full weights (:func:`_unsharded_decoder`;
+        every rank must call this), not yet sharded.
 
         Raises:
-            ValueError: ``policy`` has no decoder to copy or no ``config.hidden_size``.
+            ValueError: ``policy`` has no decoder to copy or no ``config.hidden_size``; a sharded
+                LoRA policy.
         """
-        if is_peft_model(policy):
+        if is_sharded(policy):
+            backbone = _unsharded_decoder(policy)
+        elif is_peft_model(policy):
             backbone = _backbone(merged_copy(policy))  # already a copy: the policy keeps its adapters
         else:
             backbone = copy.deepcopy(_backbone(policy))
@@ -67,8 +78,35 @@ class ValueModel(torch.nn.Module):
     def values(self, batch: Any, *, autocast_bf16: bool = False) -> torch.Tensor:
         """``(N, T)`` float32 values of ``batch``'s completion tokens (an Experience or a
         micro-batch of one: ids and masks are read). Gradients flow unless called under no_grad."""
+        return self(batch, autocast_bf16=autocast_bf16)  # through __call__: FSDP2's hooks
+
+    def forward(self, batch: Any, autocast_bf16: bool = False) -> torch.Tensor:  # noqa: D401 - nn.Module protocol
         hidden = plain_forward(self, self.backbone, batch, autocast_bf16)  # (N, T, H)
         return self.head(hidden.to(self.head.weight.dtype)).squeeze(-1).float()
 
-    def forward(self, batch: Any) -> torch.Tensor:  # noqa: D401 - nn.Module protocol
-        return self.values(batch)
+
+def _unsharded_decoder(policy: torch.nn.Module) -> torch.nn.Module:
+    """A plain (unsharded) decoder of ``policy``'s architecture (``transformers.AutoModel`` from its
+    config, its attention implementation and dtype) holding the decoder's full weights, gathered
+    from FSDP2's shards on every rank; on the policy's device. The random initialisation it is
+    built with draws from a forked RNG, so the run's random state is the one process's.
+
+    Raises:
+        ValueError: a LoRA (peft) policy (its merged weights would have to be gathered adapter by
+            adapter; not built).
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from transformers import AutoModel
+
+    if is_peft_model(policy):
+        raise ValueError("algo.estimator=ppo with model.lora under train.parallel=fsdp2 is not supported")
+    root = fsdp_root(policy)
+    decoder = _backbone(root)
+    prefix = next(name for name, m in root.named_modules() if m is decoder) + "."
+    full = get_model_state_dict(root, options=StateDictOptions(full_state_dict=True))  # a collective
+    cfg: Any = root.config
+    p = next(decoder.parameters())
+    with torch.random.fork_rng(devices=[]):
+        plain = AutoModel.from_config(cfg, attn_implementation=cfg._attn_implementation, torch_dtype=p.dtype)
+    plain.load_state_dict({k[len(prefix) :]: v for k, v in full.items() if k.startswith(prefix)})
+    return plain.to(p.device)

@@ -42,6 +42,7 @@ def save_run_checkpoint(run: Run, recipe: Recipe) -> Path | None:
     model_state = optimizer_state = None
     if is_sharded(run.model):
         model_state, optimizer_state = full_state(run.model, run.optimizer)
+    algorithm_state = run.algorithm.state_dict()  # on every rank: a sharded value model gathers (PPO)
     if not ranks.is_main:
         return None
     return save_checkpoint(
@@ -60,7 +61,7 @@ def save_run_checkpoint(run: Run, recipe: Recipe) -> Path | None:
         },
         recipe=recipe.to_dict(),
         keep=recipe.train.save_total_limit,
-        algorithm_state=run.algorithm.state_dict(),
+        algorithm_state=algorithm_state,
         rng_ranks=rng,
         model_state=model_state,
         optimizer_state=optimizer_state,

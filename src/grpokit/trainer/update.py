@@ -19,7 +19,7 @@ from grpokit.config import TrainConfig
 from grpokit.experience import Experience
 from grpokit.models.lora import adapter_dropout
 from grpokit.trainer.build import Run
-from grpokit.utils.distributed import gather_objects, reduce_gradients, sum_over_ranks
+from grpokit.utils.distributed import gather_objects, norm_value, reduce_gradients, sum_over_ranks
 from grpokit.utils.memory import release_memory
 
 
@@ -213,7 +213,7 @@ def _apply_update(run: Run, t: TrainConfig, loss_total: float) -> tuple[float, s
         reduce_gradients([p for p in run.model.parameters() if p.requires_grad], ranks)
     loss_total = sum_over_ranks([loss_total], ranks)[0]  # the same skip decision on every rank
     clip = t.max_grad_norm if t.max_grad_norm > 0 else float("inf")
-    gn = _grad_norm(torch.nn.utils.clip_grad_norm_(run.model.parameters(), clip))
+    gn = norm_value(torch.nn.utils.clip_grad_norm_(run.model.parameters(), clip))
     if gn == 0.0:
         state.consecutive_skips = 0
         return gn, "zero_grad"
@@ -223,9 +223,3 @@ def _apply_update(run: Run, t: TrainConfig, loss_total: float) -> tuple[float, s
         return gn, "applied"
     state.consecutive_skips += 1
     return gn, "skipped"
-
-
-def _grad_norm(total: torch.Tensor) -> float:
-    """The norm ``clip_grad_norm_`` returns, as a float (a DTensor under FSDP2: its full value)."""
-    full = getattr(total, "full_tensor", None)
-    return float(full() if callable(full) else total)

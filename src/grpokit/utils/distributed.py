@@ -333,6 +333,12 @@ def gathered(model: torch.nn.Module) -> Iterator[None]:
             unit.reshard()
 
 
+def norm_value(total: torch.Tensor) -> float:
+    """The norm ``clip_grad_norm_`` returns, as a float (a DTensor under FSDP2: its full value)."""
+    full = getattr(total, "full_tensor", None)
+    return float(full() if callable(full) else total)
+
+
 class GatheredEngine:
     """A rollout engine whose ``generate`` runs inside :func:`gathered` of the sharded policy."""
 
