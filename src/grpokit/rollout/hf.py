@@ -68,7 +68,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -477,7 +477,12 @@ _SAMPLERS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 def _sampler_copy(model: Any, dtype: torch.dtype) -> Any:
     """A copy of ``model`` whose floating-point *parameters* are ``dtype`` (buffers such as rotary
     frequencies stay as they are), with the weights of ``model`` right now. Made once per model and
-    dtype, refreshed in place on every call (a cast-copy of the weights)."""
+    dtype, refreshed in place on every call (a cast-copy of the weights). A model sharded by FSDP2:
+    :func:`_sharded_sampler_copy`."""
+    from grpokit.utils.distributed import is_sharded
+
+    if is_sharded(model):
+        return _sharded_sampler_copy(model, dtype)
     if all(p.dtype == dtype for p in model.parameters() if p.is_floating_point()):
         return model
     per_model = _SAMPLERS.setdefault(model, {})
@@ -495,6 +500,59 @@ def _sampler_copy(model: Any, dtype: torch.dtype) -> Any:
         for src, dst in zip(model.parameters(), copy.parameters()):
             dst.copy_(src)
     copy.generation_config = model.generation_config  # generate fills unset fields from it
+    return copy
+
+
+def _sharded_sampler_copy(model: Any, dtype: torch.dtype) -> Any:
+    """:func:`_sampler_copy` of a model sharded by FSDP2: a plain model of its class
+    (``transformers.AutoModelForCausalLM`` from its config and attention implementation, built once
+    in a forked RNG, its floating-point parameters in ``dtype``, buffers as built), refreshed on every
+    call one FSDP unit at a time: each unit's shards gathered, cast-copied into the copy, released,
+    so at most one unit's full float32 weights exist beside the copy. Every rank must call it the
+    same number of times (the gathers are collectives).
+
+    Raises:
+        ValueError: a LoRA (peft) model (its sampler would need the adapters merged unit by unit;
+            not built).
+    """
+    from torch.distributed.fsdp import FSDPModule
+    from transformers import AutoModelForCausalLM
+
+    from grpokit.models.lora import is_peft_model
+    from grpokit.utils.distributed import fsdp_root
+
+    if is_peft_model(model):
+        raise ValueError("model.autocast_bf16 with model.lora under train.parallel=fsdp2 is not supported")
+    root = fsdp_root(model)
+    per_model = _SAMPLERS.setdefault(model, {})
+    copy = per_model.get(dtype)
+    with torch.inference_mode(False):  # gathered tensors made here may serve autograd later (FSDP2 keeps them)
+        if copy is None:
+            cfg: Any = root.config
+            with torch.random.fork_rng(devices=[]):
+                copy = AutoModelForCausalLM.from_config(cfg, attn_implementation=cfg._attn_implementation)
+            copy = copy.to(model_device(model)).requires_grad_(False).eval()
+            for p in copy.parameters():
+                if p.is_floating_point():
+                    p.data = p.data.to(dtype)
+            per_model[dtype] = copy
+        units = {name: m for name, m in root.named_modules() if isinstance(m, FSDPModule)}  # "" is the root
+        layers = tuple(name + "." for name in units if name)
+        targets = dict(copy.named_parameters(remove_duplicate=False))
+        written: set[int] = set()
+        with torch.no_grad():
+            for name, unit in units.items():
+                unit.unshard()
+                for pname, p in cast(torch.nn.Module, unit).named_parameters(prefix=name):
+                    if not name and pname.startswith(layers):
+                        continue  # a layer's, copied with its own unit
+                    targets[pname].copy_(p)
+                    written.add(id(targets[pname]))
+                unit.reshard()
+        missed = [n for n, p in copy.named_parameters() if id(p) not in written]
+        if missed:
+            raise RuntimeError(f"the fsdp2 sampler copy: no sharded weight for {missed[:3]}")
+    copy.generation_config = root.generation_config
     return copy
 
 

@@ -338,8 +338,8 @@ def start_ranks(recipe: Recipe, device: torch.device) -> Ranks:
         ValueError: ``train.prompts_per_step`` not divisible by the number of processes, or, with
             more than one process, a setting whose samples or updates would depend on the rank
             split (names the key): ``rollout.sampler=multinomial``, ``rollout.engine=vllm``;
-            ``algo.dynamic_sampling`` with fsdp2 on several ranks; ``model.autocast_bf16``, or
-            ``algo.estimator=ppo`` with ``model.lora``, with fsdp2.
+            ``algo.dynamic_sampling`` with fsdp2 on several ranks; ``model.autocast_bf16`` or
+            ``algo.estimator=ppo`` with ``model.lora`` under fsdp2.
     """
     from grpokit.utils.distributed import init_ranks, launched_world_size, resolve_parallel
 
@@ -371,9 +371,9 @@ def start_ranks(recipe: Recipe, device: torch.device) -> Ranks:
             "algo.estimator=ppo with model.lora under train.parallel=fsdp2 is not supported (the value model "
             "starts from the merged adapted weights, which are not gathered from the shards); use train.parallel=ddp"
         )
-    if mode == "fsdp2" and recipe.model.autocast_bf16:  # its sampler is a bf16 copy of the whole model
+    if mode == "fsdp2" and recipe.model.autocast_bf16 and recipe.model.lora is not None:
         raise ValueError(
-            "model.autocast_bf16 with train.parallel=fsdp2 is not supported (the sampler would be an "
-            "unsharded bf16 copy); use model.dtype=bfloat16, or train.parallel=ddp"
+            "model.autocast_bf16 with model.lora under train.parallel=fsdp2 is not supported (the bf16 "
+            "sampler copy would need the adapters merged unit by unit); use train.parallel=ddp"
         )
     return init_ranks(t.parallel, device)

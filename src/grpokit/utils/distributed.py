@@ -340,12 +340,17 @@ def norm_value(total: torch.Tensor) -> float:
 
 
 class GatheredEngine:
-    """A rollout engine whose ``generate`` runs inside :func:`gathered` of the sharded policy."""
+    """A rollout engine whose ``generate`` runs inside :func:`gathered` of the sharded policy; an
+    engine that samples from its own copy of the weights (``sampler_dtype`` set: bf16 autocast)
+    refreshes that copy unit by unit itself (``grpokit.rollout.hf``), and the whole model is not
+    gathered."""
 
     def __init__(self, engine: Any, model: torch.nn.Module):
         self.engine, self.model = engine, model
 
     def generate(self, *args: Any, **kwargs: Any) -> Any:
+        if getattr(self.engine, "sampler_dtype", None) is not None:
+            return self.engine.generate(*args, **kwargs)
         with gathered(self.model):
             return self.engine.generate(*args, **kwargs)
 
