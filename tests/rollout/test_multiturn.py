@@ -389,3 +389,44 @@ def test_an_environment_with_parallel_steps_answers_a_rounds_rows_together(tiny_
     assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.attention_mask, b.attention_mask)
     assert torch.equal(a.completion_mask, b.completion_mask)
     assert [t.tolist() for t in a.env_counts.values()] == [t.tolist() for t in b.env_counts.values()]
+
+
+class _OneSlowEnv(StubEnv):
+    """StubEnv whose first prompt's episodes take 0.3 s a step; records how many decode steps the
+    model ran while each of those steps waited."""
+
+    def __init__(self, parallel: bool, forwards: list[int]):
+        super().__init__()
+        self.parallel_steps, self.forwards, self.during = parallel, forwards, []
+
+    def start(self, row):
+        inner, env, slow = super().start(row), self, row["answer"] == "0"
+
+        class Episode:
+            def step(self, turn, *, ended_by_eos):
+                if slow:
+                    before = env.forwards[0]
+                    __import__("time").sleep(0.3)
+                    env.during.append(env.forwards[0] - before)
+                return inner.step(turn, ended_by_eos=ended_by_eos)
+
+        return Episode()
+
+
+def test_a_slow_answer_holds_its_own_row_alone(tiny_model, smollm2_tokenizer):
+    """With parallel_steps the continuous loop decodes the other rows while an episode answers (a
+    row waiting on a slow tool feeds nothing and resumes when its answer is ready); the rows'
+    transcripts are those of answering before every next step. Without it, nothing decodes while
+    an episode answers."""
+    params = SamplingParams(temperature=1.0, max_new_tokens=6)
+    got = {}
+    for parallel in (False, True):
+        model, forwards = _model(tiny_model), [0]
+        model.register_forward_pre_hook(lambda *_, n=forwards: n.__setitem__(0, n[0] + 1))
+        env = _OneSlowEnv(parallel, forwards)
+        got[parallel] = (_multiturn(model, smollm2_tokenizer, env, params, turn_batching="continuous"), env.during)
+    (a, waited_alone), (b, waited_beside) = got[False], got[True]
+    assert waited_alone and set(waited_alone) == {0}  # blocking: no decode step while it answers
+    assert max(waited_beside) > 0  # the other rows decoded meanwhile
+    assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.attention_mask, b.attention_mask)
+    assert torch.equal(a.completion_mask, b.completion_mask)

@@ -22,10 +22,12 @@ Sampling is the lockstep loop's, token for token: token ``j`` of turn ``k`` of r
 with column ``j`` of ``row_uniforms(turn_seed(seed, k), [(first_prompt + b, g)], max_new_tokens)``
 (inverse CDF, the recipe's temperature / top-k / top-p / min-p warpers) or by argmax (temperature
 0); a turn ends at an EOS, at the token completing one of the environment's stop strings (checked
-on the decoded turn), or at its token limit. Episodes answer when their turn ends (in threads,
-for an environment with ``parallel_steps``), before the next decode step, so the rows of a step
-wait for the slowest answer of that step, not for other rows' turns; and a row's tokens depend on
-its seed and transcript alone (up to float rounding of the batch's shapes), as in lockstep.
+on the decoded turn), or at its token limit. An episode answers when its row's turn ends. For an
+environment with ``parallel_steps`` (the tools) it answers in a thread while the loop decodes the
+other rows: the waiting row feeds nothing (a masked column in its cache) and resumes at the first
+step after its answer is ready, so a slow call holds its own row alone (:class:`_Answers`);
+otherwise the episodes answer in order before the next decode step. A row's tokens depend on its
+seed and transcript alone (up to float rounding of the batch's shapes), as in lockstep.
 
 Sampling replay (a truncating warper on, :func:`grpokit.rollout.hf.records_support`): each drawn
 token also keeps the set it was drawn from and the sampler's log-prob of it
@@ -39,6 +41,7 @@ layers only), with the inverse-CDF sampler or greedy decoding and no repetition 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,7 +49,7 @@ import torch
 
 from grpokit.envs.base import Episode
 from grpokit.rollout.engine import SamplingParams
-from grpokit.rollout.turns import append_observation, ask_episodes, keep_turn, turn_seed
+from grpokit.rollout.turns import PARALLEL_STEPS, append_observation, ask_episodes, keep_turn, turn_seed
 
 __all__ = ["FEED_PER_STEP", "applies", "continuous_rows"]
 
@@ -92,6 +95,8 @@ class _Row:
     u: torch.Tensor | None = None
     supports: list[torch.Tensor] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    waiting: Future | None = None  # its episode's answer, being computed (parallel environments)
+    how: str = ""  # how its last turn ended ("eos", "stop", ...): given to append_observation
 
 
 def continuous_rows(
@@ -149,69 +154,127 @@ def continuous_rows(
 
     record = records_support(params)  # _draw keeps each token's set and log-prob on its row
     steps = 0
-    while rows:
-        feed = [row.pending[:FEED_PER_STEP] for row in rows]
-        w = max(len(f) for f in feed)
-        inp = torch.full((len(rows), w), int(pad_id), dtype=torch.long, device=device)
-        new = torch.zeros((len(rows), w), dtype=torch.bool, device=device)
-        for i, (row, f) in enumerate(zip(rows, feed)):
-            inp[i, w - len(f) :] = torch.tensor(f, dtype=torch.long)
-            new[i, w - len(f) :] = True
-            row.pending = row.pending[len(f) :]
-        position_ids = (pos.unsqueeze(1) + new.long().cumsum(1) - 1).clamp(min=0)
-        cols = torch.cat([cols, new], 1)
-        out = model(
-            input_ids=inp,
-            attention_mask=cols.long(),
-            position_ids=position_ids,
-            use_cache=True,
-            logits_to_keep=1,
-            **{kw: cache},
-        )
-        pos = pos + new.sum(1)
-        steps += 1
-        fed_all = [i for i, row in enumerate(rows) if not row.pending]  # the rows that sample now
-        picked = [rows[i] for i in fed_all]
-        drawn = _draw(out.logits[fed_all, -1].float(), picked, warpers, params) if picked else []
-        asks, ended = [], set()
-        for i, row, tok in zip(fed_all, picked, drawn):
-            row.tokens.append(tok)
-            row.pending = [tok]
-            if not _turn_ended(tokenizer, row, eos, stops):
-                continue
-            ended.add(i)
-            t = transcripts[row.r]
-            ask = keep_turn(
-                tokenizer,
-                t,
-                row.tokens,
-                eos,
-                stops,
-                row.limit,
-                budget,
-                logprobs=row.logprobs if record else None,
-                supports=row.supports if record else None,
-            )
-            if len(t.ids) != len(t.model) or (ask is None and not t.done):  # pragma: no cover - invariant
-                raise RuntimeError("continuous_rows: the kept turn differs from the decoded one")
-            if ask is not None:
-                asks.append((row.r, *ask))
-        by_r = {row.r: row for row in rows}
-        for (r, _, how), obs in zip(asks, ask_episodes(episodes, asks, parallel=parallel)):
-            t, row = transcripts[r], by_r[r]
-            before = len(t.ids)
-            append_observation(tokenizer, t, obs, how, row.turn, max_turns, budget)
-            if not t.done:
-                row.pending = [row.tokens[-1], *t.ids[before:]]
-                row.turn += 1
-                _start_turn(row, t, keys[r], params, budget, seed)
-        keep = [i for i, row in enumerate(rows) if not (i in ended and transcripts[row.r].done)]
-        if len(keep) < len(rows):
-            idx = torch.tensor(keep, dtype=torch.long, device=device)
-            if keep:
-                cache.batch_select_indices(idx)
-            cols, pos, rows = cols[idx], pos[idx], [rows[i] for i in keep]
+    pool = ThreadPoolExecutor(PARALLEL_STEPS, thread_name_prefix="grpokit-env") if parallel else None
+    answer = _Answers(
+        tokenizer, transcripts, episodes, keys, params, pool, budget=budget, max_turns=max_turns, seed=seed
+    )
+    try:
+        while rows:
+            if all(row.waiting is not None for row in rows):  # nothing to decode: wait for the first answer
+                wait([row.waiting for row in rows if row.waiting is not None], return_when=FIRST_COMPLETED)
+            else:
+                feed = [row.pending[:FEED_PER_STEP] for row in rows]  # a waiting row feeds nothing
+                w = max(len(f) for f in feed)
+                inp = torch.full((len(rows), w), int(pad_id), dtype=torch.long, device=device)
+                new = torch.zeros((len(rows), w), dtype=torch.bool, device=device)
+                for i, (row, f) in enumerate(zip(rows, feed)):
+                    if f:
+                        inp[i, w - len(f) :] = torch.tensor(f, dtype=torch.long)
+                        new[i, w - len(f) :] = True
+                        row.pending = row.pending[len(f) :]
+                position_ids = (pos.unsqueeze(1) + new.long().cumsum(1) - 1).clamp(min=0)
+                cols = torch.cat([cols, new], 1)
+                out = model(
+                    input_ids=inp,
+                    attention_mask=cols.long(),
+                    position_ids=position_ids,
+                    use_cache=True,
+                    logits_to_keep=1,
+                    **{kw: cache},
+                )
+                pos = pos + new.sum(1)
+                steps += 1
+                fed_all = [i for i, row in enumerate(rows) if not row.pending and row.waiting is None]  # they sample
+                picked = [rows[i] for i in fed_all]
+                drawn = _draw(out.logits[fed_all, -1].float(), picked, warpers, params) if picked else []
+                asks = []
+                for row, tok in zip(picked, drawn):
+                    row.tokens.append(tok)
+                    row.pending = [tok]
+                    if _turn_ended(tokenizer, row, eos, stops):
+                        ask = _keep(tokenizer, transcripts[row.r], row, eos, stops, budget, record)
+                        if ask is not None:
+                            asks.append((row, ask))
+                answer.ask(asks)
+            answer.take_ready(rows)
+            keep = [i for i, row in enumerate(rows) if row.waiting is not None or not transcripts[row.r].done]
+            if len(keep) < len(rows):
+                idx = torch.tensor(keep, dtype=torch.long, device=device)
+                if keep:
+                    cache.batch_select_indices(idx)
+                cols, pos, rows = cols[idx], pos[idx], [rows[i] for i in keep]
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
     return steps
+
+
+def _keep(tokenizer: Any, t: Any, row: _Row, eos: set[int], stops: Sequence[str], budget: int, record: bool) -> Any:
+    """Keep ``row``'s ended turn in its transcript ``t`` (:func:`keep_turn`); the episode's ask
+    ``(text, how)``, or None when the row is done."""
+    ask = keep_turn(
+        tokenizer,
+        t,
+        row.tokens,
+        eos,
+        stops,
+        row.limit,
+        budget,
+        logprobs=row.logprobs if record else None,
+        supports=row.supports if record else None,
+    )
+    if len(t.ids) != len(t.model) or (ask is None and not t.done):  # pragma: no cover - invariant
+        raise RuntimeError("continuous_rows: the kept turn differs from the decoded one")
+    return ask
+
+
+@dataclass
+class _Answers:
+    """The episodes' answers to the rows' ended turns. Without a ``pool`` (an environment whose
+    episodes must step one at a time) they are asked at once, in order, before the next decode step;
+    with one each is asked in a thread and the loop decodes the other rows meanwhile: a row whose
+    answer is ready resumes at the next step (:meth:`take_ready`), so a slow call holds its own row
+    alone. Either way a row's observation, and so its tokens, depend on its transcript alone."""
+
+    tokenizer: Any
+    transcripts: Sequence[Any]
+    episodes: Sequence[Episode]
+    keys: Sequence[tuple[int, int]]
+    params: SamplingParams
+    pool: ThreadPoolExecutor | None
+    budget: int
+    max_turns: int
+    seed: int | None
+
+    def ask(self, asks: list[tuple[_Row, tuple[str, str]]]) -> None:
+        """Ask each ``(row, (text, how))``'s episode; answered now without a pool."""
+        if self.pool is None:
+            items = [(row.r, text, how) for row, (text, how) in asks]
+            for (row, (_, how)), obs in zip(asks, ask_episodes(self.episodes, items, parallel=False)):
+                row.how = how
+                self._resume(row, obs)
+            return
+        for row, (text, how) in asks:
+            row.how, row.pending = how, []
+            row.waiting = self.pool.submit(self.episodes[row.r].step, text, ended_by_eos=how == "eos")
+
+    def take_ready(self, rows: list[_Row]) -> None:
+        """Resume every waiting row whose answer is ready (an episode's exception is raised here)."""
+        for row in rows:
+            if row.waiting is not None and row.waiting.done():
+                obs, row.waiting = row.waiting.result(), None
+                self._resume(row, obs)
+
+    def _resume(self, row: _Row, obs: Any) -> None:
+        """Append ``obs`` to ``row``'s transcript; unless that ended the row, it feeds its last
+        token and the observation's next and starts its next turn."""
+        t = self.transcripts[row.r]
+        before = len(t.ids)
+        append_observation(self.tokenizer, t, obs, row.how, row.turn, self.max_turns, self.budget)
+        if not t.done:
+            row.pending = [row.tokens[-1], *t.ids[before:]]
+            row.turn += 1
+            _start_turn(row, t, self.keys[row.r], self.params, self.budget, self.seed)
 
 
 def _prompt_cache(model: Any, ids: torch.Tensor, mask: torch.Tensor, prefill: Any) -> tuple[str, Any]:
