@@ -413,20 +413,23 @@ class _OneSlowEnv(StubEnv):
         return Episode()
 
 
-def test_a_slow_answer_holds_its_own_row_alone(tiny_model, smollm2_tokenizer):
-    """With parallel_steps the continuous loop decodes the other rows while an episode answers (a
-    row waiting on a slow tool feeds nothing and resumes when its answer is ready); the rows'
-    transcripts are those of answering before every next step. Without it, nothing decodes while
-    an episode answers."""
+def test_a_slow_answer_holds_its_own_row_alone_with_continuous_overlap(tiny_model, smollm2_tokenizer):
+    """turn_batching="continuous_overlap": a parallel_steps environment answers while the loop decodes
+    the other rows (a row waiting on a slow call feeds nothing and resumes when its answer is ready);
+    the transcripts are those of answering before every next step. With "continuous" (the default,
+    bit-reproducible) nothing decodes while an episode answers, parallel_steps or not."""
     params = SamplingParams(temperature=1.0, max_new_tokens=6)
     got = {}
-    for parallel in (False, True):
+    for parallel, batching in ((False, "continuous"), (True, "continuous"), (True, "continuous_overlap")):
         model, forwards = _model(tiny_model), [0]
         model.register_forward_pre_hook(lambda *_, n=forwards: n.__setitem__(0, n[0] + 1))
         env = _OneSlowEnv(parallel, forwards)
-        got[parallel] = (_multiturn(model, smollm2_tokenizer, env, params, turn_batching="continuous"), env.during)
-    (a, waited_alone), (b, waited_beside) = got[False], got[True]
-    assert waited_alone and set(waited_alone) == {0}  # blocking: no decode step while it answers
+        exp = _multiturn(model, smollm2_tokenizer, env, params, turn_batching=batching)
+        got[parallel, batching] = (exp, env.during)
+    for key in ((False, "continuous"), (True, "continuous")):
+        assert got[key][1] and set(got[key][1]) == {0}  # no decode step while it answers
+    b, waited_beside = got[True, "continuous_overlap"]
     assert max(waited_beside) > 0  # the other rows decoded meanwhile
+    a = got[False, "continuous"][0]
     assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.attention_mask, b.attention_mask)
     assert torch.equal(a.completion_mask, b.completion_mask)

@@ -310,9 +310,11 @@ class RolloutConfig:
     turn_batching: str = _f(
         "continuous",
         "with rollout.env and the hf engine: continuous = one decode loop, a row resumes at the next "
-        "step after its environment answers, its KV cache kept across turns; lockstep = one generate "
+        "step after its environment answers, its KV cache kept across turns; continuous_overlap = the "
+        "same, a tools environment answering while the other rows decode (slow tools hold their own "
+        "row only; runs then agree to float rounding, not bit for bit); lockstep = one generate "
         "per turn over the rows still going (same tokens; docs/tools.md)",
-        ("continuous", "lockstep"),
+        ("continuous", "continuous_overlap", "lockstep"),
     )
     engine: str = _f(
         "hf",

@@ -22,12 +22,14 @@ Sampling is the lockstep loop's, token for token: token ``j`` of turn ``k`` of r
 with column ``j`` of ``row_uniforms(turn_seed(seed, k), [(first_prompt + b, g)], max_new_tokens)``
 (inverse CDF, the recipe's temperature / top-k / top-p / min-p warpers) or by argmax (temperature
 0); a turn ends at an EOS, at the token completing one of the environment's stop strings (checked
-on the decoded turn), or at its token limit. An episode answers when its row's turn ends. For an
-environment with ``parallel_steps`` (the tools) it answers in a thread while the loop decodes the
-other rows: the waiting row feeds nothing (a masked column in its cache) and resumes at the first
-step after its answer is ready, so a slow call holds its own row alone (:class:`_Answers`);
-otherwise the episodes answer in order before the next decode step. A row's tokens depend on its
-seed and transcript alone (up to float rounding of the batch's shapes), as in lockstep.
+on the decoded turn), or at its token limit. An episode answers when its row's turn ends, before
+the next decode step (in threads, together, for an environment with ``parallel_steps``), so the
+rows of a step wait for that step's slowest answer, and a row's tokens depend on its seed and
+transcript alone (up to float rounding of the batch's shapes), as in lockstep. With ``overlap``
+(``turn_batching="continuous_overlap"``) a ``parallel_steps`` environment answers while the loop
+decodes the other rows: the waiting row feeds nothing (a masked column in its cache) and resumes
+at the first step after its answer is ready, so a slow call holds its own row alone, at the price
+of bit-reproducibility (:class:`_Answers`).
 
 Sampling replay (a truncating warper on, :func:`grpokit.rollout.hf.records_support`): each drawn
 token also keeps the set it was drawn from and the sampler's log-prob of it
@@ -116,6 +118,7 @@ def continuous_rows(
     parallel: bool,
     pad_id: int,
     prefill: Any,
+    overlap: bool = False,
 ) -> int:
     """Run the loop (module docstring) over ``n`` rows, filling their transcripts in place; returns
     the decode steps taken.
@@ -127,6 +130,8 @@ def continuous_rows(
             keys: ``n`` ``(prompt index, sample index)`` pairs (the rows' uniform streams).
         params: per-turn sampling (``max_new_tokens`` per turn); :func:`applies` must hold.
         budget, max_turns, eos, stops, parallel: as ``generate_multiturn``.
+        overlap: with ``parallel``, the episodes answer in threads while the loop decodes the other
+            rows (``turn_batching="continuous_overlap"``); else before the next decode step.
         prefill: ``(ids, mask) -> {keyword: cache} | {}``: the backend's cache of the first
             ``P - 1`` columns of the prompts ``ids`` ``(n, P)`` (``Backend.prefill`` with
             ``prefix = P - 1``), or ``{}``.
@@ -154,9 +159,9 @@ def continuous_rows(
 
     record = records_support(params)  # _draw keeps each token's set and log-prob on its row
     steps = 0
-    pool = ThreadPoolExecutor(PARALLEL_STEPS, thread_name_prefix="grpokit-env") if parallel else None
+    pool = ThreadPoolExecutor(PARALLEL_STEPS, thread_name_prefix="grpokit-env") if parallel and overlap else None
     answer = _Answers(
-        tokenizer, transcripts, episodes, keys, params, pool, budget=budget, max_turns=max_turns, seed=seed
+        tokenizer, transcripts, episodes, keys, params, pool, parallel, budget=budget, max_turns=max_turns, seed=seed
     )
     try:
         while rows:
@@ -230,11 +235,15 @@ def _keep(tokenizer: Any, t: Any, row: _Row, eos: set[int], stops: Sequence[str]
 
 @dataclass
 class _Answers:
-    """The episodes' answers to the rows' ended turns. Without a ``pool`` (an environment whose
-    episodes must step one at a time) they are asked at once, in order, before the next decode step;
-    with one each is asked in a thread and the loop decodes the other rows meanwhile: a row whose
-    answer is ready resumes at the next step (:meth:`take_ready`), so a slow call holds its own row
-    alone. Either way a row's observation, and so its tokens, depend on its transcript alone."""
+    """The episodes' answers to the rows' ended turns. Without a ``pool`` they are asked before the
+    next decode step (together in threads for a ``parallel`` environment, :func:`ask_episodes`), so
+    every row resumes at the step after its turn ended: a row's cache layout, and so its logits bit
+    for bit, do not depend on timing. With one (``overlap``) each is asked in a thread and the loop
+    decodes the other rows meanwhile: a row whose answer is ready resumes at the next step
+    (:meth:`take_ready`), so a slow call holds its own row alone; but how many masked columns a
+    waiting row's cache gets depends on timing, and a masked column moves logits by float rounding
+    (1e-7 measured), so runs then agree to float rounding only. Either way a row's observation
+    depends on its transcript alone."""
 
     tokenizer: Any
     transcripts: Sequence[Any]
@@ -242,6 +251,7 @@ class _Answers:
     keys: Sequence[tuple[int, int]]
     params: SamplingParams
     pool: ThreadPoolExecutor | None
+    parallel: bool
     budget: int
     max_turns: int
     seed: int | None
@@ -250,7 +260,7 @@ class _Answers:
         """Ask each ``(row, (text, how))``'s episode; answered now without a pool."""
         if self.pool is None:
             items = [(row.r, text, how) for row, (text, how) in asks]
-            for (row, (_, how)), obs in zip(asks, ask_episodes(self.episodes, items, parallel=False)):
+            for (row, (_, how)), obs in zip(asks, ask_episodes(self.episodes, items, parallel=self.parallel)):
                 row.how = how
                 self._resume(row, obs)
             return

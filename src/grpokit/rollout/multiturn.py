@@ -71,7 +71,7 @@ __all__ = [
 ]
 
 #: the values of ``rollout.turn_batching``: how a multi-turn rollout batches its rows' turns
-TURN_BATCHING = ("continuous", "lockstep")
+TURN_BATCHING = ("continuous", "continuous_overlap", "lockstep")
 
 
 def _turn_inputs(
@@ -139,8 +139,10 @@ def generate_multiturn(
         max_total_tokens: the most transcript tokens per row (model and environment); None =
             ``max_turns · max_new_tokens``.
         turn_batching: ``"continuous"`` (:mod:`grpokit.rollout.continuous`: one decode loop, each
-            row's KV cache kept across its turns; lockstep where it does not apply) or
-            ``"lockstep"`` (one ``generate`` per turn, the steps 1-3 above). Same tokens.
+            row's KV cache kept across its turns; lockstep where it does not apply),
+            ``"continuous_overlap"`` (the same, a ``parallel_steps`` environment answering while
+            the other rows decode: same tokens up to float rounding) or ``"lockstep"`` (one
+            ``generate`` per turn, the steps 1-3 above). Same tokens.
 
     Returns:
         :class:`~grpokit.experience.Experience` with ``attention_mask`` set, and ``env_counts``:
@@ -183,8 +185,8 @@ def generate_multiturn(
         model, tokenizer, prompt_lists, rows_t, episodes, params, G, budget, max_turns, eos, stops, seed,
         first_prompt, parallel, pad_id, chunk_size, sampler_dtype, share_prompt, packed_weights,
     )  # fmt: skip
-    if turn_batching == "continuous" and continuous.applies(model, params):
-        _continuous(run)
+    if turn_batching.startswith("continuous") and continuous.applies(model, params):
+        _continuous(run, overlap=turn_batching == "continuous_overlap")
     else:
         _lockstep(run, static_cache=static_cache)
     return transcripts_experience(tokenizer, prompt_lists, rows_t, G, pad_id, device, time.perf_counter() - t0)
@@ -285,8 +287,9 @@ def _lockstep(run: _Rollout, *, static_cache: bool) -> None:
             append_observation(run.tokenizer, run.rows_t[r], obs, how, k, run.max_turns, run.budget)
 
 
-def _continuous(run: _Rollout) -> None:
-    """``turn_batching="continuous"``: :func:`grpokit.rollout.continuous.continuous_rows` over
+def _continuous(run: _Rollout, *, overlap: bool = False) -> None:
+    """``turn_batching="continuous"`` (``overlap``: ``"continuous_overlap"``):
+    :func:`grpokit.rollout.continuous.continuous_rows` over
     consecutive chunks of ``chunk_size`` rows, under the model's backend (its generation context,
     its shared prompt-prefix cache) and a sampler copy in ``sampler_dtype``."""
     from grpokit.backends import get_backend
@@ -324,6 +327,7 @@ def _continuous(run: _Rollout) -> None:
                     parallel=run.parallel,
                     pad_id=run.pad_id,
                     prefill=prefill,
+                    overlap=overlap,
                 )
 
 
