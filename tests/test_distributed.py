@@ -159,6 +159,7 @@ def _env() -> dict[str, str]:
         MKL_NUM_THREADS="1",
         TOKENIZERS_PARALLELISM="false",
         PYTHONPATH=py_path,
+        PYTHONFAULTHANDLER="1",  # a rank that crashes in C (seen once: SIGSEGV under load) prints its Python stack
     )
 
 
