@@ -76,8 +76,10 @@ tools-mawps: $(STAMP)
 	done
 	$(BIN)/python scripts/paired_evals.py warmup_no_tool=$(MAWPS_OUT)/warmup_notools.json \
 	  $(foreach s,$(TOOLS_SEEDS),before_s$(s)=$(MAWPS_OUT)/s$(s)/eval_before.json s20_s$(s)=$(MAWPS_OUT)/s$(s)/eval_step20.json \
-	    s40_s$(s)=$(MAWPS_OUT)/s$(s)/eval_step40.json after_s$(s)=$(MAWPS_OUT)/s$(s)/eval_after.json) \
-	  $(foreach s,$(TOOLS_SEEDS),--pair after_s$(s):before_s$(s) --pair s40_s$(s):before_s$(s) --pair s20_s$(s):before_s$(s)) \
+	    s40_s$(s)=$(MAWPS_OUT)/s$(s)/eval_step40.json s60_s$(s)=$(MAWPS_OUT)/s$(s)/eval_step60.json \
+	    after_s$(s)=$(MAWPS_OUT)/s$(s)/eval_after.json) \
+	  $(foreach s,$(TOOLS_SEEDS),--pair after_s$(s):before_s$(s) --pair s60_s$(s):before_s$(s) --pair s40_s$(s):before_s$(s) \
+	    --pair s20_s$(s):before_s$(s)) \
 	  --pair before_s0:warmup_no_tool $(foreach s,$(TOOLS_SEEDS),--pair after_s$(s):warmup_no_tool) --json $(MAWPS_OUT)/table.json
 
 # The feedback environment on the arithmetic recipe (docs/tools.md): the packaged model's held-out

@@ -192,6 +192,19 @@ def test_a_signal_finishes_the_step_checkpoints_and_exits_128_plus_its_number(
     assert (summary["stopped_at"], summary["stop_signal"]) == (2, sig)
 
 
+def test_a_signal_stopping_trainer_train_says_to_call_it_again(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    """From Python the stop line says what continues the run there (not "run the same command"), and
+    calling train() again does."""
+    out = tmp_path / "run"
+    recipe = tiny_recipe_dict(tiny_model_dir, out, algo={"beta": 0.0}, train={"max_steps": 3, "save_steps": 0})
+    _stop_during_step(monkeypatch, 2, signal.SIGINT)
+    trainer = grpokit.Trainer(recipe, progress=False)
+    assert trainer.train()["stopped_at"] == 2
+    assert "[grpokit] stopped at step 2 of 3; call train() again to continue\n" in capsys.readouterr().out
+    monkeypatch.undo()
+    assert trainer.train()["last_metrics"]["step"] == 3 and _steps(out / "metrics.jsonl") == [1, 2, 3]
+
+
 @pytest.mark.slow
 def test_a_signal_to_another_rank_stops_this_one_with_that_status(tiny_model_dir, tmp_path, capsys, monkeypatch):
     """Under torchrun every rank learns of a stop through ``any_rank`` and takes the signaled rank's number."""

@@ -57,16 +57,19 @@ from grpokit.trainer.callbacks import Callback, CallbackError, Callbacks
 __all__ = ["Callback", "CallbackError", "Trainer", "make_recipe", "train_recipe"]
 
 
-def train_recipe(recipe: Recipe, *, progress: bool = True, callbacks: Iterable[Any] = ()) -> dict[str, Any]:
+def train_recipe(
+    recipe: Recipe, *, progress: bool = True, callbacks: Iterable[Any] = (), again: str = "run the same command"
+) -> dict[str, Any]:
     """Run GRPO as ``recipe`` says (:func:`grpokit.trainer.loop.train`) with ``callbacks``; returns the
-    run's summary. What ``grpokit train`` and :meth:`Trainer.train` call.
+    run's summary. What ``grpokit train`` and :meth:`Trainer.train` call; ``again``: how a stopped
+    run's last line says to continue it.
 
     Raises:
         what :func:`grpokit.trainer.loop.train` raises; :class:`CallbackError` when a callback raised.
     """
     from grpokit.trainer.loop import train
 
-    return train(recipe, progress=progress, callbacks=Callbacks(callbacks))
+    return train(recipe, progress=progress, callbacks=Callbacks(callbacks), again=again)
 
 
 class Trainer:
@@ -186,7 +189,9 @@ class Trainer:
             recipe = dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, resume=value))
         self._objects.give_all()
         with plain_warnings():  # a RunWarning: one "[grpokit] warning: ..." line, not a source location
-            self.summary = train_recipe(recipe, progress=self.progress, callbacks=self.callbacks)
+            self.summary = train_recipe(
+                recipe, progress=self.progress, callbacks=self.callbacks, again="call train() again"
+            )
             if self.summary.get("nothing_to_do"):
                 changed = self.summary.get("recipe_changes") or []
                 unused = f" Your settings that differ from that run's were not used: {said_changes(changed, 6)}."

@@ -80,9 +80,17 @@ class StepResult:
 
 
 def train(
-    recipe: Recipe, *, progress: bool = True, run: Run | None = None, callbacks: Callbacks | None = None
+    recipe: Recipe,
+    *,
+    progress: bool = True,
+    run: Run | None = None,
+    callbacks: Callbacks | None = None,
+    again: str = "run the same command",
 ) -> dict[str, Any]:
     """Run GRPO as the recipe says; returns a summary (last metrics, eval results, paths).
+
+    ``again``: how the stop line tells the user to continue a stopped run (the CLI's default;
+    :meth:`grpokit.Trainer.train` says ``call train() again``).
 
     ``callbacks``: the user's hooks (:mod:`grpokit.trainer.callbacks`); one that asks to stop ends
     the run after its step with ``early_stopped_at`` and ``stopped_by`` in the summary.
@@ -118,17 +126,22 @@ def train(
     changes = check_resume_recipe(start, recipe) if start is not None else []
     hooks = callbacks if callbacks is not None else Callbacks()
     if run is not None:
-        return _train(run, start, progress, changes, hooks)
+        return _train(run, start, progress, changes, hooks, again)
     run = build_run(recipe)  # validates data and rewards before any model loads, then loads models
     try:
-        return _train(run, start, progress, changes, hooks)
+        return _train(run, start, progress, changes, hooks, again)
     finally:
         run.rewards.close()  # the reward worker processes
         shutdown(run.ranks)  # the process group build_run joined (torchrun)
 
 
 def _train(
-    run: Run, start: Path | None, progress: bool, changes: list[tuple[str, Any, Any]], callbacks: Callbacks
+    run: Run,
+    start: Path | None,
+    progress: bool,
+    changes: list[tuple[str, Any, Any]],
+    callbacks: Callbacks,
+    again: str = "run the same command",
 ) -> dict[str, Any]:
     """:func:`train` once the run's parts exist: start (or resume), the steps, the end."""
     recipe, main = run.recipe, run.ranks.is_main  # with several ranks only rank 0 writes files and prints
@@ -150,7 +163,7 @@ def _train(
     if "stopped_at" not in summary and error is None:
         _after_training(run, logger, memory, summary)
     elif main and error is None:
-        _say_stopped(recipe, summary)
+        _say_stopped(recipe, summary, again)
     logger.close()
     final = run.out / f"checkpoint-{run.state.step}"
     if (final / "trainer_state.json").exists():
@@ -242,10 +255,10 @@ def _steps(
     return last
 
 
-def _say_stopped(recipe: Recipe, summary: dict[str, Any]) -> None:
+def _say_stopped(recipe: Recipe, summary: dict[str, Any], again: str) -> None:
     t = recipe.train
     again = (
-        "run the same command to continue"
+        f"{again} to continue"
         if t.resume == "auto"
         else f"continue with train.resume=auto (this command has train.resume={t.resume})"
     )
