@@ -168,15 +168,7 @@ def continuous_rows(
             if all(row.waiting is not None for row in rows):  # nothing to decode: wait for the first answer
                 wait([row.waiting for row in rows if row.waiting is not None], return_when=FIRST_COMPLETED)
             else:
-                feed = [row.pending[:FEED_PER_STEP] for row in rows]  # a waiting row feeds nothing
-                w = max(len(f) for f in feed)
-                inp = torch.full((len(rows), w), int(pad_id), dtype=torch.long, device=device)
-                new = torch.zeros((len(rows), w), dtype=torch.bool, device=device)
-                for i, (row, f) in enumerate(zip(rows, feed)):
-                    if f:
-                        inp[i, w - len(f) :] = torch.tensor(f, dtype=torch.long)
-                        new[i, w - len(f) :] = True
-                        row.pending = row.pending[len(f) :]
+                inp, new = _feed(rows, pad_id, device)
                 position_ids = (pos.unsqueeze(1) + new.long().cumsum(1) - 1).clamp(min=0)
                 cols = torch.cat([cols, new], 1)
                 out = model(
@@ -212,6 +204,22 @@ def continuous_rows(
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
     return steps
+
+
+def _feed(rows: list[_Row], pad_id: int, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decode step's input ``(n, w)`` long and its new-token mask ``(n, w)`` bool: each row's next
+    :data:`FEED_PER_STEP` pending tokens (taken off ``pending``), left-padded; a waiting row feeds
+    nothing (a masked column)."""
+    feed = [row.pending[:FEED_PER_STEP] for row in rows]
+    w = max(len(f) for f in feed)
+    inp = torch.full((len(rows), w), int(pad_id), dtype=torch.long, device=device)
+    new = torch.zeros((len(rows), w), dtype=torch.bool, device=device)
+    for i, (row, f) in enumerate(zip(rows, feed)):
+        if f:
+            inp[i, w - len(f) :] = torch.tensor(f, dtype=torch.long)
+            new[i, w - len(f) :] = True
+            row.pending = row.pending[len(f) :]
+    return inp, new
 
 
 def _keep(tokenizer: Any, t: Any, row: _Row, eos: set[int], stops: Sequence[str], budget: int, record: bool) -> Any:
