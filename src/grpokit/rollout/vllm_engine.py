@@ -72,6 +72,25 @@ EXTRA = "vllm"
 _DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
+def data_parallel_options() -> dict[str, Any]:
+    """vLLM's settings for one engine per rank under torchrun (``train.parallel=ddp`` on several
+    processes): ``distributed_executor_backend="external_launcher"`` (vLLM joins the process group
+    torchrun made instead of making its own) and ``data_parallel_size`` = the number of ranks, tensor
+    parallel 1: each rank's engine samples the rows of its own share, each row seeded by its place in
+    the batch (:func:`request_seed`), so 2 ranks draw what one process draws. Engines do not step
+    together, so a rank with fewer rows, or none, or generating alone (held-out evaluation on rank 0)
+    waits for no other. ``{}`` without a process group of several ranks."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return {}
+    return {
+        "distributed_executor_backend": "external_launcher",
+        "data_parallel_size": dist.get_world_size(),
+        "tensor_parallel_size": 1,
+    }
+
+
 def check_sampling(params: SamplingParams) -> None:
     """Refuse what the vllm engine cannot sample as the trainer scores it.
 
@@ -317,6 +336,11 @@ class VLLMRolloutEngine:
             kw["max_model_len"] = int(max_model_len)
         if "gpu_memory_utilization" in extra:  # the user sizes vLLM's memory as a share of the GPU
             kw.pop("kv_cache_memory_bytes")
+        per_rank = data_parallel_options()
+        if per_rank and torch.distributed.get_rank() == 0:
+            n = per_rank["data_parallel_size"]
+            print(f"[grpokit] vllm: one engine per rank ({n} ranks, vLLM's external launcher)", flush=True)
+        kw.update(per_rank)
         kw.update(extra)
         set_threads = torch.set_num_threads  # vLLM's CPU worker replaces it by a no-op; the trainer keeps it
         try:

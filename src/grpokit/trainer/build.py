@@ -337,7 +337,7 @@ def start_ranks(recipe: Recipe, device: torch.device) -> Ranks:
     Raises:
         ValueError: ``train.prompts_per_step`` not divisible by the number of processes, or, with
             more than one process, a setting whose samples or updates would depend on the rank
-            split (names the key): ``rollout.sampler=multinomial``, ``rollout.engine=vllm``;
+            split (names the key): ``rollout.sampler=multinomial``; ``rollout.engine=vllm`` or
             ``algo.dynamic_sampling`` with fsdp2 on several ranks; ``model.autocast_bf16`` or
             ``algo.estimator=ppo`` with ``model.lora`` under fsdp2.
     """
@@ -351,10 +351,7 @@ def start_ranks(recipe: Recipe, device: torch.device) -> Ranks:
                 f"train.prompts_per_step={t.prompts_per_step} is not divisible by the {world} "
                 "processes launched: each rank takes whole groups"
             )
-        refused = {
-            "rollout.sampler=multinomial": recipe.rollout.sampler == "multinomial",
-            "rollout.engine=vllm": recipe.rollout.engine == "vllm",
-        }
+        refused = {"rollout.sampler=multinomial": recipe.rollout.sampler == "multinomial"}
         for key, on in refused.items():
             if on:
                 raise ValueError(
@@ -365,6 +362,11 @@ def start_ranks(recipe: Recipe, device: torch.device) -> Ranks:
             "algo.dynamic_sampling with train.parallel=fsdp2 is not supported: a step of fewer groups than "
             "train.prompts_per_step splits unevenly over the ranks, and fsdp2 gathers every layer in each "
             "micro-batch on every rank, so they would run different numbers of collectives; use train.parallel=ddp"
+        )
+    if mode == "fsdp2" and world > 1 and recipe.rollout.engine == "vllm":  # each rank's vLLM needs full weights
+        raise ValueError(
+            "rollout.engine=vllm with train.parallel=fsdp2 is not supported yet (each rank's vLLM engine would "
+            "take the weights gathered from the shards); use train.parallel=ddp"
         )
     if mode == "fsdp2" and recipe.algo.estimator == "ppo" and recipe.model.lora is not None:
         raise ValueError(

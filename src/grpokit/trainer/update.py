@@ -62,7 +62,7 @@ def optimize(run: Run, exp: Experience, *, keep_rows: torch.Tensor | None = None
             warnings.filterwarnings("ignore", message=".*lr_scheduler.step.*optimizer.step")
             run.scheduler.step()
     run.optimizer.zero_grad(set_to_none=True)
-    totals.sum_over_ranks(run.ranks)  # this rank's share of every logged sum -> the batch's
+    totals.sum_over_ranks(run.ranks, gap)  # this rank's share of every logged sum -> the batch's
     aux = run.algorithm.update_auxiliary(exp, loss_mask, t)  # PPO: the value model
     run.engine.sync_weights()
     mu = max(passes, 1)
@@ -118,16 +118,22 @@ class UpdateTotals:
         self.passes.append(PassTotals())
         return self.passes[-1]
 
-    def sum_over_ranks(self, ranks: Any) -> None:
+    def sum_over_ranks(self, ranks: Any, gap: LogprobGap | None = None) -> None:
         """Replace this rank's sums by the whole batch's: one collective for every value, after one
         that agrees on which values there are (a rank whose share had no rows, in a dynamic-sampling
-        step of fewer groups than ranks, ran no micro-batch and has no stat and no entropy: it adds 0)."""
+        step of fewer groups than ranks, ran no micro-batch and has no stat and no entropy: it adds 0)
+        and carries ``gap``'s sums and maximum (the sampler's log-prob gap over the whole batch)."""
         if not ranks.active:
             return
-        mine = ([(i, k) for i, p in enumerate(self.passes) for k in sorted(p.stats)], self.entropy is not None)
-        every = gather_objects(mine, ranks)
-        keys = sorted({key for ks, _ in every for key in ks})
-        with_entropy = any(e for _, e in every)
+        keys_mine = [(i, k) for i, p in enumerate(self.passes) for k in sorted(p.stats)]
+        gap_mine = None if gap is None else (gap.total, gap.count, gap.max, gap.seen)
+        every = gather_objects((keys_mine, self.entropy is not None, gap_mine), ranks)
+        keys = sorted({key for ks, _, _ in every for key in ks})
+        with_entropy = any(e for _, e, _ in every)
+        if gap is not None:
+            gaps = [g for _, _, g in every if g is not None]
+            gap.total, gap.count = sum(g[0] for g in gaps), sum(g[1] for g in gaps)
+            gap.max, gap.seen = max(g[2] for g in gaps), any(g[3] for g in gaps)
         values = [p.loss for p in self.passes] + [self.passes[i].stats.get(k, 0.0) for i, k in keys]
         values += [self.entropy or 0.0] if with_entropy else []
         summed = sum_over_ranks(values, ranks)
