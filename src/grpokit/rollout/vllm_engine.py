@@ -261,6 +261,10 @@ class VLLMRolloutEngine:
         RuntimeError: vLLM did not start in this process.
     """
 
+    #: it samples from vLLM's own copy of the weights (pushed before a generate): a sharded policy
+    #: is not gathered around its generate (:class:`grpokit.utils.distributed.GatheredEngine`)
+    own_weights = True
+
     def __init__(
         self,
         model: Any,
@@ -387,9 +391,13 @@ class VLLMRolloutEngine:
             return
         t0 = time.perf_counter()
         from grpokit.models.lora import merged_state_dict  # LoRA: the adapters folded in, out of place
+        from grpokit.utils.distributed import full_parameters, is_sharded
 
-        weights = list(merged_state_dict(self.model).items())
-        s.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights), "is_checkpoint_format": True})
+        if is_sharded(self.model):  # FSDP2: gathered a unit at a time while vLLM loads them
+            weights = full_parameters(self.model)
+        else:
+            weights = iter(list(merged_state_dict(self.model).items()))
+        s.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
         if not s.llm.reset_prefix_cache():  # cached prompt KV was computed with the old weights
             raise RuntimeError("rollout.engine=vllm: vLLM could not drop its prefix cache after a weight update")
         s.stale, s.fingerprint, s.version = False, fp, s.version + 1

@@ -337,8 +337,8 @@ def start_ranks(recipe: Recipe, device: torch.device) -> Ranks:
     Raises:
         ValueError: ``train.prompts_per_step`` not divisible by the number of processes, or, with
             more than one process, a setting whose samples or updates would depend on the rank
-            split (names the key): ``rollout.sampler=multinomial``; ``rollout.engine=vllm`` or
-            ``algo.dynamic_sampling`` with fsdp2 on several ranks; ``model.autocast_bf16`` or
+            split (names the key): ``rollout.sampler=multinomial``; ``algo.dynamic_sampling`` with
+            fsdp2 on several ranks; ``rollout.engine=vllm`` with ``model.lora`` under fsdp2; ``model.autocast_bf16`` or
             ``algo.estimator=ppo`` with ``model.lora`` under fsdp2.
     """
     from grpokit.utils.distributed import init_ranks, launched_world_size, resolve_parallel
@@ -363,10 +363,10 @@ def start_ranks(recipe: Recipe, device: torch.device) -> Ranks:
             "train.prompts_per_step splits unevenly over the ranks, and fsdp2 gathers every layer in each "
             "micro-batch on every rank, so they would run different numbers of collectives; use train.parallel=ddp"
         )
-    if mode == "fsdp2" and world > 1 and recipe.rollout.engine == "vllm":  # each rank's vLLM needs full weights
+    if mode == "fsdp2" and recipe.rollout.engine == "vllm" and recipe.model.lora is not None:
         raise ValueError(
-            "rollout.engine=vllm with train.parallel=fsdp2 is not supported yet (each rank's vLLM engine would "
-            "take the weights gathered from the shards); use train.parallel=ddp"
+            "rollout.engine=vllm with model.lora under train.parallel=fsdp2 is not supported (vLLM takes the "
+            "merged adapted weights, which are not gathered from the shards); use train.parallel=ddp"
         )
     if mode == "fsdp2" and recipe.algo.estimator == "ppo" and recipe.model.lora is not None:
         raise ValueError(

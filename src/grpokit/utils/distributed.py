@@ -333,6 +333,38 @@ def gathered(model: torch.nn.Module) -> Iterator[None]:
             unit.reshard()
 
 
+def full_parameters(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, full tensor)`` of every parameter of a model sharded by :func:`shard_model`, one FSDP
+    unit at a time: a unit's shards gathered, its own parameters yielded as copies (under the plain
+    model's names: each decoder layer's with the layer, the root's embeddings, norm and head last),
+    the unit released before the next is gathered, so at most one unit's full weights exist beside
+    what the consumer keeps. Every rank must consume it whole, in step (the gathers are collectives);
+    inside :func:`gathered` (every unit already whole: held-out evaluation on rank 0) it makes no
+    collective. A tied head is yielded under both names, as ``state_dict`` gives it."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    root = fsdp_root(model)
+    units = {name: m for name, m in root.named_modules() if isinstance(m, FSDPModule)}  # "" is the root
+    layers = tuple(name + "." for name in units if name)
+
+    def own(name: str) -> list[tuple[str, torch.Tensor]]:
+        params = cast(torch.nn.Module, units[name]).named_parameters(prefix=name, remove_duplicate=False)
+        return [(n, p) for n, p in params if name or not n.startswith(layers)]  # the root: not its layers'
+
+    for name in sorted(units, key=lambda n: n == ""):  # the layers, then the root
+        unit = cast(FSDPModule, units[name])
+        if not any(isinstance(p, DTensor) for _, p in own(name)):  # already gathered (inside gathered()):
+            yield from ((n, p.detach().clone()) for n, p in own(name))  # no collective
+            continue
+        with torch.inference_mode(False):  # FSDP2 keeps the gathered tensors for later (autograd) use
+            unit.unshard()
+        try:
+            yield from ((n, p.detach().clone()) for n, p in own(name))
+        finally:
+            unit.reshard()
+
+
 def norm_value(total: torch.Tensor) -> float:
     """The norm ``clip_grad_norm_`` returns, as a float (a DTensor under FSDP2: its full value)."""
     full = getattr(total, "full_tensor", None)
@@ -341,15 +373,15 @@ def norm_value(total: torch.Tensor) -> float:
 
 class GatheredEngine:
     """A rollout engine whose ``generate`` runs inside :func:`gathered` of the sharded policy; an
-    engine that samples from its own copy of the weights (``sampler_dtype`` set: bf16 autocast)
-    refreshes that copy unit by unit itself (``grpokit.rollout.hf``), and the whole model is not
-    gathered."""
+    engine that samples from its own copy of the weights (``sampler_dtype`` set: bf16 autocast;
+    ``own_weights``: vLLM) refreshes that copy unit by unit itself (:func:`full_parameters`), and
+    the whole model is not gathered."""
 
     def __init__(self, engine: Any, model: torch.nn.Module):
         self.engine, self.model = engine, model
 
     def generate(self, *args: Any, **kwargs: Any) -> Any:
-        if getattr(self.engine, "sampler_dtype", None) is not None:
+        if getattr(self.engine, "sampler_dtype", None) is not None or getattr(self.engine, "own_weights", False):
             return self.engine.generate(*args, **kwargs)
         with gathered(self.model):
             return self.engine.generate(*args, **kwargs)
