@@ -68,7 +68,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import torch
 
@@ -507,19 +507,18 @@ def _sharded_sampler_copy(model: Any, dtype: torch.dtype) -> Any:
     """:func:`_sampler_copy` of a model sharded by FSDP2: a plain model of its class
     (``transformers.AutoModelForCausalLM`` from its config and attention implementation, built once
     in a forked RNG, its floating-point parameters in ``dtype``, buffers as built), refreshed on every
-    call one FSDP unit at a time: each unit's shards gathered, cast-copied into the copy, released,
-    so at most one unit's full float32 weights exist beside the copy. Every rank must call it the
-    same number of times (the gathers are collectives).
+    call one FSDP unit at a time (:func:`grpokit.utils.distributed.full_parameters`: each unit's
+    shards gathered, copied out, released), so at most one unit's full float32 weights exist beside
+    the copy. Every rank must call it the same number of times (the gathers are collectives).
 
     Raises:
         ValueError: a LoRA (peft) model (its sampler would need the adapters merged unit by unit;
             not built).
     """
-    from torch.distributed.fsdp import FSDPModule
     from transformers import AutoModelForCausalLM
 
     from grpokit.models.lora import is_peft_model
-    from grpokit.utils.distributed import fsdp_root
+    from grpokit.utils.distributed import fsdp_root, full_parameters
 
     if is_peft_model(model):
         raise ValueError("model.autocast_bf16 with model.lora under train.parallel=fsdp2 is not supported")
@@ -536,19 +535,12 @@ def _sharded_sampler_copy(model: Any, dtype: torch.dtype) -> Any:
                 if p.is_floating_point():
                     p.data = p.data.to(dtype)
             per_model[dtype] = copy
-        units = {name: m for name, m in root.named_modules() if isinstance(m, FSDPModule)}  # "" is the root
-        layers = tuple(name + "." for name in units if name)
         targets = dict(copy.named_parameters(remove_duplicate=False))
         written: set[int] = set()
         with torch.no_grad():
-            for name, unit in units.items():
-                unit.unshard()
-                for pname, p in cast(torch.nn.Module, unit).named_parameters(prefix=name):
-                    if not name and pname.startswith(layers):
-                        continue  # a layer's, copied with its own unit
-                    targets[pname].copy_(p)
-                    written.add(id(targets[pname]))
-                unit.reshard()
+            for name, full in full_parameters(model):  # one sharded unit gathered at a time
+                targets[name].copy_(full)
+                written.add(id(targets[name]))
         missed = [n for n, p in copy.named_parameters() if id(p) not in written]
         if missed:
             raise RuntimeError(f"the fsdp2 sampler copy: no sharded weight for {missed[:3]}")
