@@ -268,7 +268,8 @@ def lora_from_peft(config: Any) -> dict[str, Any]:
         defaults: dict[str, Any] = {}
     elif dataclasses.is_dataclass(config) and not isinstance(config, type):
         given = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
-        defaults = {f.name: getattr(type(config)(), f.name) for f in dataclasses.fields(config)}
+        fresh = type(config)()  # peft's defaults
+        defaults = {f.name: getattr(fresh, f.name) for f in dataclasses.fields(config)}
     else:
         raise TypeError(
             f"peft_config: expected a peft.LoraConfig or a mapping of its fields, got {type(config).__name__}"

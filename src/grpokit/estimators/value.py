@@ -25,7 +25,7 @@ import torch
 
 from grpokit.backends.base import plain_forward
 from grpokit.models.lora import is_peft_model, merged_copy
-from grpokit.utils.distributed import fsdp_root, is_sharded
+from grpokit.utils.distributed import is_sharded, load_full_parameters, plain_model
 
 
 def _backbone(model: torch.nn.Module) -> torch.nn.Module:
@@ -86,27 +86,17 @@ class ValueModel(torch.nn.Module):
 
 
 def _unsharded_decoder(policy: torch.nn.Module) -> torch.nn.Module:
-    """A plain (unsharded) decoder of ``policy``'s architecture (``transformers.AutoModel`` from its
-    config, its attention implementation and dtype) holding the decoder's full weights, gathered
-    from FSDP2's shards on every rank; on the policy's device. The random initialisation it is
-    built with draws from a forked RNG, so the run's random state is the one process's.
+    """A plain (unsharded) decoder of ``policy``'s architecture holding its full weights: the decoder
+    of :func:`grpokit.utils.distributed.plain_model` (from its config, attention implementation and
+    dtype, built in a forked RNG so the run's random state is the one process's), filled from
+    FSDP2's shards one unit at a time on every rank; on the policy's device.
 
     Raises:
         ValueError: a LoRA (peft) policy (its merged weights would have to be gathered adapter by
             adapter; not built).
     """
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-    from transformers import AutoModel
-
     if is_peft_model(policy):
         raise ValueError("algo.estimator=ppo with model.lora under train.parallel=fsdp2 is not supported")
-    root = fsdp_root(policy)
-    decoder = _backbone(root)
-    prefix = next(name for name, m in root.named_modules() if m is decoder) + "."
-    full = get_model_state_dict(root, options=StateDictOptions(full_state_dict=True))  # a collective
-    cfg: Any = root.config
-    p = next(decoder.parameters())
-    with torch.random.fork_rng(devices=[]):
-        plain = AutoModel.from_config(cfg, attn_implementation=cfg._attn_implementation, torch_dtype=p.dtype)
-    plain.load_state_dict({k[len(prefix) :]: v for k, v in full.items() if k.startswith(prefix)})
-    return plain.to(p.device)
+    plain = plain_model(policy)
+    load_full_parameters(policy, plain)  # one sharded unit gathered at a time
+    return _backbone(plain)

@@ -222,7 +222,7 @@ class RewardPipeline:
         cols = {k: [rows[b].get(k) for b in group] for k in columns}
         failures_before = self._failures()
         total, per_fn = compute_rewards(self.funcs, self.weights, prompts, exp.completions, cols)
-        rewards = torch.tensor([math.nan if r is None else r for r in total], dtype=torch.float64)
+        rewards = _float64(total)
         if self.normalize_each:
             rewards = self._normalized_sum(per_fn, exp.group_size)
         if self.overlong is not None:
@@ -230,12 +230,7 @@ class RewardPipeline:
             per_fn = {**per_fn, OVERLONG: list(penalty)}  # logged as rewards/overlong_penalty
         exp.rewards = rewards.to(exp.device)
         labels = reward_labels(list(per_fn))
-        exp.reward_parts = {
-            labels[k]: torch.tensor([math.nan if v is None else float(v) for v in vals], dtype=torch.float64).to(
-                exp.device
-            )
-            for k, vals in per_fn.items()
-        }
+        exp.reward_parts = {labels[k]: _float64(vals).to(exp.device) for k, vals in per_fn.items()}
         if self.step_scorer is not None:
             exp.step_rewards, exp.step_ends, _ = self.step_scorer.score(exp, prompts, cols)
         return ScoredRows({k: list(v) for k, v in per_fn.items()}, self._failures() - failures_before)
@@ -245,9 +240,7 @@ class RewardPipeline:
         from grpokit import algo
 
         names = list(self.funcs)
-        values = torch.tensor(
-            [[math.nan if v is None else v for v in per_fn[name]] for name in names], dtype=torch.float64
-        ).t()  # (N, K)
+        values = torch.stack([_float64(per_fn[name]) for name in names], 1)  # (N, K)
         weights = torch.tensor([float(self.weights.get(name, 1.0)) for name in names], dtype=torch.float64)
         return algo.normalized_reward_sum(values, weights, group_size)
 
@@ -282,6 +275,11 @@ class ScoredRows:
 
 
 _MODULE_FUNCTION = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
+
+
+def _float64(values: Sequence) -> torch.Tensor:
+    """``(N,)`` float64 of one value per row, None as NaN (unscorable)."""
+    return torch.tensor([math.nan if v is None else float(v) for v in values], dtype=torch.float64)
 
 
 def reward_labels(names: Sequence[str]) -> dict[str, str]:

@@ -506,44 +506,32 @@ def _sampler_copy(model: Any, dtype: torch.dtype) -> Any:
 def _sharded_sampler_copy(model: Any, dtype: torch.dtype) -> Any:
     """:func:`_sampler_copy` of a model sharded by FSDP2: a plain model of its class
     (``transformers.AutoModelForCausalLM`` from its config and attention implementation, built once
-    in a forked RNG, its floating-point parameters in ``dtype``, buffers as built), refreshed on every
-    call one FSDP unit at a time (:func:`grpokit.utils.distributed.full_parameters`: each unit's
-    shards gathered, copied out, released), so at most one unit's full float32 weights exist beside
-    the copy. Every rank must call it the same number of times (the gathers are collectives).
+    in a forked RNG: :func:`grpokit.utils.distributed.plain_model`; its floating-point parameters in
+    ``dtype``, buffers as built), refreshed on every call one FSDP unit at a time
+    (:func:`grpokit.utils.distributed.load_full_parameters`: each unit's shards gathered, copied in,
+    released), so at most one unit's full float32 weights exist beside the copy. Every rank must
+    call it the same number of times (the gathers are collectives).
 
     Raises:
         ValueError: a LoRA (peft) model (its sampler would need the adapters merged unit by unit;
             not built).
     """
-    from transformers import AutoModelForCausalLM
-
     from grpokit.models.lora import is_peft_model
-    from grpokit.utils.distributed import fsdp_root, full_parameters
+    from grpokit.utils.distributed import fsdp_root, load_full_parameters, plain_model
 
     if is_peft_model(model):
         raise ValueError("model.autocast_bf16 with model.lora under train.parallel=fsdp2 is not supported")
     root = fsdp_root(model)
     per_model = _SAMPLERS.setdefault(model, {})
     copy = per_model.get(dtype)
-    with torch.inference_mode(False):  # gathered tensors made here may serve autograd later (FSDP2 keeps them)
-        if copy is None:
-            cfg: Any = root.config
-            with torch.random.fork_rng(devices=[]):
-                copy = AutoModelForCausalLM.from_config(cfg, attn_implementation=cfg._attn_implementation)
-            copy = copy.to(model_device(model)).requires_grad_(False).eval()
+    if copy is None:
+        copy = plain_model(model).requires_grad_(False)
+        with torch.inference_mode(False):  # normal tensors, so later refreshes work in or out of it
             for p in copy.parameters():
                 if p.is_floating_point():
                     p.data = p.data.to(dtype)
-            per_model[dtype] = copy
-        targets = dict(copy.named_parameters(remove_duplicate=False))
-        written: set[int] = set()
-        with torch.no_grad():
-            for name, full in full_parameters(model):  # one sharded unit gathered at a time
-                targets[name].copy_(full)
-                written.add(id(targets[name]))
-        missed = [n for n, p in copy.named_parameters() if id(p) not in written]
-        if missed:
-            raise RuntimeError(f"the fsdp2 sampler copy: no sharded weight for {missed[:3]}")
+        per_model[dtype] = copy
+    load_full_parameters(model, copy)  # one sharded unit gathered at a time
     copy.generation_config = root.generation_config
     return copy
 

@@ -365,6 +365,40 @@ def full_parameters(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]
             unit.reshard()
 
 
+def plain_model(model: torch.nn.Module) -> torch.nn.Module:
+    """An unsharded model of a sharded ``model``'s class (``transformers.AutoModelForCausalLM`` from
+    its config, attention implementation and parameter dtype), on its device, not yet holding its
+    weights (:func:`load_full_parameters`). The random initialisation it is built with draws from a
+    forked RNG, so the run's random state is the one process's."""
+    from transformers import AutoModelForCausalLM
+
+    root = fsdp_root(model)
+    cfg: Any = root.config
+    p = next(root.parameters())
+    with torch.inference_mode(False):  # normal tensors: they are written again outside it
+        with torch.random.fork_rng(devices=[]):
+            plain = AutoModelForCausalLM.from_config(cfg, attn_implementation=cfg._attn_implementation, dtype=p.dtype)
+        return plain.to(p.device).eval()
+
+
+def load_full_parameters(model: torch.nn.Module, plain: torch.nn.Module) -> None:
+    """Copy the sharded ``model``'s weights into ``plain`` (:func:`plain_model`, its parameters in any
+    dtype), one FSDP unit at a time (:func:`full_parameters`; every rank must call it).
+
+    Raises:
+        RuntimeError: a parameter of ``plain`` that no sharded weight was copied into.
+    """
+    targets = dict(plain.named_parameters(remove_duplicate=False))
+    written: set[int] = set()
+    with torch.inference_mode(False), torch.no_grad():  # this order: leaving inference mode turns grad mode on
+        for name, full in full_parameters(model):
+            targets[name].copy_(full)
+            written.add(id(targets[name]))
+    missed = [n for n, p in plain.named_parameters() if id(p) not in written]
+    if missed:
+        raise RuntimeError(f"load_full_parameters: no sharded weight for {missed[:3]}")
+
+
 def norm_value(total: torch.Tensor) -> float:
     """The norm ``clip_grad_norm_`` returns, as a float (a DTensor under FSDP2: its full value)."""
     full = getattr(total, "full_tensor", None)
