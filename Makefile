@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup lock demo long long-arith loss-variants tools tools-mawps feedback process test lint typecheck bench efficacy-vs-trl ppo ppo-vs-grpo vllm-check clean
+.PHONY: setup lock demo long long-arith loss-variants loss-variants-mu2 tools tools-mawps feedback process process-steps test lint typecheck bench efficacy-vs-trl ppo ppo-vs-grpo vllm-check clean
 
 # pyproject.toml states ranges (a library must not replace its user's torch); the demo and the tests
 # run on the exact versions of requirements/lock.txt (`make lock` rewrites it from .venv), with
@@ -106,11 +106,34 @@ loss-variants: $(STAMP)
 	$(BIN)/python scripts/loss_variants.py run $(if $(VARIANTS),--only $(VARIANTS))
 	$(BIN)/python scripts/loss_variants.py table --json runs/variants/table.json --plot runs/variants/curves.png
 
+# The variants that act only through ratios != 1 (CISPO, dual clip, GSPO, GSPO-token) paired with plain
+# GRPO at two gradient passes per batch (train.num_iterations=2), in runs/variants_mu2.
+MU2_VARIANTS ?= plain cispo dual_clip gspo gspo_token
+loss-variants-mu2: $(STAMP)
+	$(BIN)/python scripts/loss_variants.py run --only $(MU2_VARIANTS) --shared train.num_iterations=2 --out runs/variants_mu2
+	$(BIN)/python scripts/loss_variants.py table --out runs/variants_mu2 --json runs/variants_mu2/table.json --plot runs/variants_mu2/curves.png
+
 long-arith: $(STAMP)
 	$(BIN)/grpokit train recipes/arith.yaml
 
 process: $(STAMP)
 	$(BIN)/grpokit train recipes/process.yaml
+
+# Issue #33 on the multi-step task (docs/process_supervision.md, "A multi-step task"): where outcome
+# supervision leaves groups without signal, the warm-up, step labels of its own solutions, the PRM
+# trained on them (and checked against the rule verifier), then the arms of scripts/process_arms.py
+# (outcome, rule verifier, learned PRM, iterative PRM) for each seed in STEPS_SEEDS, and the table.
+# Each part is skipped when its output exists; the labels resume.
+STEPS_SEEDS ?= 0 1
+STEPS_ARMS ?= outcome rule prm prm_iterative
+process-steps: $(STAMP)
+	test -f runs/steps/sft/config.json || $(BIN)/grpokit sft recipes/steps.yaml
+	test -f runs/steps/signal.json || $(BIN)/python scripts/step_signal.py sample recipes/steps.yaml prm.judge=reasoning_gym --json runs/steps/signal.json
+	$(BIN)/grpokit prm label recipes/steps.yaml
+	test -f runs/steps/prm/prm_info.json || $(BIN)/grpokit prm train recipes/steps.yaml
+	$(BIN)/python scripts/step_signal.py labels recipes/steps.yaml --prm runs/steps/prm --json runs/steps/prm_check.json
+	$(BIN)/python scripts/process_arms.py run --seeds $(STEPS_SEEDS) --only $(STEPS_ARMS)
+	$(BIN)/python scripts/process_arms.py table --seeds $(STEPS_SEEDS) --json runs/steps/table.json
 
 # The property tests draw the same examples on every `make test` (hypothesis's derandomized "ci"
 # profile), so CI cannot turn red by chance; `make test HYPOTHESIS=default` draws new ones each run.

@@ -1,7 +1,7 @@
 """Issue #35's measured table: each loss/advantage variant for 30 steps on ``recipes/arith.yaml``.
 
-    python scripts/loss_variants.py run [--only NAME ...]     # trains what is missing (resumable)
-    python scripts/loss_variants.py table [--json OUT] [--plot OUT.png]
+    python scripts/loss_variants.py run [--only NAME ...] [--shared KEY=VALUE ...] [--out DIR]
+    python scripts/loss_variants.py table [--out DIR] [--json OUT] [--plot OUT.png]
 
 Every run is ``grpokit train recipes/arith.yaml`` with the shared settings below plus the variant's
 own keys, in ``runs/variants/<name>``. A run whose ``eval_after.json`` exists is skipped, so an
@@ -10,7 +10,9 @@ The recipe's one gradient pass per batch (``train.num_iterations=1``) is kept: t
 its own π_old (every ratio is exactly 1) and GSPO, CISPO and dual clip give plain GRPO's gradient
 (docs/loss_variants.md says why), so their runs measure the run-to-run noise of float rounding
 alone. ``plain`` is the baseline every other run is paired with on the same held-out problems
-(greedy, step 30); ``--shared`` adds keys to every run (``train.num_iterations=2``).
+(greedy, step 30); ``--shared`` adds keys to every run (``train.num_iterations=2``); ``--out`` puts the
+runs in another folder (default ``runs/variants``; e.g. ``runs/variants_mu2`` for the μ = 2 pairs, so
+the μ = 1 runs there are not taken for them).
 
 ``table`` prints held-out accuracy (Wilson 95 %), the paired difference against ``plain``
 (Newcombe 95 %, exact McNemar p), the median step time and the last steps' entropy and completion
@@ -161,15 +163,19 @@ def _plot(path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    global OUT
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run")
     r.add_argument("--only", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     r.add_argument("--shared", nargs="*", default=[], help="keys added to every run")
+    r.add_argument("--out", default=str(OUT), help="the folder of the runs")
     t = sub.add_parser("table")
     t.add_argument("--json")
     t.add_argument("--plot")
+    t.add_argument("--out", default=str(OUT), help="the folder of the runs")
     a = ap.parse_args(argv)
+    OUT = Path(a.out)
     if a.cmd == "run":
         run(a.only, a.shared)
     else:

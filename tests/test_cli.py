@@ -454,7 +454,7 @@ def test_a_file_of_a_packaged_name_comes_first_and_unknown_names_list_the_packag
     assert main(["train", "arithmetic"]) == 2
     assert capsys.readouterr().err == (
         "grpokit train: recipe error: recipe file not found: arithmetic; the packaged "
-        "recipes, found by name from any folder: arith, demo, feedback, long, ppo, process, tools, tools_mawps\n"
+        "recipes, found by name from any folder: arith, demo, feedback, long, ppo, process, steps, tools, tools_mawps\n"
     )
 
 

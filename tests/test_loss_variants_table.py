@@ -53,3 +53,21 @@ def test_table_pairs_each_variant_with_plain(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "before training: 0.000" in out and "| rloo |" in out and "+20.0 [" in out
     assert json.loads((tmp_path / "t.json").read_text())["rows"]["plain"]["accuracy"] == pytest.approx(0.4)
+
+
+def test_out_folder_keeps_the_mu2_runs_apart(tmp_path, monkeypatch):
+    """``run --out DIR --shared K=V``: the runs go to DIR (a finished μ = 1 run elsewhere is not taken),
+    every command carries the shared key; ``table --out DIR`` reads DIR."""
+    monkeypatch.setattr(lv, "OUT", tmp_path / "variants")
+    _run(tmp_path / "variants", "plain", [True] * 4, [1.0])  # the μ = 1 run
+    calls = []
+    monkeypatch.setattr(lv.subprocess, "run", lambda cmd, **k: calls.append(cmd))
+    mu2 = tmp_path / "variants_mu2"
+    lv.main(["run", "--only", "plain", "cispo", "--shared", "train.num_iterations=2", "--out", str(mu2)])
+    assert [c[-1] for c in calls] == [f"train.output_dir={mu2 / 'plain'}", f"train.output_dir={mu2 / 'cispo'}"]
+    assert all("train.num_iterations=2" in c for c in calls)
+    _run(mu2, "plain", [True, False], [1.0], before=[False, False])
+    _run(mu2, "cispo", [True, True], [1.0])
+    lv.main(["table", "--out", str(mu2), "--json", str(tmp_path / "t.json")])
+    rows = json.loads((tmp_path / "t.json").read_text())["rows"]
+    assert rows["cispo"]["paired_vs_plain"]["b_only"] == 1 and rows["plain"]["accuracy"] == 0.5

@@ -132,6 +132,15 @@ def test_engine_and_judge_calls():
     assert call["prompts"] == [q0, q0, q1, q1] + [q0] * 4 * R + [q1] * R
 
 
+def test_token_count_sums_what_the_engine_generated():
+    """The stub gives each row one completion token: 4 solutions + (4 + 1) prefixes × R rollouts."""
+    from grpokit.process import TokenCount
+
+    engine = TokenCount(StubEngine(TABLE))
+    _label(engine)
+    assert engine.tokens == 4 + 5 * R and len(engine.calls) == 3  # other attributes are the engine's
+
+
 def test_a_split_batch_gives_the_records_of_one_call():
     # solutions and rollouts picked by per-row seeds: the split must pass the right indices and seeds
     table = {

@@ -61,7 +61,8 @@ def test_label_resumes_and_refuses_other_settings(tiny_model_dir, tmp_path, caps
         assert all(h == (s > 0) for h, s in zip(r.hard[:-1], r.soft[:-1]))
     before = labels.read_bytes()
     assert main(["prm", "label", str(path)]) == 0  # complete: nothing sampled, nothing written
-    assert "0 problems labelled, 3 done before" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "0 problems labelled, 3 done before" in out and "; 0 tokens generated," in out
     assert labels.read_bytes() == before
     assert main(["prm", "label", str(path), "prm.problems=4"]) == 0
     assert read_labels(labels).complete == {0, 1, 2, 3} and labels.read_bytes().startswith(before)

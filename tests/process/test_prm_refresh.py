@@ -65,6 +65,7 @@ def test_refresh_retrains_the_prm_replays_and_sets_the_reference(tiny_model_dir,
     assert "prm_round" not in metrics[0]  # the first refresh comes after step 1
     assert [m["prm_round"] for m in metrics[1:]] == [1, 2]
     assert [m["prm_labels"] for m in metrics[1:]] == [4, 4]  # 2 problems x 2 solutions
+    assert all(m["prm_label_tokens"] >= 4 for m in metrics[1:])  # at least one token per solution
     records = read_labels(out / LABELS_FILE).records
     assert [r.policy for r in records] == ["step 1"] * 4 + ["step 2"] * 4
     assert sorted({r.problem for r in records}) == [0, 1, 2, 3]  # the next problems each round

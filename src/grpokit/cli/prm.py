@@ -51,7 +51,8 @@ def _summary(action: str, record: dict, out: str | None) -> str:
         frac = "" if record["good_frac"] is None else f", {record['good_frac']:.2f} of steps good"
         return (
             f"-> {record['labels']} ({record['labelled']} problems labelled, {record['skipped']} done before; "
-            f"{record['records']} solutions, {record['steps']} steps{frac}; {record['seconds']:.0f} s)"
+            f"{record['records']} solutions, {record['steps']} steps{frac}; {record['tokens']} tokens generated, "
+            f"{record['seconds']:.0f} s)"
         )
     parts = []
     for when in ("before", "after"):

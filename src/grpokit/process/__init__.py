@@ -29,7 +29,15 @@ Token advantages from the step rewards are the algorithm's job (``grpokit.estima
 ``grpokit.algo.process_advantages``).
 """
 
-from grpokit.process.labels import LabelFile, StepLabels, append_labels, label_steps, prefix_seed, read_labels
+from grpokit.process.labels import (
+    LabelFile,
+    StepLabels,
+    TokenCount,
+    append_labels,
+    label_steps,
+    prefix_seed,
+    read_labels,
+)
 from grpokit.process.prm import ClassificationPRM, StepLayout, TokenProbPRM
 from grpokit.process.prm_metrics import prm_metrics
 from grpokit.process.prm_train import PRMSpec, load_prm, train_prm
@@ -55,6 +63,7 @@ __all__ = [
     "ProcessScorer",
     "StepLabels",
     "StepLayout",
+    "TokenCount",
     "TokenProbPRM",
     "append_labels",
     "arithmetic_step_rewards",

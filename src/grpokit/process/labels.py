@@ -49,7 +49,7 @@ from grpokit.rewards.calling import RewardCall
 if TYPE_CHECKING:
     from grpokit.experience import Experience
 
-__all__ = ["LabelFile", "StepLabels", "append_labels", "label_steps", "prefix_seed", "read_labels"]
+__all__ = ["LabelFile", "StepLabels", "TokenCount", "append_labels", "label_steps", "prefix_seed", "read_labels"]
 
 
 @dataclass(frozen=True)
@@ -239,6 +239,33 @@ def label_steps(
             )
         )
     return records
+
+
+class TokenCount:
+    """A rollout engine that counts what it generates: ``tokens`` is the sum of the completion tokens
+    (``completion_mask``) of every ``generate`` call so far; every other attribute is the engine's.
+    What labelling costs, in the unit a user pays (``grpokit prm label``'s ``tokens``, iterative RL's
+    ``prm_label_tokens``).
+
+    >>> class E:
+    ...     def generate(self, prompts, group_size, sampling, seed, first_prompt=0):
+    ...         import torch
+    ...         from types import SimpleNamespace
+    ...         return SimpleNamespace(completion_mask=torch.ones(len(prompts) * group_size, 3, dtype=torch.bool))
+    >>> e = TokenCount(E()); _ = e.generate(["a", "b"], 2, None, 0); e.tokens
+    12
+    """
+
+    def __init__(self, engine: Any):
+        self.engine, self.tokens = engine, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+    def generate(self, *args: Any, **kwargs: Any) -> Experience:
+        exp = self.engine.generate(*args, **kwargs)
+        self.tokens += int(exp.completion_mask.sum())
+        return exp
 
 
 def _generate(engine: Any, prompts: list[str], group: int, sampling: Any, seed: int, first: int = 0) -> Experience:

@@ -54,7 +54,8 @@ def main_prm_label(recipe: Recipe) -> dict[str, Any]:
     Returns:
         ``labels`` (the file), ``problems`` (in scope), ``labelled`` (this call), ``skipped``
         (complete before), ``heldout_left_out`` (training rows that are held-out problems),
-        ``records``/``steps``/``good_frac`` of this call's records, ``seconds``.
+        ``records``/``steps``/``good_frac`` of this call's records, ``tokens`` (completion tokens it
+        generated: solutions and step rollouts), ``seconds``.
 
     Raises:
         ValueError: ``prm.labels`` not set; an unknown ``prm.judge``; the file holds records made with
@@ -63,7 +64,7 @@ def main_prm_label(recipe: Recipe) -> dict[str, Any]:
     """
     from grpokit.data.rows import section_rows, training_prompts
     from grpokit.models.loading import eos_token_ids, load_model, load_tokenizer, model_max_positions
-    from grpokit.process.labels import append_labels, label_steps, read_labels
+    from grpokit.process.labels import TokenCount, append_labels, label_steps, read_labels
     from grpokit.process.steps import split_steps
     from grpokit.rewards.base import get_reward_function
     from grpokit.rollout.engine import SamplingParams, load_engine
@@ -108,9 +109,12 @@ def main_prm_label(recipe: Recipe) -> dict[str, Any]:
     todo = [b for b in range(n) if b not in done.complete]
     start = time.time()
     new: list[Any] = []
+    engine = None
     if todo:
         model = load_model(m.name_or_path, device=device, trust_remote_code=m.trust_remote_code).eval()
-        engine = load_engine(r.engine, model=model, tokenizer=tokenizer, eos_token_ids=eos_token_ids(model, tokenizer))
+        engine = TokenCount(
+            load_engine(r.engine, model=model, tokenizer=tokenizer, eos_token_ids=eos_token_ids(model, tokenizer))
+        )
         for lo, hi in problem_runs(todo, p.problems_per_call):
             records = label_steps(
                 engine,
@@ -142,6 +146,7 @@ def main_prm_label(recipe: Recipe) -> dict[str, Any]:
         "records": len(new),
         "steps": len(flat),
         "good_frac": sum(flat) / len(flat) if flat else None,
+        "tokens": 0 if engine is None else engine.tokens,
         "seconds": round(time.time() - start, 1),
     }
 

@@ -98,9 +98,10 @@ class PRMRefresh:
 
     def refresh(self, run: Run) -> dict[str, Any]:
         """One round (module docstring, 1-4) on ``run``; returns its metrics: ``prm_round``,
-        ``prm_labels`` (solutions labelled), ``prm_label_good_frac`` (of their steps), ``prm_replay``,
+        ``prm_labels`` (solutions labelled), ``prm_label_good_frac`` (of their steps),
+        ``prm_label_tokens`` (completion tokens the labelling generated), ``prm_replay``,
         ``prm_loss`` (mean over the round's optimizer steps), ``prm_refresh_s``."""
-        from grpokit.process.labels import append_labels, label_steps, read_labels
+        from grpokit.process.labels import TokenCount, append_labels, label_steps, read_labels
 
         p, start = self.recipe.prm, time.perf_counter()
         rows, prompts = run.data.rows, run.data.prompts
@@ -108,8 +109,9 @@ class PRMRefresh:
         pick = [(first + i) % len(rows) for i in range(p.refresh_problems)]
         was_training = run.model.training
         run.model.eval()
+        engine = TokenCount(run.engine)
         new = label_steps(
-            run.engine,
+            engine,
             [prompts[i] for i in pick],
             [rows[i] for i in pick],
             judge=self.judge,
@@ -138,6 +140,7 @@ class PRMRefresh:
             "prm_round": self.round,
             "prm_labels": len(new),
             "prm_label_good_frac": sum(good) / len(good) if good else None,
+            "prm_label_tokens": engine.tokens,
             "prm_replay": len(replay),
             "prm_loss": sum(losses) / len(losses) if losses else None,
             "prm_refresh_s": time.perf_counter() - start,
