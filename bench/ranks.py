@@ -2,13 +2,16 @@
 
     python bench/ranks.py                     # the demo recipe with DAPO's dynamic sampling, ddp
     python bench/ranks.py --steps 4 --parallel ddp -- algo.dynamic_sampling=false
+    .venv-vllm/bin/python bench/ranks.py -- rollout.engine=vllm    # the demo with the vLLM engine
 
 One process runs with as many threads as the ranks have together (2 here), each rank with one, so
 both use the same cores. Each run's steps after the first (warm-up) give a median ``step_s`` and
-``gen_s``; the script prints the 2-rank / 1-process ratios, whether both sampled the same
-completions (``samples.jsonl``), and writes the record to ``--json``. On one 2-core machine more
-ranks bring no speed (they share the cores): the ratio measures what the collectives and the
-uneven refill shares cost.
+``gen_s``, and completion tokens per CPU second (the completion tokens of those steps over their
+summed ``step_s`` times the cores both runs use); the script prints the 2-rank / 1-process ratios,
+whether both sampled the same completions (``samples.jsonl``), and writes the record to ``--json``.
+The runs use the interpreter that runs the script (``.venv-vllm/bin/python`` for the vLLM engine).
+On one 2-core machine more ranks bring no speed (they share the cores): the ratio measures what the
+collectives and the uneven refill shares cost.
 """
 
 from __future__ import annotations
@@ -38,7 +41,15 @@ def _run(cmd: list[str], threads: int) -> float:
 
 def _medians(out: Path) -> dict[str, float]:
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][1:]  # step 1: warm-up
-    return {k: statistics.median(r[k] for r in rows) for k in ("step_s", "gen_s", "train_s")}
+    out = {k: statistics.median(r[k] for r in rows) for k in ("step_s", "gen_s", "train_s")}
+    out["completion_tokens"] = sum(r["tokens_per_s"] * r["step_s"] for r in rows)  # tokens_per_s = tokens / step_s
+    out["step_s_total"] = sum(r["step_s"] for r in rows)
+    return out
+
+
+def tokens_per_cpu_s(medians: dict[str, float], cores: int) -> float:
+    """Completion tokens per CPU second: the steps' tokens over their time times the cores used."""
+    return medians["completion_tokens"] / (medians["step_s_total"] * cores)
 
 
 def main() -> None:
@@ -90,6 +101,7 @@ def main() -> None:
         "one_process": m1,
         "ranks_run": mr,
         "ratio_step_s": mr["step_s"] / m1["step_s"],
+        "tokens_per_cpu_s": {"one": tokens_per_cpu_s(m1, a.ranks), "ranks": tokens_per_cpu_s(mr, a.ranks)},
         "same_samples": same,
         "wall_s": {"one": wall_one, "ranks": wall_many},
         "cpus": os.cpu_count(),
@@ -97,7 +109,8 @@ def main() -> None:
     print(
         f"{a.ranks} {a.parallel} ranks / 1 process, median step_s (steps 2-{a.steps}): "
         f"{mr['step_s']:.1f} / {m1['step_s']:.1f} s = {record['ratio_step_s']:.2f}; "
-        f"gen_s {mr['gen_s']:.1f} / {m1['gen_s']:.1f}; same samples: {same}"
+        f"gen_s {mr['gen_s']:.1f} / {m1['gen_s']:.1f}; completion tokens per CPU second "
+        f"{record['tokens_per_cpu_s']['ranks']:.2f} / {record['tokens_per_cpu_s']['one']:.2f}; same samples: {same}"
     )
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
