@@ -82,20 +82,26 @@ tools-mawps: $(STAMP)
 	    --pair s20_s$(s):before_s$(s)) \
 	  --pair before_s0:warmup_no_tool $(foreach s,$(TOOLS_SEEDS),--pair after_s$(s):warmup_no_tool) --json $(MAWPS_OUT)/table.json
 
-# The feedback environment on the arithmetic recipe (docs/tools.md): the packaged model's held-out
-# accuracy of its first answer (one turn) and of its last (3 turns), then GRPO with the feedback
-# environment and the same two evaluations of its last checkpoint.
+# The feedback environment on the arithmetic recipe (docs/tools.md): per seed (each its own held-out
+# set, --heldout-of with train.seed), GRPO with the feedback environment (its eval_before and
+# eval_after are the base's and the trained model's last answers, 3 turns), then the first answers
+# of both (rollout.max_turns=1), and the paired table.
 FEEDBACK_OUT := runs/feedback
+FEEDBACK_SEEDS ?= 0 1
 feedback: $(STAMP)
-	$(BIN)/grpokit eval smollm2-135m-instruct --heldout-of recipes/feedback.yaml rollout.max_turns=1 --overwrite --output $(FEEDBACK_OUT)/base_first.json
-	$(BIN)/grpokit eval smollm2-135m-instruct --heldout-of recipes/feedback.yaml --overwrite --output $(FEEDBACK_OUT)/base_last.json
-	$(BIN)/python scripts/paired_evals.py first=$(FEEDBACK_OUT)/base_first.json last=$(FEEDBACK_OUT)/base_last.json --pair last:first
-	$(BIN)/grpokit train recipes/feedback.yaml
-	$(BIN)/grpokit eval $(FEEDBACK_OUT) --heldout-of recipes/feedback.yaml rollout.max_turns=1 --overwrite --output $(FEEDBACK_OUT)/trained_first.json
-	$(BIN)/grpokit eval $(FEEDBACK_OUT) --heldout-of recipes/feedback.yaml --overwrite --output $(FEEDBACK_OUT)/trained_last.json
-	$(BIN)/python scripts/paired_evals.py base_first=$(FEEDBACK_OUT)/base_first.json base_last=$(FEEDBACK_OUT)/base_last.json \
-	  trained_first=$(FEEDBACK_OUT)/trained_first.json trained_last=$(FEEDBACK_OUT)/trained_last.json \
-	  --pair trained_last:trained_first --pair trained_first:base_first --pair trained_last:base_last \
+	for s in $(FEEDBACK_SEEDS); do \
+	  $(BIN)/grpokit train recipes/feedback.yaml train.seed=$$s train.output_dir=$(FEEDBACK_OUT)/s$$s || exit 1; \
+	  $(BIN)/grpokit eval smollm2-135m-instruct --heldout-of recipes/feedback.yaml train.seed=$$s rollout.max_turns=1 \
+	    --overwrite --output $(FEEDBACK_OUT)/s$$s/base_first.json || exit 1; \
+	  $(BIN)/grpokit eval $(FEEDBACK_OUT)/s$$s --heldout-of recipes/feedback.yaml train.seed=$$s rollout.max_turns=1 \
+	    --overwrite --output $(FEEDBACK_OUT)/s$$s/trained_first.json || exit 1; \
+	done
+	$(BIN)/python scripts/paired_evals.py \
+	  $(foreach s,$(FEEDBACK_SEEDS),base_first_s$(s)=$(FEEDBACK_OUT)/s$(s)/base_first.json \
+	    base_last_s$(s)=$(FEEDBACK_OUT)/s$(s)/eval_before.json trained_first_s$(s)=$(FEEDBACK_OUT)/s$(s)/trained_first.json \
+	    trained_last_s$(s)=$(FEEDBACK_OUT)/s$(s)/eval_after.json) \
+	  $(foreach s,$(FEEDBACK_SEEDS),--pair base_last_s$(s):base_first_s$(s) --pair trained_last_s$(s):trained_first_s$(s) \
+	    --pair trained_first_s$(s):base_first_s$(s) --pair trained_last_s$(s):base_last_s$(s)) \
 	  --json $(FEEDBACK_OUT)/paired.json
 
 # The loss and advantage variants (docs/loss_variants.md, "Measured"): each 30 steps of recipes/arith.yaml,
