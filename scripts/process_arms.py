@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 
 from grpokit.eval.stats import paired_comparison, wilson_interval
+from grpokit.metrics import read_metrics
 
 OUT = Path("runs/steps")
 RECIPE = "recipes/steps.yaml"
@@ -63,7 +64,7 @@ def run(names: list[str], seeds: list[int], shared: list[str]) -> None:
 
 def _metrics(out: Path) -> list[dict]:
     path = out / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return read_metrics(path) if path.exists() else []
 
 
 def _outcomes(path: Path) -> list[bool]:
@@ -82,7 +83,7 @@ def _sampled_steps(out: Path) -> float | None:
     path = out / "samples.jsonl"
     if not path.exists():
         return None
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = read_metrics(path)  # JSON lines, as metrics.jsonl
     if not rows:
         return None
     last = max(r["step"] for r in rows)

@@ -48,22 +48,14 @@ from grpokit.rewards.calling import RewardCall
 
 def _sample(recipe, problems: int) -> list[dict]:
     """Groups of the recipe's own samples: ``[{prompt, row, completions}]``."""
-    from grpokit.data.rows import section_rows, training_prompts
-    from grpokit.models.loading import eos_token_ids, load_model, load_tokenizer, model_max_positions
-    from grpokit.rollout.engine import SamplingParams, load_engine
+    from grpokit.rollout.engine import SamplingParams
     from grpokit.trainer.build import resolve_device
-    from grpokit.trainer.sft import drop_heldout_questions
+    from grpokit.trainer.prm import policy_engine, policy_problems
 
-    m, r = recipe.model, recipe.rollout
-    rows = section_rows(recipe, "data")
-    if recipe.eval.dataset:
-        rows, _ = drop_heldout_questions(rows, section_rows(recipe, "eval"))
-    tokenizer = load_tokenizer(m.name_or_path, trust_remote_code=m.trust_remote_code)
-    max_positions = model_max_positions(m.name_or_path, trust_remote_code=m.trust_remote_code)
-    rows, prompts, _ = training_prompts(recipe, tokenizer, rows, max_positions)
+    r = recipe.rollout
+    rows, prompts, _, tokenizer = policy_problems(recipe)  # as grpokit prm label asks them
     rows, prompts = rows[:problems], prompts[:problems]
-    model = load_model(m.name_or_path, device=resolve_device(m.device), trust_remote_code=m.trust_remote_code).eval()
-    engine = load_engine(r.engine, model=model, tokenizer=tokenizer, eos_token_ids=eos_token_ids(model, tokenizer))
+    engine = policy_engine(recipe, tokenizer, resolve_device(recipe.model.device))
     exp = engine.generate(prompts, r.group_size, SamplingParams.from_config(r), recipe.train.seed)
     G = r.group_size
     return [
@@ -94,9 +86,15 @@ def _claims_ok(step: str) -> tuple[bool, bool]:
     return bool(claims), all(c.ok for c in claims)
 
 
+def _first_wrong(flags: list[tuple[bool, bool]]) -> int:
+    """The index of the first step whose claims do not all hold (``len(flags)`` if none), from
+    :func:`_claims_ok` of each step."""
+    return next((k for k, (_, right) in enumerate(flags) if not right), len(flags))
+
+
 def _verifier_good(steps: list[str]) -> list[int]:
     """1 for each step before the first step with a wrong claim, else 0."""
-    first_bad = next((k for k, x in enumerate(steps) if not _claims_ok(x)[1]), len(steps))
+    first_bad = _first_wrong([_claims_ok(x) for x in steps])
     return [int(k < first_bad) for k in range(len(steps))]
 
 
@@ -143,6 +141,7 @@ def measure(recipe, groups: list[dict]) -> dict:
             values = judge([g["row"].get("prompt", g["prompt"])] * len(texts), texts, **columns)
             ok = [v is not None and v >= recipe.prm.threshold for v in values]
         steps = [step_texts(t, split_steps(t, rule)) for t in texts]
+        flags_all = [[_claims_ok(x) for x in s] for s in steps]  # each step's claims checked once
         process = arithmetic_step_rewards(
             [g["prompt"]] * len(texts), texts, steps, answer=[g["row"].get("answer")] * len(texts)
         )
@@ -154,13 +153,12 @@ def measure(recipe, groups: list[dict]) -> dict:
             all_wrong += not ok[0]
             pooled = {v for row in process for v in row if v is not None}
             process_signal_when_none += len(pooled) > 1
-            right_claim_when_none += any(c and r for s in steps for c, r in map(_claims_ok, s))
-        for i, s in enumerate(steps):
+            right_claim_when_none += any(c and r for flags in flags_all for c, r in flags)
+        for i, (s, flags) in enumerate(zip(steps, flags_all)):
             steps_n.append(len(s))
-            flags = [_claims_ok(x) for x in s]
             checked += sum(c for c, _ in flags)
             claims_right += sum(c and r for c, r in flags)
-            first_bad = sum(_verifier_good(s))
+            first_bad = _first_wrong(flags)
             if s:
                 prefix_right_share.append(first_bad / len(s))
             if not ok[i] and s:

@@ -13,7 +13,7 @@ from typing import Any
 from grpokit.config import Recipe
 from grpokit.utils.outputs import check_output_dir
 
-__all__ = ["main_prm_label", "main_prm_train", "problem_runs"]
+__all__ = ["main_prm_label", "main_prm_train", "policy_engine", "policy_problems", "problem_runs"]
 
 
 def problem_runs(todo: list[int], size: int) -> list[tuple[int, int]]:
@@ -45,6 +45,44 @@ def _settings(recipe: Recipe) -> dict[str, Any]:
     }
 
 
+def policy_problems(recipe: Recipe) -> tuple[list[dict], list[str], int, Any]:
+    """``(rows, prompts, heldout_dropped, tokenizer)``: the recipe's training rows whose question is not
+    one of the ``eval`` section's held-out problems (compared without case and spaces), their prompts
+    as training renders them (with the model's tokenizer, returned too), and how many rows were held-out
+    problems. What the policy is asked when its own solutions are labelled or probed.
+
+    Raises:
+        ValueError: every training problem is a held-out one; bad data (names the key).
+    """
+    from grpokit.data.rows import section_rows, training_prompts
+    from grpokit.models.loading import load_tokenizer, model_max_positions
+    from grpokit.trainer.sft import drop_heldout_questions
+
+    m = recipe.model
+    rows = section_rows(recipe, "data")
+    heldout_dropped = 0
+    if recipe.eval.dataset:  # the held-out problems are never labelled
+        rows, heldout_dropped = drop_heldout_questions(rows, section_rows(recipe, "eval"))
+        if not rows:
+            raise ValueError("data: every training problem is one of the held-out (eval) problems")
+    tokenizer = load_tokenizer(m.name_or_path, trust_remote_code=m.trust_remote_code)
+    max_positions = model_max_positions(m.name_or_path, trust_remote_code=m.trust_remote_code)
+    rows, prompts, _ = training_prompts(recipe, tokenizer, rows, max_positions)
+    return rows, prompts, heldout_dropped, tokenizer
+
+
+def policy_engine(recipe: Recipe, tokenizer: Any, device: Any) -> Any:
+    """The recipe's model (``model.name_or_path`` on ``device``, in eval mode) behind its rollout
+    engine (``rollout.engine``)."""
+    from grpokit.models.loading import eos_token_ids, load_model
+    from grpokit.rollout.engine import load_engine
+
+    m = recipe.model
+    model = load_model(m.name_or_path, device=device, trust_remote_code=m.trust_remote_code).eval()
+    eos = eos_token_ids(model, tokenizer)
+    return load_engine(recipe.rollout.engine, model=model, tokenizer=tokenizer, eos_token_ids=eos)
+
+
 def main_prm_label(recipe: Recipe) -> dict[str, Any]:
     """Label the steps of ``recipe.model``'s own solutions to its first ``prm.problems`` training
     problems (the ``data`` rows whose question is not one of the ``eval`` section's held-out problems,
@@ -62,14 +100,11 @@ def main_prm_label(recipe: Recipe) -> dict[str, Any]:
             other settings (named); bad data or step rule (names the key); a multi-turn recipe.
         OSError: the file cannot be written.
     """
-    from grpokit.data.rows import section_rows, training_prompts
-    from grpokit.models.loading import eos_token_ids, load_model, load_tokenizer, model_max_positions
     from grpokit.process.labels import TokenCount, append_labels, label_steps, read_labels
     from grpokit.process.steps import split_steps
     from grpokit.rewards.base import get_reward_function
-    from grpokit.rollout.engine import SamplingParams, load_engine
+    from grpokit.rollout.engine import SamplingParams
     from grpokit.trainer.build import resolve_device
-    from grpokit.trainer.sft import drop_heldout_questions
 
     p, m, r = recipe.prm, recipe.model, recipe.rollout
     if p.labels is None:
@@ -95,26 +130,15 @@ def main_prm_label(recipe: Recipe) -> dict[str, Any]:
                 "use another file or the same settings"
             )
     sampling = SamplingParams.from_config(r)
-    rows = section_rows(recipe, "data")
-    heldout_dropped = 0
-    if recipe.eval.dataset:  # the held-out problems are never labelled
-        rows, heldout_dropped = drop_heldout_questions(rows, section_rows(recipe, "eval"))
-        if not rows:
-            raise ValueError("data: every training problem is one of the held-out (eval) problems")
+    rows, prompts, heldout_dropped, tokenizer = policy_problems(recipe)
     device = resolve_device(m.device)
-    tokenizer = load_tokenizer(m.name_or_path, trust_remote_code=m.trust_remote_code)
-    max_positions = model_max_positions(m.name_or_path, trust_remote_code=m.trust_remote_code)
-    rows, prompts, _ = training_prompts(recipe, tokenizer, rows, max_positions)
     n = len(rows) if p.problems is None else min(p.problems, len(rows))
     todo = [b for b in range(n) if b not in done.complete]
     start = time.time()
     new: list[Any] = []
     engine = None
     if todo:
-        model = load_model(m.name_or_path, device=device, trust_remote_code=m.trust_remote_code).eval()
-        engine = TokenCount(
-            load_engine(r.engine, model=model, tokenizer=tokenizer, eos_token_ids=eos_token_ids(model, tokenizer))
-        )
+        engine = TokenCount(policy_engine(recipe, tokenizer, device))
         for lo, hi in problem_runs(todo, p.problems_per_call):
             records = label_steps(
                 engine,
