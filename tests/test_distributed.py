@@ -8,7 +8,7 @@ against one process.
   same completions, metrics and final weights as one process, bit for bit on the plain backend;
   against the cpu speed backend the same completions and gradient norms within 1e-6; SIGKILL of
   the 2-rank job and a resume give the uninterrupted run (plain, and with each combination: fsdp2
-  with PPO, LoRA or vLLM, ddp with dynamic sampling); only rank 0 writes;
+  with PPO, LoRA or vLLM, dynamic sampling under ddp and fsdp2); only rank 0 writes;
 - the refusals made before any process group or model (bad world size, settings whose samples
   would depend on the split).
 """
@@ -68,27 +68,7 @@ def test_resolve_parallel():
     "sections, message",
     [
         ({"train": {"prompts_per_step": 3}}, r"train.prompts_per_step=3 is not divisible by the 2 processes"),
-        (
-            {"algo": {"dynamic_sampling": True}, "train": {"parallel": "fsdp2"}},
-            r"algo.dynamic_sampling with train.parallel=fsdp2 is not supported: a step of fewer groups",
-        ),
-        (
-            {"algo": {"estimator": "ppo"}, "model": {"lora": {"r": 2}}, "train": {"parallel": "fsdp2"}},
-            r"algo.estimator=ppo with model.lora under train.parallel=fsdp2 is not supported",
-        ),
         ({"rollout": {"sampler": "multinomial", "group_size": 2}}, r"rollout.sampler=multinomial is not supported"),
-        (
-            {
-                "rollout": {"engine": "vllm", "group_size": 2},
-                "model": {"lora": {"r": 2}},
-                "train": {"parallel": "fsdp2"},
-            },
-            r"rollout.engine=vllm with model.lora under train.parallel=fsdp2 is not supported",
-        ),
-        (
-            {"model": {"autocast_bf16": True, "lora": {"r": 2}}, "train": {"parallel": "fsdp2"}},
-            r"model.autocast_bf16 with model.lora under train.parallel=fsdp2 is not supported",
-        ),
     ],
 )
 def test_settings_refused_with_two_processes(tiny_model_dir, tmp_path, monkeypatch, sections, message):
@@ -349,40 +329,69 @@ def test_precision_and_checkpointing_switches_on_two_ranks(tiny_model_dir, recip
         assert all(torch.equal(wa[k], wb[k]) for k in wa), step
 
 
+@pytest.mark.slow
+def test_bf16_autocast_with_lora_under_fsdp2_samples_as_under_ddp(recipe_file, tmp_path):
+    """bf16 autocast with LoRA under fsdp2: the sampler is a plain bf16 copy wrapped with the same
+    adapters, unmerged, refreshed from the shards a unit at a time (``grpokit.rollout.hf``), as the
+    deep copy of one process or of a ddp rank holds them: 2 fsdp2 ranks give the 2 ddp ranks'
+    completions, metrics and adapters (gradient norm to 1e-6). Compared with ddp, not with one
+    process: on this machine (AMD EPYC, avx512_bf16, 2026-12-06) 2 ranks with bf16 autocast and LoRA
+    drew one token of 16 at step 2 differently from one process under ddp and fsdp2 alike (bf16
+    logits of a rank's own batch), while fsdp2 as a group of one drew exactly the one process's."""
+    switches = ("train.max_steps=2", "model.autocast_bf16=true", "model.lora={r: 4, alpha: 8}")
+    _run2(recipe_file, f"train.output_dir={tmp_path / 'ddp'}", "train.parallel=ddp", *switches)
+    _run2(recipe_file, f"train.output_dir={tmp_path / 'fsdp2'}", "train.parallel=fsdp2", *switches)
+    _assert_same_run(tmp_path / "ddp", tmp_path / "fsdp2", name="adapter_model", steps=2, sharded=True)
+
+
 #: DAPO's dynamic sampling: the tiny model's completions mostly run to the token limit, so many groups
 #: have equal (length) rewards and are refilled
 DYNAMIC = {"dynamic_sampling": True, "max_sampling_rounds": 2}
 
 
+@pytest.fixture(scope="module")
+def one_process_dynamic(tiny_model_dir, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("one-dynamic") / "run"
+    _run1(tiny_model_dir, out, algo=DYNAMIC, rewards={"functions": [DYNAMIC_REWARD]})
+    return out
+
+
+DYNAMIC_REWARD = "fake_rewards:some_prompts_constant_reward"
+
+
 @pytest.mark.slow
-def test_two_ranks_with_dynamic_sampling_keep_what_one_process_keeps(tiny_model_dir, recipe_file, tmp_path):
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
+def test_two_ranks_with_dynamic_sampling_keep_what_one_process_keeps(
+    one_process_dynamic, recipe_file, tmp_path, parallel
+):
     """algo.dynamic_sampling on 2 ranks: each refill round's prompts are split over the ranks (shares
-    one apart when their number is odd, a rank with none joining the gather only), the groups kept are
-    decided on the gathered batch, so every step keeps the groups one process keeps: the same samples
-    and the same dynamic/* counts. A step that keeps fewer groups than prompts_per_step splits its
-    update unevenly (other micro-batches than one process's), so weights and losses agree to float
-    rounding there, not bit for bit. SIGKILLed after step 1 and resumed, the same again."""
-    reward = "fake_rewards:some_prompts_constant_reward"
-    _run1(tiny_model_dir, tmp_path / "one", algo=DYNAMIC, rewards={"functions": [reward]})
+    one apart when their number is odd, a rank with none joining the gather only, under fsdp2 also
+    the layers' gather of the others' generation), the groups kept are decided on the gathered batch,
+    so every step keeps the groups one process keeps: the same samples and the same dynamic/* counts.
+    A step that keeps fewer groups than prompts_per_step splits its update unevenly (other
+    micro-batches than one process's; under fsdp2 the shorter share is topped up with a copy of a
+    group whose tokens do not count, so both ranks run the same forwards), so weights and losses
+    agree to float rounding there, not bit for bit. SIGKILLed after step 1 and resumed, the same again."""
+    reward = DYNAMIC_REWARD
     _run2(
         recipe_file,
         f"train.output_dir={tmp_path / 'two'}",
-        "train.parallel=ddp",
+        f"train.parallel={parallel}",
         f"rewards.functions=[{reward}]",
         *(f"algo.{k}={str(v).lower()}" for k, v in DYNAMIC.items()),
     )
-    ma = _assert_keeps_what_one_keeps(tmp_path / "one", tmp_path / "two")
+    ma = _assert_keeps_what_one_keeps(one_process_dynamic, tmp_path / "two")
     kept = [m["dynamic/groups_kept"] for m in ma]
     assert all(m["dynamic/rounds"] > 0 for m in ma) and any(k % 2 for k in kept)  # refills; an uneven split
     killed = tmp_path / "killed"  # SIGKILLed after step 1 and resumed: the same again
     _sigkill_then_resume(
         recipe_file,
         killed,
-        "train.parallel=ddp",
+        f"train.parallel={parallel}",
         f"rewards.functions=[{reward}]",
         *(f"algo.{k}={str(v).lower()}" for k, v in DYNAMIC.items()),
     )
-    _assert_keeps_what_one_keeps(tmp_path / "one", killed)
+    _assert_keeps_what_one_keeps(one_process_dynamic, killed)
 
 
 def _assert_keeps_what_one_keeps(one: Path, two: Path) -> list[dict]:
@@ -712,3 +721,44 @@ def test_two_ranks_with_the_vllm_engine_train_as_one_process(one_process_vllm, r
         killed = tmp_path / "killed"  # SIGKILLed after step 1: each rank's engine takes the loaded weights
         _sigkill_then_resume(recipe_file, killed, *overrides[1:], path=shim.parent)
         _assert_same_run(one_process_vllm, killed, sharded=True)
+
+
+LORA = {"lora": {"r": 4, "alpha": 8}}
+
+
+@pytest.mark.slow
+def test_lora_under_fsdp2_with_vllm_and_ppo_train_as_one_process(tiny_model_dir, recipe_file, tmp_path):
+    """LoRA under fsdp2 with what needs the adapted weights outside the sharded policy, folded in from
+    the shards a unit at a time (grpokit.utils.lora_shards): each rank's vLLM engine takes the merged
+    weights after every update (the stand-in vLLM samples from them: from step 2 on, B != 0, a wrong
+    merge samples other completions), and PPO's value model starts from them. Both equal one process
+    (the adapter after every step bit for bit; PPO's value weights too), and again after a SIGKILL
+    and a resume."""
+    one_vllm, one_ppo = tmp_path / "one-vllm", tmp_path / "one-ppo"
+    with pytest.MonkeyPatch.context() as mp:
+        install_fake_vllm(mp)
+        _run1(tiny_model_dir, one_vllm, model=LORA, rollout={"engine": "vllm"})
+    shim = tmp_path / "shim" / "vllm"
+    shim.mkdir(parents=True)
+    (shim / "__init__.py").write_text(VLLM_SHIM)
+    lora = "model.lora={r: 4, alpha: 8}"
+    two = tmp_path / "two-vllm"
+    vllm = ("rollout.engine=vllm", "train.parallel=fsdp2", lora)
+    _run2(recipe_file, f"train.output_dir={two}", *vllm, path=shim.parent)
+    _assert_same_run(one_vllm, two, name="adapter_model", sharded=True)
+    killed = tmp_path / "killed-vllm"  # SIGKILLed after step 1: the engines take the resumed adapters folded in
+    _sigkill_then_resume(recipe_file, killed, *vllm, path=shim.parent)
+    _assert_same_run(one_vllm, killed, name="adapter_model", sharded=True)
+
+    _run1(tiny_model_dir, one_ppo, model=LORA, algo={"estimator": "ppo"}, train={"max_grad_norm": 0})
+    two, killed = tmp_path / "two-ppo", tmp_path / "killed-ppo"
+    _run2(recipe_file, f"train.output_dir={two}", *PPO, "train.parallel=fsdp2", lora)
+    _sigkill_then_resume(recipe_file, killed, *PPO, "train.parallel=fsdp2", lora)
+    for out in (two, killed):
+        assert _samples(one_ppo) == _samples(out)
+        for step in (1, 2, 3):
+            for x, y in (
+                (_weights(one_ppo, step, "adapter_model"), _weights(out, step, "adapter_model")),
+                (_critic(one_ppo, step), _critic(out, step)),
+            ):
+                assert x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x), (out.name, step)

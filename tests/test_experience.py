@@ -98,6 +98,24 @@ def test_shard_takes_whole_groups_in_contiguous_shares():
         e.shard(3, 3)
 
 
+def test_padded_share_tops_up_with_copies_whose_tokens_do_not_count():
+    e = _exp()  # 3 groups of G = 2 over 2 ranks: shares 1 and 2 groups -> both 2 (fsdp2: equal forwards)
+    (s0, real0), (s1, real1) = e.padded_share(0, 2), e.padded_share(1, 2)
+    assert s0.completions == ["c0", "c1", "c0", "c1"] and real0.tolist() == [True, True, False, False]
+    assert s1.completions == ["c2", "c3", "c4", "c5"] and real1.tolist() == [True] * 4 and s1.attention_mask is None
+    assert s0.group_index.tolist() == [0, 0, 1, 1]
+    assert torch.equal(s0.completion_mask[:2], e.completion_mask[:2]) and not s0.completion_mask[2:].any()
+    assert torch.equal(s0.attention_mask, torch.cat([e.completion_mask[:2], e.completion_mask[:2]]))  # as sampled
+    assert torch.equal(s0.completion_ids[2:], e.completion_ids[:2])  # the copy is fed to the model
+    assert torch.equal(s0.advantages[:2], e.advantages[:2]) and (s0.advantages[2:] == 0).all()
+    one = _exp(n_groups=1)  # a rank with no group gets one copy
+    (a, ra), (b, rb) = one.padded_share(0, 2), one.padded_share(1, 2)
+    assert ra.tolist() == [False, False] and not a.completion_mask.any() and rb.tolist() == [True, True]
+    assert torch.equal(b.completion_mask, one.completion_mask)
+    with pytest.raises(ValueError, match="padded_share: rank 2 outside 0..1"):
+        e.padded_share(2, 2)
+
+
 def test_concat_pads_every_field():
     a, b = _exp(n_groups=1, p=4, t=5), _exp(n_groups=1, p=2, t=3, seed=1)
     out = Experience.concat([a, b], pad_id=0)

@@ -284,6 +284,36 @@ class Experience:
             raise ValueError(f"Experience.shard: rank {rank} outside 0..{world_size - 1}")
         return self.select_groups(range(*rank_share(self.num_groups, rank, world_size)))
 
+    def padded_share(self, rank: int, world_size: int) -> tuple[Experience, torch.Tensor]:
+        """Rank ``rank``'s share (:meth:`shard`) topped up to ``ceil(B/W)`` groups with copies of group
+        0, so that every rank feeds the model the same number of rows: under FSDP2 each forward gathers
+        every layer on every rank, so the ranks must run equal numbers of micro-batches (a dynamic
+        sampling batch of fewer groups than ``train.prompts_per_step`` splits unevenly). The copies
+        attend as sampled (``attention_mask``) but none of their tokens counts (``completion_mask``
+        False, advantages 0).
+
+        Returns:
+            ``(share, real)``: ``real`` ``(N_share,)`` bool, False on the copies (the update's
+            ``keep_rows``: they are left out of the batch's counts too).
+
+        Raises:
+            ValueError: ``rank`` is outside ``0 … world_size-1``.
+        """
+        if not 0 <= rank < world_size:
+            raise ValueError(f"Experience.padded_share: rank {rank} outside 0..{world_size - 1}")
+        first, last = rank_share(self.num_groups, rank, world_size)
+        pad = -(-self.num_groups // world_size) - (last - first)
+        share = self.select_groups([*range(first, last), *[0] * pad])
+        real = torch.ones(len(share), dtype=torch.bool, device=share.device)
+        if pad:
+            real[(last - first) * self.group_size :] = False
+            share.attention_mask = share.completion_attention.clone()
+            share.completion_mask = share.completion_mask & real[:, None]
+            if share.advantages is not None:
+                adv = share.advantages
+                share.advantages = torch.where(real[:, None] if adv.dim() == 2 else real, adv, torch.zeros_like(adv))
+        return share, real
+
     @staticmethod
     def concat(parts: Sequence[Experience], pad_id: int) -> Experience:
         """One experience holding the groups of ``parts`` in order (same ``group_size``): prompts

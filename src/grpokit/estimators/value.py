@@ -26,6 +26,7 @@ import torch
 from grpokit.backends.base import plain_forward
 from grpokit.models.lora import is_peft_model, merged_copy
 from grpokit.utils.distributed import is_sharded, load_full_parameters, plain_model
+from grpokit.utils.lora_shards import merged_full_parameters
 
 
 def _backbone(model: torch.nn.Module) -> torch.nn.Module:
@@ -91,12 +92,9 @@ def _unsharded_decoder(policy: torch.nn.Module) -> torch.nn.Module:
     dtype, built in a forked RNG so the run's random state is the one process's), filled from
     FSDP2's shards one unit at a time on every rank; on the policy's device.
 
-    Raises:
-        ValueError: a LoRA (peft) policy (its merged weights would have to be gathered adapter by
-            adapter; not built).
+    A LoRA (peft) policy: the adapters folded into the gathered weights unit by unit
+    (:func:`grpokit.utils.lora_shards.merged_full_parameters`), as one process's merged copy.
     """
-    if is_peft_model(policy):
-        raise ValueError("algo.estimator=ppo with model.lora under train.parallel=fsdp2 is not supported")
     plain = plain_model(policy)
-    load_full_parameters(policy, plain)  # one sharded unit gathered at a time
+    load_full_parameters(policy, plain, merged_full_parameters(policy))  # one sharded unit gathered at a time
     return _backbone(plain)

@@ -391,10 +391,11 @@ class VLLMRolloutEngine:
             return
         t0 = time.perf_counter()
         from grpokit.models.lora import merged_state_dict  # LoRA: the adapters folded in, out of place
-        from grpokit.utils.distributed import full_parameters, is_sharded
+        from grpokit.utils.distributed import is_sharded
+        from grpokit.utils.lora_shards import merged_full_parameters
 
-        if is_sharded(self.model):  # FSDP2: gathered a unit at a time while vLLM loads them
-            weights = full_parameters(self.model)
+        if is_sharded(self.model):  # FSDP2: gathered a unit at a time (LoRA: merged) while vLLM loads them
+            weights = merged_full_parameters(self.model)
         else:
             weights = iter(list(merged_state_dict(self.model).items()))
         s.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})

@@ -337,9 +337,7 @@ def start_ranks(recipe: Recipe, device: torch.device) -> Ranks:
     Raises:
         ValueError: ``train.prompts_per_step`` not divisible by the number of processes, or, with
             more than one process, a setting whose samples or updates would depend on the rank
-            split (names the key): ``rollout.sampler=multinomial``; ``algo.dynamic_sampling`` with
-            fsdp2 on several ranks; ``rollout.engine=vllm`` with ``model.lora`` under fsdp2; ``model.autocast_bf16`` or
-            ``algo.estimator=ppo`` with ``model.lora`` under fsdp2.
+            split (names the key): ``rollout.sampler=multinomial``.
     """
     from grpokit.utils.distributed import init_ranks, launched_world_size, resolve_parallel
 
@@ -357,25 +355,4 @@ def start_ranks(recipe: Recipe, device: torch.device) -> Ranks:
                 raise ValueError(
                     f"{key} is not supported with {world} processes yet (train.parallel={mode}); run it in one process"
                 )
-    if mode == "fsdp2" and world > 1 and recipe.algo.dynamic_sampling:
-        raise ValueError(
-            "algo.dynamic_sampling with train.parallel=fsdp2 is not supported: a step of fewer groups than "
-            "train.prompts_per_step splits unevenly over the ranks, and fsdp2 gathers every layer in each "
-            "micro-batch on every rank, so they would run different numbers of collectives; use train.parallel=ddp"
-        )
-    if mode == "fsdp2" and recipe.rollout.engine == "vllm" and recipe.model.lora is not None:
-        raise ValueError(
-            "rollout.engine=vllm with model.lora under train.parallel=fsdp2 is not supported (vLLM takes the "
-            "merged adapted weights, which are not gathered from the shards); use train.parallel=ddp"
-        )
-    if mode == "fsdp2" and recipe.algo.estimator == "ppo" and recipe.model.lora is not None:
-        raise ValueError(
-            "algo.estimator=ppo with model.lora under train.parallel=fsdp2 is not supported (the value model "
-            "starts from the merged adapted weights, which are not gathered from the shards); use train.parallel=ddp"
-        )
-    if mode == "fsdp2" and recipe.model.autocast_bf16 and recipe.model.lora is not None:
-        raise ValueError(
-            "model.autocast_bf16 with model.lora under train.parallel=fsdp2 is not supported (the bf16 "
-            "sampler copy would need the adapters merged unit by unit); use train.parallel=ddp"
-        )
     return init_ranks(t.parallel, device)

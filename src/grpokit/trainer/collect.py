@@ -70,6 +70,8 @@ def sample_and_score(run: Run, step: int, n_prompts: int, *, round_: int = 0) ->
             )
         t_reward = time.perf_counter()
         scored = run.rewards.score_rows(exp, rows[first:last], run.data.columns)
+    elif hasattr(run.engine, "join_without_prompts"):  # fsdp2: the others' generate gathers the layers
+        run.engine.join_without_prompts()
     if ranks.active:  # the whole batch on every rank: advantages and metrics as one process has them
         exp, scored = gather_scored(exp, scored, ranks, run.tokenizer.pad_token_id, device=run.device)
     assert exp is not None and scored is not None  # one process always has its share

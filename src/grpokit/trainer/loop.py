@@ -318,11 +318,14 @@ def run_step(run: Run, logger: RunLogger | NullLogger, memory: LoopMemory) -> St
     exp.advantages = run.algorithm.advantages(exp)
     # 5-6. reference and old log-probs, μ gradient passes on this rank's share of the groups
     t_train = time.perf_counter()
-    mine = exp.shard(ranks.rank, ranks.world_size) if ranks.world_size > 1 else exp
-    keep = None
+    mine, keep = exp, None
+    if ranks.world_size > 1 and ranks.parallel == "fsdp2":  # equal rows on every rank, copies out of the loss
+        mine, keep = exp.padded_share(ranks.rank, ranks.world_size)
+    elif ranks.world_size > 1:
+        mine = exp.shard(ranks.rank, ranks.world_size)
     if recipe.algo.overlong_filter:  # DAPO overlong filtering
         assert mine.truncated is not None  # every engine's generate sets it
-        keep = ~mine.truncated
+        keep = ~mine.truncated if keep is None else keep & ~mine.truncated
     update = optimize(run, mine, keep_rows=keep)
     train_s = time.perf_counter() - t_train
     run.state.step = step

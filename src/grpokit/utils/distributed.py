@@ -40,7 +40,7 @@ import contextlib
 import dataclasses
 import os
 import socket
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, cast
@@ -381,9 +381,12 @@ def plain_model(model: torch.nn.Module) -> torch.nn.Module:
         return plain.to(p.device).eval()
 
 
-def load_full_parameters(model: torch.nn.Module, plain: torch.nn.Module) -> None:
+def load_full_parameters(
+    model: torch.nn.Module, plain: torch.nn.Module, weights: Iterable[tuple[str, torch.Tensor]] | None = None
+) -> None:
     """Copy the sharded ``model``'s weights into ``plain`` (:func:`plain_model`, its parameters in any
-    dtype), one FSDP unit at a time (:func:`full_parameters`; every rank must call it).
+    dtype), one FSDP unit at a time (``weights``, by default :func:`full_parameters`; a LoRA model's
+    merged ones: :func:`grpokit.utils.lora_shards.merged_full_parameters`; every rank must call it).
 
     Raises:
         RuntimeError: a parameter of ``plain`` that no sharded weight was copied into.
@@ -391,7 +394,7 @@ def load_full_parameters(model: torch.nn.Module, plain: torch.nn.Module) -> None
     targets = dict(plain.named_parameters(remove_duplicate=False))
     written: set[int] = set()
     with torch.inference_mode(False), torch.no_grad():  # this order: leaving inference mode turns grad mode on
-        for name, full in full_parameters(model):
+        for name, full in full_parameters(model) if weights is None else weights:
             targets[name].copy_(full)
             written.add(id(targets[name]))
     missed = [n for n, p in plain.named_parameters() if id(p) not in written]
@@ -414,11 +417,26 @@ class GatheredEngine:
     def __init__(self, engine: Any, model: torch.nn.Module):
         self.engine, self.model = engine, model
 
+    @property
+    def _own_copy(self) -> bool:
+        """The engine samples from its own copy of the weights (bf16 autocast's, vLLM's)."""
+        return getattr(self.engine, "sampler_dtype", None) is not None or getattr(self.engine, "own_weights", False)
+
     def generate(self, *args: Any, **kwargs: Any) -> Any:
-        if getattr(self.engine, "sampler_dtype", None) is not None or getattr(self.engine, "own_weights", False):
+        if self._own_copy:
             return self.engine.generate(*args, **kwargs)
         with gathered(self.model):
             return self.engine.generate(*args, **kwargs)
+
+    def join_without_prompts(self) -> None:
+        """What a rank with no prompts this round (a dynamic-sampling refill of fewer prompts than
+        ranks) runs instead of :meth:`generate`: it enters and leaves :func:`gathered` as the others'
+        ``generate`` does (a collective every rank must join); nothing when the engine samples from
+        its own copy of the weights."""
+        if self._own_copy:
+            return
+        with gathered(self.model):
+            pass
 
     def sync_weights(self) -> None:
         self.engine.sync_weights()
