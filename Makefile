@@ -128,10 +128,11 @@ process: $(STAMP)
 # Issue #33 on the multi-step task (docs/process_supervision.md, "A multi-step task"): where outcome
 # supervision leaves groups without signal, the warm-up, step labels of its own solutions, the PRM
 # trained on them (and checked against the rule verifier), then the arms of scripts/process_arms.py
-# (outcome, rule verifier, learned PRM, iterative PRM) for each seed in STEPS_SEEDS, and the table.
+# (outcome, rule verifier, learned PRM, learned PRM with the answer check on the last step,
+# iterative PRM) for each seed in STEPS_SEEDS, and the table.
 # Each part is skipped when its output exists; the labels resume.
 STEPS_SEEDS ?= 0 1
-STEPS_ARMS ?= outcome rule prm prm_iterative
+STEPS_ARMS ?= outcome rule prm prm_outcome prm_iterative
 process-steps: $(STAMP)
 	test -f runs/steps/sft/config.json || $(BIN)/grpokit sft recipes/steps.yaml
 	test -f runs/steps/signal.json || $(BIN)/python scripts/step_signal.py sample recipes/steps.yaml prm.judge=reasoning_gym --json runs/steps/signal.json

@@ -40,6 +40,10 @@ ARMS: dict[str, tuple[list[str], str]] = {
     "outcome": ([], "outcome supervision (reasoning_gym's answer check)"),
     "rule": ([*PROCESS, "algo.process_reward=arithmetic"], "process, rule verifier"),
     "prm": ([*PROCESS, f"algo.process_reward=prm:{PRM}"], "process, learned PRM (fixed)"),
+    "prm_outcome": (
+        [*PROCESS, f"algo.process_reward=prm:{PRM}", "algo.process_last_step=outcome"],
+        "process, learned PRM on the steps before the answer, the answer check on the last",
+    ),
     "prm_iterative": (
         [*PROCESS, f"algo.process_reward=prm:{PRM}", "prm.refresh_steps=10"],
         "process, learned PRM retrained every 10 steps (DeepSeekMath 4.1.3)",

@@ -29,7 +29,9 @@ def test_every_arm_is_a_valid_recipe_and_sets_what_it_says():
     assert got["rule"].algo.process_reward == "arithmetic"
     assert got["prm"].algo.process_reward == f"prm:{pa.PRM}" and got["prm"].prm.refresh_steps == 0
     assert got["prm_iterative"].prm.refresh_steps == 10
-    for name in ("rule", "prm", "prm_iterative"):
+    assert got["prm_outcome"].algo.process_last_step == "outcome" and got["prm"].algo.process_last_step == "scorer"
+    assert got["prm_outcome"].algo.process_reward == f"prm:{pa.PRM}"
+    for name in ("rule", "prm", "prm_outcome", "prm_iterative"):
         assert got[name].algo.supervision == "process" and got[name].algo.process_advantage == "diff", name
     assert {r.train.seed for r in got.values()} == {1}
     assert len({(r.train.max_steps, r.data.dataset, r.model.name_or_path) for r in got.values()}) == 1

@@ -150,3 +150,51 @@ def test_training_step_survives_a_failing_process_reward_row(tiny_model_dir, tmp
     assert BAD_ROW < n and m["reward_failures"] == 1
     assert m["process_unscorable_frac"] == 1 / n and 0 < m["steps_scored_frac"] < 1
     assert math.isfinite(m["loss"])
+
+
+def _grouped(rollout, rewards=None):
+    n = rollout.completion_ids.shape[0]
+    exp = Experience.grouped(
+        torch.ones(n, 1, dtype=torch.long),
+        torch.ones(n, 1, dtype=torch.bool),
+        rollout.completion_ids,
+        rollout.completion_mask,
+        G,
+        completions=rollout.completions,
+    )
+    exp.rewards = rewards
+    return exp
+
+
+def test_last_step_outcome_replaces_the_scorers_last_score(smollm2_tokenizer, rollout):
+    """algo.process_last_step=outcome: every step keeps the reward's score but the last, which holds
+    the row's outcome reward (NaN stays unscored)."""
+    n = len(TEXTS)
+    outcome = torch.tensor([1.0, 0.0, math.nan, 1.0], dtype=torch.float64)
+    plain = ProcessScorer(process_length_reward, "lines", smollm2_tokenizer)
+    last = ProcessScorer(process_length_reward, "lines", smollm2_tokenizer, last_step="outcome")
+    r0, ends0, m0 = plain.score(_grouped(rollout, outcome), ["q"] * n, {})
+    r1, ends1, m1 = last.score(_grouped(rollout, outcome), ["q"] * n, {})
+    assert torch.equal(ends0, ends1)
+    for i in range(n):
+        cols = ends0[i].nonzero().flatten().tolist()
+        assert len(cols) >= 2  # every row has steps before its last
+        assert r1[i, cols[:-1]].tolist() == r0[i, cols[:-1]].tolist()  # the scorer's scores
+        last_value = r1[i, cols[-1]].item()
+        assert (math.isnan(last_value) and i == 2) or last_value == outcome[i].item()
+        assert r0[i, cols[-1]].item() != last_value  # the length score was replaced
+    assert m1["steps_scored_frac"] < m0["steps_scored_frac"] == 1.0  # row 2's NaN outcome: its last step unscored
+
+
+def test_last_step_outcome_needs_the_rewards_and_a_known_value(smollm2_tokenizer, rollout):
+    last = ProcessScorer(process_length_reward, "lines", smollm2_tokenizer, last_step="outcome")
+    with pytest.raises(ValueError, match="algo.process_last_step=outcome: the outcome rewards must be set"):
+        last.score(_grouped(rollout), ["q"] * len(TEXTS), {})
+    with pytest.raises(ValueError, match="algo.process_last_step: must be one of"):
+        ProcessScorer(process_length_reward, "lines", smollm2_tokenizer, last_step="answer")
+
+
+def test_last_step_key_reaches_the_scorer(tiny_model_dir, tmp_path):
+    recipe = tiny_recipe(tiny_model_dir, tmp_path, algo={"supervision": "process", "process_last_step": "outcome"})
+    assert ProcessScorer.from_config(recipe).last_step == "outcome"
+    assert ProcessScorer.from_config(tiny_recipe(tiny_model_dir, tmp_path)).last_step == "scorer"

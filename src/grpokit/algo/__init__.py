@@ -24,7 +24,7 @@ from .logprobs import token_entropy, token_logprobs
 from .loss import AGGREGATIONS, aggregate_loss, policy_loss
 from .masks import completion_terminated, mask_completions
 from .ppo import masked_whiten, token_rewards, value_loss
-from .reward_shaping import normalized_reward_sum, overlong_penalty
+from .reward_shaping import normalized_reward_sum, outcome_at_last_step, overlong_penalty
 from .surrogates import IMPORTANCE_LEVELS, IS_CORRECTIONS, SURROGATES
 
 __all__ = [
@@ -49,6 +49,7 @@ __all__ = [
     "masked_whiten",
     "normalized_reward_sum",
     "outcome_advantages",
+    "outcome_at_last_step",
     "overlong_penalty",
     "policy_loss",
     "process_advantages",

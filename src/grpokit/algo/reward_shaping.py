@@ -1,7 +1,8 @@
-"""Reward shaping before the advantages: per-function normalization (GDPO) and DAPO's soft overlong
-penalty. Pure functions of tensors; the reward pipeline (:mod:`grpokit.rewards.pipeline`) applies
-them where it combines the reward functions, so the combined reward it writes is what every
-advantage estimator, dynamic sampling and the reward metrics see.
+"""Reward shaping before the advantages: per-function normalization (GDPO), DAPO's soft overlong
+penalty, and the outcome reward on process supervision's last step. Pure functions of tensors; the
+reward pipeline (:mod:`grpokit.rewards.pipeline`) and the step scorer apply them where they combine
+the rewards, so what they write is what every advantage estimator, dynamic sampling and the reward
+metrics see.
 """
 
 from __future__ import annotations
@@ -116,3 +117,60 @@ def overlong_penalty(lengths: torch.Tensor, max_length: int, buffer: int) -> tor
     soft = (free - y) / buffer
     zero, minus_one = torch.zeros_like(y), torch.full_like(y, -1.0)
     return torch.where(y <= free, zero, torch.where(y <= max_length, soft, minus_one))
+
+
+def outcome_at_last_step(
+    step_rewards: torch.Tensor, step_ends: torch.Tensor, completion_mask: torch.Tensor, rewards: torch.Tensor
+) -> torch.Tensor:
+    """Step rewards whose last step is scored by the outcome reward (``algo.process_last_step=outcome``).
+
+    A Math-Shepherd PRM (arXiv 2312.08935 §3.3) is trained to say whether a prefix can still reach
+    the answer; for the whole solution that is exactly what the outcome check says, without the
+    PRM's error. So each completion's last counted step end gets ``rewards[i]`` and the PRM (or any
+    step scorer) judges only the steps before it, as the rule verifier's outcome check does for its
+    last step (:mod:`grpokit.process.verifier`, step 4). With ``algo.process_advantage=diff`` a
+    token of step ``j`` then gets ``(r_i − s_{j−1}) / σ``: the outcome against the scorer's value of
+    the prefix before its step (the group mean cancels), so extra steps cannot raise a completion's
+    return.
+
+    Args:
+        step_rewards: ``(N, T)`` float, read where ``step_ends`` is True (NaN = unscored step).
+        step_ends: ``(N, T)`` bool, True at the last token of each step.
+        completion_mask: ``(N, T)`` bool, True = the token counts; step ends off it are ignored.
+        rewards: ``(N,)`` float, the outcome reward of each completion (NaN = unscorable: the last
+            step becomes unscored).
+
+    Returns:
+        ``(N, T)`` copy of ``step_rewards`` in its dtype; rows without a counted step end unchanged.
+
+    Raises:
+        ValueError: ``step_rewards``/``step_ends``/``completion_mask`` shapes differ or are not 2-D,
+            ``rewards`` is not ``(N,)``, or ``step_ends`` is not bool.
+
+    Example:
+        >>> s = torch.tensor([[0.5, 0.0, 0.75, 0.0], [0.25, 0.5, 0.0, 0.0]])  # PRM scores at step ends
+        >>> ends = torch.tensor([[True, False, True, False], [True, True, False, False]])
+        >>> outcome_at_last_step(s, ends, torch.ones(2, 4, dtype=torch.bool), torch.tensor([0.0, 1.0])).tolist()
+        [[0.5, 0.0, 0.0, 0.0], [0.25, 1.0, 0.0, 0.0]]
+    """
+    fn = "outcome_at_last_step"
+    check_dim(fn, "step_rewards", step_rewards, 2)
+    if step_ends.shape != step_rewards.shape or completion_mask.shape != step_rewards.shape:
+        raise ValueError(
+            f"{fn}: shapes must match, got step_rewards {tuple(step_rewards.shape)}, step_ends "
+            f"{tuple(step_ends.shape)}, completion_mask {tuple(completion_mask.shape)}"
+        )
+    if step_ends.dtype != torch.bool:
+        raise ValueError(f"{fn}: step_ends must be bool, got {step_ends.dtype}")
+    n, t = step_rewards.shape
+    if tuple(rewards.shape) != (n,):
+        raise ValueError(f"{fn}: rewards must have shape ({n},) (one per row), got {tuple(rewards.shape)}")
+    ends = step_ends & completion_mask.bool()
+    has_step = ends.any(dim=1)
+    # the last True column of each row: the largest position index among its step ends
+    pos = torch.arange(t, device=ends.device).expand(n, t)
+    last = torch.where(ends, pos, torch.full_like(pos, -1)).max(dim=1).values
+    out = step_rewards.clone()
+    rows = has_step.nonzero().flatten()
+    out[rows, last[rows]] = rewards[rows].to(out.dtype)
+    return out

@@ -481,6 +481,13 @@ class AlgoConfig:
         "process supervision: step scorer (arithmetic, prm:FOLDER a PRM from `grpokit prm train` "
         "on rewards.rm_device/rm_dtype/rm_batch_size/rm_max_length, module:function or path/to/file.py:function)",
     )
+    process_last_step: str = _f(
+        "scorer",
+        "process supervision: what scores each completion's last step: scorer (algo.process_reward, the "
+        "paper) or outcome (the outcome reward of rewards.functions, as the arithmetic verifier checks the "
+        "answer there; a PRM then judges only the steps before it)",
+        ("scorer", "outcome"),
+    )
     overlong_filter: bool = _f(
         False,
         "DAPO overlong filtering: completions cut at rollout.max_new_tokens (no EOS) "

@@ -13,12 +13,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from grpokit import algo
 from grpokit.process.steps import scatter_step_rewards, split_steps, step_end_masks, step_texts
 from grpokit.rewards.pipeline import step_metrics
 
 if TYPE_CHECKING:
     from grpokit.config import Recipe
 
+
+#: ``algo.process_last_step`` values: what scores each completion's last step
+LAST_STEP = ("scorer", "outcome")
 
 #: ``algo.step_rule`` whose steps are the model turns of a multi-turn rollout
 TURNS = "turns"
@@ -64,10 +68,17 @@ class ProcessScorer:
         step_rule: ``lines``, ``paragraphs``, ``regex:PATTERN``, ``tag:STRING``, or ``turns`` (the model
             turns of a multi-turn rollout: :func:`turn_steps`).
         tokenizer: the policy's tokenizer (maps step ends to tokens); may be set after construction.
+        last_step: ``scorer`` (``reward`` scores every step) or ``outcome`` (each completion's last
+            step takes its outcome reward ``exp.rewards``: :func:`grpokit.algo.outcome_at_last_step`).
+
+    Raises:
+        ValueError: an unknown ``last_step`` (names ``algo.process_last_step``).
     """
 
-    def __init__(self, reward: Callable, step_rule: str, tokenizer: Any = None):
-        self.reward, self.step_rule, self.tokenizer = reward, step_rule, tokenizer
+    def __init__(self, reward: Callable, step_rule: str, tokenizer: Any = None, *, last_step: str = "scorer"):
+        if last_step not in LAST_STEP:
+            raise ValueError(f"algo.process_last_step: must be one of {LAST_STEP}, got {last_step!r}")
+        self.reward, self.step_rule, self.tokenizer, self.last_step = reward, step_rule, tokenizer, last_step
 
     @classmethod
     def from_config(cls, recipe: Recipe) -> ProcessScorer:
@@ -85,7 +96,7 @@ class ProcessScorer:
                 split_steps("a\nb", recipe.algo.step_rule)
             except ValueError as e:
                 raise ValueError(f"algo.step_rule: {e}") from None
-        return cls(reward, recipe.algo.step_rule)
+        return cls(reward, recipe.algo.step_rule, last_step=recipe.algo.process_last_step)
 
     @property
     def failures(self) -> int:
@@ -106,8 +117,12 @@ class ProcessScorer:
             None / 0.0 when fewer than 1 / 2), ``steps_scored_frac`` (scored steps / steps),
             ``process_unscorable_frac`` (completions with no scored step / N).
 
+        With ``last_step="outcome"`` each completion's last step holds ``exp.rewards`` (set by the
+        reward pipeline before it calls this) instead of the reward's score.
+
         Raises:
-            ValueError: a row of scores is not None and not one score per step (names the row).
+            ValueError: a row of scores is not None and not one score per step (names the row);
+                ``last_step="outcome"`` and ``exp.rewards`` not set.
         """
         ids, mask = exp.completion_ids.cpu(), exp.completion_mask.cpu()
         if self.step_rule == TURNS:
@@ -117,5 +132,11 @@ class ProcessScorer:
             steps = [step_texts(text, sp) for text, sp in zip(exp.completions, spans)]
         scores = self.reward(prompts, exp.completions, steps=steps, **columns)
         step_rewards, _ = scatter_step_rewards(scores, ends, dtype=torch.float64)
+        if self.last_step == "outcome":
+            if getattr(exp, "rewards", None) is None:
+                raise ValueError(
+                    "algo.process_last_step=outcome: the outcome rewards must be set before the steps are scored"
+                )
+            step_rewards = algo.outcome_at_last_step(step_rewards, ends.bool(), mask.bool(), exp.rewards.cpu().double())
         metrics = step_metrics(step_rewards, ends)
         return step_rewards.to(exp.device), ends.bool().to(exp.device), metrics
