@@ -69,6 +69,10 @@ def test_resolve_parallel():
     [
         ({"train": {"prompts_per_step": 3}}, r"train.prompts_per_step=3 is not divisible by the 2 processes"),
         ({"rollout": {"sampler": "multinomial", "group_size": 2}}, r"rollout.sampler=multinomial is not supported"),
+        (
+            {"algo": {"dynamic_sampling": True}, "model": {"autocast_bf16": True}, "train": {"parallel": "fsdp2"}},
+            r"algo.dynamic_sampling with model.autocast_bf16 or rollout.engine=vllm under train.parallel=fsdp2",
+        ),
     ],
 )
 def test_settings_refused_with_two_processes(tiny_model_dir, tmp_path, monkeypatch, sections, message):

@@ -60,14 +60,7 @@ def _setup(tok, on_error):
 def _advantages(s, rollout):
     """The step scorer, then GRPO's process advantages: ``(advantages (N, T), metrics)``."""
     n, t = rollout.completion_ids.shape
-    exp = Experience.grouped(
-        torch.ones(n, 1, dtype=torch.long),
-        torch.ones(n, 1, dtype=torch.bool),
-        rollout.completion_ids,
-        rollout.completion_mask,
-        G,
-        completions=rollout.completions,
-    )
+    exp = _grouped(rollout)
     exp.step_rewards, exp.step_ends, metrics = s.score(exp, ["q"] * n, {})
     a = SimpleNamespace(advantage_eps=1e-4, process_advantage="sum", beta=0.0)
     return GRPO(a, t).advantages(exp), metrics

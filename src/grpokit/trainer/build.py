@@ -337,7 +337,8 @@ def start_ranks(recipe: Recipe, device: torch.device) -> Ranks:
     Raises:
         ValueError: ``train.prompts_per_step`` not divisible by the number of processes, or, with
             more than one process, a setting whose samples or updates would depend on the rank
-            split (names the key): ``rollout.sampler=multinomial``.
+            split (names the key): ``rollout.sampler=multinomial``; under fsdp2 ``algo.dynamic_sampling``
+            with ``model.autocast_bf16`` or ``rollout.engine=vllm``.
     """
     from grpokit.utils.distributed import init_ranks, launched_world_size, resolve_parallel
 
@@ -355,4 +356,11 @@ def start_ranks(recipe: Recipe, device: torch.device) -> Ranks:
                 raise ValueError(
                     f"{key} is not supported with {world} processes yet (train.parallel={mode}); run it in one process"
                 )
+    own_copy = recipe.model.autocast_bf16 or recipe.rollout.engine == "vllm"
+    if mode == "fsdp2" and world > 1 and recipe.algo.dynamic_sampling and own_copy:
+        raise ValueError(
+            "algo.dynamic_sampling with model.autocast_bf16 or rollout.engine=vllm under train.parallel=fsdp2 is not "
+            "supported yet: the sampler's copy is refreshed from the shards inside generate, which a rank without "
+            "prompts in a refill round does not call; use train.parallel=ddp"
+        )
     return init_ranks(t.parallel, device)

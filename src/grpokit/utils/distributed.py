@@ -432,7 +432,8 @@ class GatheredEngine:
         """What a rank with no prompts this round (a dynamic-sampling refill of fewer prompts than
         ranks) runs instead of :meth:`generate`: it enters and leaves :func:`gathered` as the others'
         ``generate`` does (a collective every rank must join); nothing when the engine samples from
-        its own copy of the weights."""
+        its own copy of the weights (that copy's refresh from the shards runs inside ``generate``, so
+        :func:`grpokit.trainer.build.start_ranks` refuses dynamic sampling with such engines)."""
         if self._own_copy:
             return
         with gathered(self.model):
