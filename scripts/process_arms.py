@@ -39,6 +39,10 @@ PROCESS = ["algo.supervision=process", "algo.process_advantage=diff"]
 ARMS: dict[str, tuple[list[str], str]] = {
     "outcome": ([], "outcome supervision (reasoning_gym's answer check)"),
     "rule": ([*PROCESS, "algo.process_reward=arithmetic"], "process, rule verifier"),
+    "rule_change": (
+        ["algo.supervision=process", "algo.process_advantage=change", "algo.process_reward=arithmetic"],
+        "process, rule verifier, each step credited with its own change only",
+    ),
     "prm": ([*PROCESS, f"algo.process_reward=prm:{PRM}"], "process, learned PRM (fixed)"),
     "prm_outcome": (
         [*PROCESS, f"algo.process_reward=prm:{PRM}", "algo.process_last_step=outcome"],

@@ -125,31 +125,41 @@ def overlong_penalty(lengths: list[int], max_length: int, buffer: int) -> list[f
     return out
 
 
-def process_advantages(step_rewards, step_end_mask, completion_mask, group_size, eps=1e-4, rounding_eps=F64_EPS):
-    """step_rewards etc. as nested lists (N x T); ``rounding_eps`` as in ``group_advantages``."""
+def process_advantages(
+    step_rewards, step_end_mask, completion_mask, group_size, eps=1e-4, rounding_eps=F64_EPS, mode="sum"
+):
+    """step_rewards etc. as nested lists (N x T); ``rounding_eps`` as in ``group_advantages``.
+    ``mode``: for a token of step j of K scored steps with normalized rewards n_1..n_K (n_0 = 0):
+    sum = n_j + ... + n_K; mean = that over K - j + 1; diff = n_K - n_{j-1}; change = n_j - n_{j-1}."""
     n, t = len(step_rewards), len(step_rewards[0])
     out = [[0.0] * t for _ in range(n)]
     for g in range(0, n, group_size):
         rows = range(g, g + group_size)
-        pooled = [
-            step_rewards[i][j]
-            for i in rows
-            for j in range(t)
-            if step_end_mask[i][j] and completion_mask[i][j] and not math.isnan(step_rewards[i][j])
-        ]
+
+        def scored(i, k):
+            r = step_rewards[i][k]
+            return step_end_mask[i][k] and completion_mask[i][k] and not math.isnan(r)
+
+        pooled = [step_rewards[i][j] for i in rows for j in range(t) if scored(i, j)]
         if _constant(pooled, rounding_eps):
             continue
         m, s = _mean_std(pooled)
         for i in rows:
+            ends = [k for k in range(t) if scored(i, k)]
+            norm = [(step_rewards[i][k] - m) / (s + eps) for k in ends]
             for j in range(t):
-                if not completion_mask[i][j]:
+                own = [x for x, k in enumerate(ends) if k >= j]  # indices of this and the later steps
+                if not completion_mask[i][j] or not own:
                     continue
-                total = 0.0
-                for k in range(j, t):
-                    r = step_rewards[i][k]
-                    if step_end_mask[i][k] and completion_mask[i][k] and not math.isnan(r):
-                        total += (r - m) / (s + eps)
-                out[i][j] = total
+                first, prev = own[0], (norm[own[0] - 1] if own[0] > 0 else 0.0)
+                if mode == "sum":
+                    out[i][j] = sum(norm[x] for x in own)
+                elif mode == "mean":
+                    out[i][j] = sum(norm[x] for x in own) / len(own)
+                elif mode == "diff":
+                    out[i][j] = norm[-1] - prev
+                else:
+                    out[i][j] = norm[first] - prev
     return out
 
 

@@ -33,6 +33,8 @@ def test_every_arm_is_a_valid_recipe_and_sets_what_it_says():
     assert got["prm_outcome"].algo.process_reward == f"prm:{pa.PRM}"
     for name in ("rule", "prm", "prm_outcome", "prm_iterative"):
         assert got[name].algo.supervision == "process" and got[name].algo.process_advantage == "diff", name
+    assert got["rule_change"].algo.process_advantage == "change" and got["rule_change"].algo.supervision == "process"
+    assert got["rule_change"].algo.process_reward == "arithmetic"
     assert {r.train.seed for r in got.values()} == {1}
     assert len({(r.train.max_steps, r.data.dataset, r.model.name_or_path) for r in got.values()}) == 1
 

@@ -29,17 +29,18 @@ def test_group_advantages(seed, b, g, scale):
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("mode", algo.advantages.PROCESS_MODES)
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("b,g", LAYOUTS)
-def test_process_advantages(seed, b, g):
+def test_process_advantages(seed, b, g, mode):
     gen = torch.Generator().manual_seed(seed)
     n, t = b * g, 9
     mask = _ragged_mask(gen, n, t)
     ends = (torch.rand(n, t, generator=gen) < 0.35) & mask
     rewards = torch.rand(n, t, generator=gen, dtype=f64)
     rewards[torch.rand(n, t, generator=gen) < 0.1] = math.nan
-    got = algo.process_advantages(rewards, ends, mask, g)
-    want = ref.process_advantages(rewards.tolist(), ends.tolist(), mask.tolist(), g)
+    got = algo.process_advantages(rewards, ends, mask, g, mode=mode)
+    want = ref.process_advantages(rewards.tolist(), ends.tolist(), mask.tolist(), g, mode=mode)
     torch.testing.assert_close(got, torch.tensor(want, dtype=f64), rtol=1e-10, atol=1e-12)
 
 

@@ -31,6 +31,8 @@ S = 0.5 / (math.sqrt(1 / 3) + 1e-4)  # |normalized reward| of every step: +S for
         ("mean", [(S + S - S) / 3, (S - S) / 2, -S, -S], [-S, -S, 0, 0]),
         # diff: step rewards become S, S - S = 0, -S - S = -2S; reverse sums telescope to r̃_K - r̃_{j-1}
         ("diff", [-S, -S - S, -S - S, -S - S], [-S, -S, 0, 0]),
+        # change: each token only its own step's difference: step 1 S - 0, step 2 S - S, step 3 -S - S
+        ("change", [S, 0, -S - S, -S - S], [-S, -S, 0, 0]),
     ],
 )
 def test_modes_by_hand(mode, row0, row1):
@@ -40,7 +42,7 @@ def test_modes_by_hand(mode, row0, row1):
     assert adv[1].tolist() == pytest.approx(row1, rel=1e-12)
 
 
-def test_mean_and_diff_follow_from_sum_on_random_groups():
+def test_mean_diff_and_change_follow_from_sum_on_random_groups():
     """Against a slow loop over steps, from the sum mode's normalized step rewards."""
     g = torch.Generator().manual_seed(0)
     n, t = 6, 12
@@ -51,6 +53,7 @@ def test_mean_and_diff_follow_from_sum_on_random_groups():
     total = process_advantages(r, ends, mask, 3, mode="sum")
     mean = process_advantages(r, ends, mask, 3, mode="mean")
     diff = process_advantages(r, ends, mask, 3, mode="diff")
+    change = process_advantages(r, ends, mask, 3, mode="change")
     for i in range(n):
         pos = [k for k in range(t) if ends[i, k] and mask[i, k]]
         # normalized reward of each step = sum-mode advantage at its end minus the next step's
@@ -61,12 +64,14 @@ def test_mean_and_diff_follow_from_sum_on_random_groups():
         for tok in range(t):
             later = [k for k in pos if k >= tok]
             if not mask[i, tok] or not later:
-                assert mean[i, tok] == 0 and diff[i, tok] == 0
+                assert mean[i, tok] == 0 and diff[i, tok] == 0 and change[i, tok] == 0
                 continue
             assert float(mean[i, tok]) == pytest.approx(sum(norm[k] for k in later) / len(later), abs=1e-12)
             before = [k for k in pos if k < later[0]]
             expect = norm[later[-1]] - (norm[before[-1]] if before else 0.0)
             assert float(diff[i, tok]) == pytest.approx(expect, abs=1e-12)
+            own = norm[later[0]] - (norm[before[-1]] if before else 0.0)
+            assert float(change[i, tok]) == pytest.approx(own, abs=1e-12)
 
 
 def test_unknown_mode_is_refused():

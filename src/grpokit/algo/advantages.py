@@ -343,7 +343,7 @@ def outcome_advantages(
     return reinforce_pp_advantages(rewards, group_size, lengths, scale=scale, eps=eps)
 
 
-PROCESS_MODES = ("sum", "mean", "diff")
+PROCESS_MODES = ("sum", "mean", "diff", "change")
 """The ``mode`` values of :func:`process_advantages` (``algo.process_advantage``)."""
 
 
@@ -363,6 +363,18 @@ def _previous_scored(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     prev = torch.cat([torch.full_like(last[:, :1], -1), last[:, :-1]], dim=1)  # ... strictly before t
     got = values.gather(1, prev.clamp(min=0))
     return torch.where(prev >= 0, got, torch.zeros_like(got))
+
+
+def _own_step_end(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """At each position, the value at the nearest ``valid`` position at or after it in the same row
+    (the end of the token's own step; 0 after the row's last one)."""
+    t = values.shape[1]
+    idx = torch.where(
+        valid, torch.arange(t, device=values.device).expand_as(valid), torch.full_like(valid, t, dtype=torch.long)
+    )
+    nxt = idx.flip(1).cummin(dim=1).values.flip(1)  # first valid position at or after t
+    got = values.gather(1, nxt.clamp(max=t - 1))
+    return torch.where(nxt < t, got, torch.zeros_like(got))
 
 
 def _pooled_step_rewards(
@@ -453,6 +465,12 @@ def process_advantages(
     - ``diff``: the sum over step rewards taken as differences ``r̃_k − r̃_{k−1}`` (``r̃_0 = 0``),
       which telescopes to ``A = r̃_K − r̃_{j−1}``: a token is credited with the change from the step
       before its own to the completion's last step.
+    - ``change``: ``A = r̃_j − r̃_{j−1}`` (``r̃_0 = 0``), the change its own step made, not
+      telescoped over the later steps: a step that keeps a right (or a wrong) prefix as it was gets
+      0, the step that breaks a right prefix gets the drop. In a group whose completions all end
+      wrong (a verifier's last step scores lowest), ``diff`` gives no token a positive advantage
+      (``r̃_K ≤ r̃_{j−1}``) and every first step ``r̃_K < 0``; ``change`` credits a right first step
+      and blames only the step that broke (``docs/process_supervision.md``, "Credit per step").
 
     Args:
         step_rewards: ``(N, T)`` float; read only where ``step_end_mask`` is True.
@@ -460,7 +478,7 @@ def process_advantages(
         completion_mask: ``(N, T)`` bool, True = token counts.
         group_size: G; ``N = B·G`` with each group contiguous.
         eps: added to the pooled std.
-        mode: ``sum``, ``mean`` or ``diff`` (above).
+        mode: ``sum``, ``mean``, ``diff`` or ``change`` (above).
 
     Returns:
         ``(N, T)`` advantages, dtype of ``step_rewards`` (float32 for integer input).
@@ -484,9 +502,10 @@ def process_advantages(
     norm = (pooled_r - mean[:, None]) / (std[:, None] + eps / scale_of)
     norm = torch.where(valid.reshape(b, -1) & varies[:, None], norm, torch.zeros_like(norm))
     norm = norm.reshape(n, t)
-    if mode == "diff":  # r̃_k − r̃_{k−1} at each scored step end (r̃_0 = 0)
+    if mode in ("diff", "change"):  # r̃_k − r̃_{k−1} at each scored step end (r̃_0 = 0)
         norm = torch.where(valid, norm - _previous_scored(norm, valid), norm)
-    adv = _reverse_cumsum(norm)  # A_t = sum_{t' >= t} norm_{t'}
+    # change: A_t = that difference at the end of t's own step; else A_t = sum_{t' >= t} norm_{t'}
+    adv = _own_step_end(norm, valid) if mode == "change" else _reverse_cumsum(norm)
     if mode == "mean":
         adv = adv / _reverse_cumsum(valid.to(adv.dtype)).clamp(min=1.0)
     adv = torch.where(completion_mask.bool(), adv, torch.zeros_like(adv))

@@ -473,8 +473,9 @@ class AlgoConfig:
         "sum",
         "process supervision: a token's advantage from the normalized step rewards "
         "of its step and the later ones: sum (the paper), mean (their mean: no length "
-        "bonus) or diff (last step's minus the previous step's)",
-        ("sum", "mean", "diff"),
+        "bonus), diff (last step's minus the previous step's) or change (its own step's minus the "
+        "previous step's: only the step that changed the verdict is credited)",
+        ("sum", "mean", "diff", "change"),
     )
     process_reward: str = _f(
         "arithmetic",
