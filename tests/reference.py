@@ -158,8 +158,10 @@ def process_advantages(
                     out[i][j] = sum(norm[x] for x in own) / len(own)
                 elif mode == "diff":
                     out[i][j] = norm[-1] - prev
-                else:
+                elif mode == "change":
                     out[i][j] = norm[first] - prev
+                else:
+                    raise ValueError(f"reference.process_advantages: unknown mode {mode!r}")
     return out
 
 
