@@ -29,7 +29,7 @@ def test_group_advantages(seed, b, g, scale):
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("mode", algo.advantages.PROCESS_MODES)
+@pytest.mark.parametrize("mode", algo.PROCESS_MODES)
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("b,g", LAYOUTS)
 def test_process_advantages(seed, b, g, mode):

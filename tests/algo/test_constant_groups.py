@@ -153,7 +153,7 @@ def test_process_constant_groups_hand_built(rows, constant):
     r, ends = _steps(rows)
     mask = torch.ones_like(ends)
     assert algo.process_constant_groups(r, ends, mask, 2).tolist() == [constant]
-    for mode in algo.advantages.PROCESS_MODES:  # constant <=> every advantage of the group is 0
+    for mode in algo.PROCESS_MODES:  # constant <=> every advantage of the group is 0
         adv = algo.process_advantages(r, ends, mask, 2, mode=mode)
         assert bool((adv == 0).all()) == constant, mode
 
@@ -175,7 +175,7 @@ def test_process_constant_groups_agrees_with_the_advantages_on_random_groups():
     mask = torch.arange(t)[None, :] < torch.randint(0, t + 1, (b * g, 1), generator=gen)
     const = algo.process_constant_groups(r, ends, mask, g)
     assert 0.1 < float(const.float().mean()) < 0.9  # both kinds are drawn
-    for mode in algo.advantages.PROCESS_MODES:
+    for mode in algo.PROCESS_MODES:
         zero = (algo.process_advantages(r, ends, mask, g, mode=mode) == 0).view(b, g * t).all(1)
         assert torch.equal(const, zero), mode
 

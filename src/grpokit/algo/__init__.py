@@ -13,8 +13,6 @@ from .advantages import (
     gae_advantages,
     group_advantages,
     outcome_advantages,
-    process_advantages,
-    process_constant_groups,
     reinforce_pp_advantages,
     rloo_advantages,
 )
@@ -24,6 +22,7 @@ from .logprobs import token_entropy, token_logprobs
 from .loss import AGGREGATIONS, aggregate_loss, policy_loss
 from .masks import completion_terminated, mask_completions
 from .ppo import masked_whiten, token_rewards, value_loss
+from .process import PROCESS_MODES, process_advantages, process_constant_groups
 from .reward_shaping import normalized_reward_sum, outcome_at_last_step, overlong_penalty
 from .surrogates import IMPORTANCE_LEVELS, IS_CORRECTIONS, SURROGATES
 
@@ -35,6 +34,7 @@ __all__ = [
     "IS_CORRECTIONS",
     "KL_ESTIMATORS",
     "LogprobGap",
+    "PROCESS_MODES",
     "ROUNDING_ULPS",
     "SCALES",
     "SURROGATES",

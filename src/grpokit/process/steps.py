@@ -342,7 +342,7 @@ def scatter_step_rewards(
 
     ``step_rewards[i, t] = scores[i][k]`` where t is the k-th True entry of ``step_end_mask[i]``,
     0.0 elsewhere. A ``None`` score (the step cannot be scored) becomes **NaN**: the caller
-    decides; ``grpokit.algo.advantages.process_advantages`` leaves NaN step rewards out of the
+    decides; ``grpokit.algo.process_advantages`` leaves NaN step rewards out of the
     group statistics and counts them as 0 in the token sums. A ``None`` *row* (the process reward
     could not score that completion at all, e.g. it raised under ``rewards.on_error=none``) is
     unscorable: NaN at every one of its steps.
