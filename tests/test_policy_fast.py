@@ -228,7 +228,7 @@ def test_fast_paths_are_taken(tiny_model, smollm2_tokenizer, smollm2_prompts, mo
 def test_bf16_sampler_follows_the_models_weights(tiny_model, smollm2_tokenizer, smollm2_prompts):
     """sampler_dtype=bf16 samples from a bf16 copy that is refreshed from the current weights."""
     from grpokit.rollout import SamplingParams, generate_rollouts
-    from grpokit.rollout.hf import _sampler_copy
+    from grpokit.rollout.sampler_copy import sampler_copy
 
     params = SamplingParams(temperature=0.0, max_new_tokens=6)
     run = lambda **kw: generate_rollouts(
@@ -241,14 +241,14 @@ def test_bf16_sampler_follows_the_models_weights(tiny_model, smollm2_tokenizer, 
         **kw,
     )
     a = run(sampler_dtype=torch.bfloat16)
-    copy = _sampler_copy(tiny_model, torch.bfloat16)
+    copy = sampler_copy(tiny_model, torch.bfloat16)
     assert copy is not tiny_model and all(p.dtype == torch.bfloat16 for p in copy.parameters())
     assert all(p.dtype == torch.float32 for p in tiny_model.parameters())  # the policy is untouched
     with torch.no_grad():  # a large change of the policy must reach the sampler
         tiny_model.lm_head.weight.mul_(-1.0)
     b = run(sampler_dtype=torch.bfloat16)
     c = run()
-    assert _sampler_copy(tiny_model, torch.bfloat16) is copy  # made once, refreshed in place
+    assert sampler_copy(tiny_model, torch.bfloat16) is copy  # made once, refreshed in place
     torch.testing.assert_close(copy.lm_head.weight.float(), tiny_model.lm_head.weight, atol=0, rtol=2**-8)
     assert not torch.equal(a.completion_ids, b.completion_ids)
     assert (b.completion_ids == c.completion_ids).float().mean() > 0.5  # bf16 rounding may flip near-ties

@@ -65,7 +65,6 @@ from __future__ import annotations
 import contextlib
 import time
 import warnings
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -76,6 +75,7 @@ from grpokit.algo import completion_terminated, mask_completions
 from grpokit.backends import get_backend, model_device
 from grpokit.experience import Experience
 from grpokit.rollout.engine import SamplingParams, check_prompts
+from grpokit.rollout.sampler_copy import sampler_copy
 
 # Fields that transformers only switches off when they are ``None`` -- which it then fills from
 # the model's generation_config. We cannot neutralise them through our config; warn if set.
@@ -333,7 +333,7 @@ def _generate_chunks(
     backend = get_backend(model)  # the sampler copy runs under the policy's backend
     chunks: list[Generated] = []
     with torch.inference_mode(), _seeded(seed, model_device(model)):
-        sampler = model if sampler_dtype is None else _sampler_copy(model, sampler_dtype)
+        sampler = model if sampler_dtype is None else sampler_copy(model, sampler_dtype)
         with backend.generation(sampler, rows, packed_weights=packed_weights):
             for start in range(0, N, rows):
                 ids = prompt_ids[start : start + rows]
@@ -469,86 +469,6 @@ def left_padded(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tenso
         ids[i, width - len(x) :] = torch.tensor(list(x), dtype=torch.long)
         mask[i, width - len(x) :] = True
     return ids, mask
-
-
-_SAMPLERS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
-
-
-def _sampler_copy(model: Any, dtype: torch.dtype) -> Any:
-    """A copy of ``model`` whose floating-point *parameters* are ``dtype`` (buffers such as rotary
-    frequencies stay as they are), with the weights of ``model`` right now. Made once per model and
-    dtype, refreshed in place on every call (a cast-copy of the weights). A model sharded by FSDP2:
-    :func:`_sharded_sampler_copy`."""
-    from grpokit.utils.distributed import is_sharded
-
-    if is_sharded(model):
-        return _sharded_sampler_copy(model, dtype)
-    if all(p.dtype == dtype for p in model.parameters() if p.is_floating_point()):
-        return model
-    per_model = _SAMPLERS.setdefault(model, {})
-    copy = per_model.get(dtype)
-    if copy is None:
-        import copy as copy_mod
-
-        with torch.inference_mode(False):  # normal tensors, so later refreshes work in or out of it
-            copy = copy_mod.deepcopy(model).requires_grad_(False)
-            for p in copy.parameters():
-                if p.is_floating_point():
-                    p.data = p.data.to(dtype)
-        per_model[dtype] = copy
-    with torch.no_grad():
-        for src, dst in zip(model.parameters(), copy.parameters()):
-            dst.copy_(src)
-    copy.generation_config = model.generation_config  # generate fills unset fields from it
-    return copy
-
-
-def _sharded_sampler_copy(model: Any, dtype: torch.dtype) -> Any:
-    """:func:`_sampler_copy` of a model sharded by FSDP2: a plain model of its class
-    (``transformers.AutoModelForCausalLM`` from its config and attention implementation, built once
-    in a forked RNG: :func:`grpokit.utils.distributed.plain_model`; a LoRA policy's copy wrapped with
-    the same adapters, unmerged, as one process's deep copy keeps them; its floating-point parameters
-    in ``dtype``, buffers as built), refreshed on every call one FSDP unit at a time
-    (:func:`grpokit.utils.distributed.load_full_parameters`: each unit's shards gathered, copied in,
-    released), so at most one unit's full float32 weights exist beside the copy. Every rank must
-    call it the same number of times (the gathers are collectives)."""
-    from grpokit.models.lora import is_peft_model
-    from grpokit.utils.distributed import fsdp_root, load_full_parameters, plain_model
-
-    root = fsdp_root(model)
-    per_model = _SAMPLERS.setdefault(model, {})
-    copy = per_model.get(dtype)
-    if copy is None:
-        copy = plain_model(model)
-        if is_peft_model(model):
-            copy = _with_adapters_of(model, copy)
-        copy.requires_grad_(False).eval()
-        with torch.inference_mode(False):  # normal tensors, so later refreshes work in or out of it
-            for p in copy.parameters():
-                if p.is_floating_point():
-                    p.data = p.data.to(dtype)
-        per_model[dtype] = copy
-    load_full_parameters(model, fsdp_root(copy))  # one sharded unit gathered at a time; the same names
-    fsdp_root(copy).generation_config = root.generation_config
-    return copy
-
-
-def _with_adapters_of(model: Any, plain: torch.nn.Module) -> Any:
-    """``plain`` wrapped by peft with ``model``'s adapter configurations (their weights are loaded
-    after), its random adapter initialisation drawn from a forked RNG (the run's random state stays
-    the one process's)."""
-    import copy as copy_mod
-
-    import peft
-
-    configs = dict(model.peft_config)
-    with torch.inference_mode(False), torch.random.fork_rng(devices=[]):
-        first, *rest = configs
-        wrapped = peft.get_peft_model(plain, copy_mod.deepcopy(configs[first]), adapter_name=first)
-        for name in rest:
-            wrapped.add_adapter(name, copy_mod.deepcopy(configs[name]))
-        wrapped.set_adapter(model.active_adapter)
-    return wrapped
 
 
 @contextlib.contextmanager

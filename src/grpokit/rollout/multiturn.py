@@ -295,12 +295,13 @@ def _continuous(run: _Rollout, *, overlap: bool = False) -> None:
     from grpokit.backends import get_backend
     from grpokit.rollout import hf
     from grpokit.rollout.continuous import continuous_rows
+    from grpokit.rollout.sampler_copy import sampler_copy
 
     n = len(run.rows_t)
     rows = n if run.chunk_size is None else run.chunk_size
     backend = get_backend(run.model)
     with torch.inference_mode(), hf._seeded(run.seed, model_device(run.model)):
-        sampler = run.model if run.sampler_dtype is None else hf._sampler_copy(run.model, run.sampler_dtype)
+        sampler = run.model if run.sampler_dtype is None else sampler_copy(run.model, run.sampler_dtype)
 
         def prefill(ids: torch.Tensor, mask: torch.Tensor) -> dict[str, Any]:
             width = ids.shape[1]
