@@ -87,6 +87,12 @@ def _metrics(name: str) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
+def _num_iterations(name: str) -> int | None:
+    """``train.num_iterations`` (μ) of the run, from its newest checkpoint's ``recipe.json``."""
+    recipes = sorted((OUT / name).glob("checkpoint-*/recipe.json"), key=lambda p: int(p.parent.name.split("-")[1]))
+    return json.loads(recipes[-1].read_text())["train"]["num_iterations"] if recipes else None
+
+
 def _outcomes(path: Path) -> list[bool]:
     return [bool(x) for x in json.loads(path.read_text())["outcomes"]]
 
@@ -94,7 +100,7 @@ def _outcomes(path: Path) -> list[bool]:
 def table(json_out: str | None, plot: str | None) -> dict:
     base = _outcomes(OUT / "plain" / "eval_after.json")
     start = _outcomes(OUT / "plain" / "eval_before.json")
-    report: dict = {"shared": SHARED, "recipe": RECIPE, "rows": {}}
+    report: dict = {"shared": SHARED, "recipe": RECIPE, "out": str(OUT), "rows": {}}
     lo, hi = wilson_interval(sum(start), len(start))
     print(f"before training: {sum(start) / len(start):.3f} [{lo:.3f}, {hi:.3f}] ({sum(start)}/{len(start)})\n")
     print(
@@ -114,6 +120,7 @@ def table(json_out: str | None, plot: str | None) -> dict:
         length = statistics.mean(m["completion_len_mean"] for m in rows[-5:]) if rows else float("nan")
         report["rows"][name] = {
             "keys": keys,
+            "num_iterations": _num_iterations(name),
             "accuracy": sum(got) / len(got),
             "lo": lo,
             "hi": hi,

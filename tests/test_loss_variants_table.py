@@ -41,7 +41,12 @@ def test_table_pairs_each_variant_with_plain(tmp_path, monkeypatch, capsys):
     rloo = [True, True, True, False, True, True, False, False, False, True]
     _run(tmp_path, "plain", plain, [1.0, 0.8, 0.6], before=[False] * 10)
     _run(tmp_path, "rloo", rloo, [1.0, 0.9, 0.5, 0.4, 0.3, 0.2])
+    for step, mu in ((2, 1), (10, 2)):  # the newest checkpoint's recipe says which μ the run had
+        ckpt = tmp_path / "rloo" / f"checkpoint-{step}"
+        ckpt.mkdir()
+        (ckpt / "recipe.json").write_text(json.dumps({"train": {"num_iterations": mu}}))
     rep = lv.table(str(tmp_path / "t.json"), None)
+    assert rep["rows"]["rloo"]["num_iterations"] == 2 and rep["rows"]["plain"]["num_iterations"] is None
     row = rep["rows"]["rloo"]
     assert row["accuracy"] == pytest.approx(0.6)
     pc = row["paired_vs_plain"]
