@@ -4,10 +4,10 @@ Shapes: ``B`` prompts, ``G`` group size, ``N = B·G`` sequences (each group cont
 completion length, ``V`` vocabulary. ``completion_mask`` is bool ``(N, T)``, True = the token counts.
 """
 
+from ._stats import ROUNDING_ULPS
 from .advantages import (
     BASELINE_SCALES,
     BASELINES,
-    ROUNDING_ULPS,
     SCALES,
     constant_groups,
     gae_advantages,

@@ -13,59 +13,9 @@ from __future__ import annotations
 import torch
 
 from ._checks import check_dim, check_group_size, check_same_shape
+from ._stats import pooled_stats, rounding_eps, row_scales, saturate, varies
 
 SCALES = ("group", "batch", "none")
-
-#: Rewards within this many units of rounding of each other are equal (see :func:`constant_groups`).
-ROUNDING_ULPS = 16
-
-
-def _rounding_eps(dtype: torch.dtype) -> float:
-    """Relative rounding unit of the *input* rewards: ``finfo(dtype).eps``; 0 for integer/bool
-    rewards, which are exact (equal only when identical)."""
-    return torch.finfo(dtype).eps if dtype.is_floating_point else 0.0
-
-
-def _varies(values: torch.Tensor, valid: torch.Tensor, rounding_eps: float) -> torch.Tensor:
-    """``(B,)`` bool: the row has >= 2 valid entries and ``max − min > ROUNDING_ULPS · rounding_eps ·
-    max|value|`` over them. ``values``/``valid``: ``(B, K)`` float64, already divided by a power of
-    two (exact, so the test is the same as on the rewards, without overflow or underflow)."""
-    count = valid.sum(dim=1)
-    big = torch.finfo(values.dtype).max
-    vmax = torch.where(valid, values, torch.full_like(values, -big)).amax(dim=1)
-    vmin = torch.where(valid, values, torch.full_like(values, big)).amin(dim=1)
-    vabs = torch.where(valid, values.abs(), torch.zeros_like(values)).amax(dim=1)
-    return (count >= 2) & (vmax - vmin > ROUNDING_ULPS * rounding_eps * vabs)
-
-
-def _pooled_stats(values: torch.Tensor, valid: torch.Tensor, rounding_eps: float):
-    """Mean, sample std (ddof=1) and "spread" flag of each row over its ``valid`` entries (float64).
-
-    ``values``/``valid``: ``(B, K)``. Returns ``mean (B,)``, ``std (B,)``, ``varies (B,)`` where ``varies``
-    is False for rows with < 2 valid entries or all valid entries equal up to rounding (see
-    :func:`constant_groups`; those get advantage 0 exactly).
-    """
-    count = valid.sum(dim=1)
-    filled = torch.where(valid, values, torch.zeros_like(values))
-    mean = filled.sum(dim=1) / count.clamp(min=1)
-    dev = torch.where(valid, values - mean[:, None], torch.zeros_like(values))
-    std = ((dev**2).sum(dim=1) / (count - 1).clamp(min=1)).sqrt()
-    return mean, std, _varies(values, valid, rounding_eps)
-
-
-def _row_scales(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """``(B, 1)`` powers of two ``2^(e-1)`` with ``e`` the binary exponent of each row's largest
-    ``|valid value|`` (1 for a row with none): dividing by one is exact and leaves every valid
-    value in ``(-2, 2)``, so sums and squares cannot overflow float64 (rewards up to its max)."""
-    big = torch.where(valid, values.abs(), torch.zeros_like(values)).amax(dim=1, keepdim=True)
-    _, exp = torch.frexp(big)  # big = m · 2^exp, m in [0.5, 1)
-    return torch.where(big > 0, torch.ldexp(torch.ones_like(big), exp - 1), torch.ones_like(big))
-
-
-def _saturate(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``x`` in ``dtype``, values beyond its range clamped to its largest finite value."""
-    big = torch.finfo(dtype).max
-    return x.clamp(-big, big).to(dtype)
 
 
 def constant_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -110,7 +60,7 @@ def constant_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     b = check_group_size("constant_groups", rewards.shape[0], group_size)
     r = rewards.double().view(b, group_size)  # (B, G)
     valid = torch.isfinite(r)
-    return ~_varies(r / _row_scales(r, valid), valid, _rounding_eps(rewards.dtype))
+    return ~varies(r / row_scales(r, valid), valid, rounding_eps(rewards.dtype))
 
 
 def _safe_div(num: torch.Tensor, denom: torch.Tensor) -> torch.Tensor:
@@ -162,21 +112,21 @@ def group_advantages(
     out_dtype = rewards.dtype if rewards.is_floating_point() else torch.float32
     r = rewards.double().view(b, group_size)  # (B, G)
     valid = torch.isfinite(r)
-    scale_of = _row_scales(r, valid)  # (B, 1); statistics of r / scale, then scaled back
+    scale_of = row_scales(r, valid)  # (B, 1); statistics of r / scale, then scaled back
     if scale == "batch":
         scale_of = scale_of.amax().expand_as(scale_of)
     x = r / scale_of
-    tol = _rounding_eps(rewards.dtype)
-    mean, std, varies = _pooled_stats(x, valid, tol)
-    centred = torch.where(valid & varies[:, None], x - mean[:, None], torch.zeros_like(x))
+    tol = rounding_eps(rewards.dtype)
+    mean, std, spread = pooled_stats(x, valid, tol)
+    centred = torch.where(valid & spread[:, None], x - mean[:, None], torch.zeros_like(x))
     if scale == "group":
         adv = _safe_div(centred, std[:, None] + eps / scale_of)  # = (r - mean_r) / (std_r + eps)
     elif scale == "batch":
-        _, batch_std, batch_varies = _pooled_stats(x.reshape(1, -1), valid.reshape(1, -1), tol)
+        _, batch_std, batch_varies = pooled_stats(x.reshape(1, -1), valid.reshape(1, -1), tol)
         adv = _safe_div(centred, batch_std + eps / scale_of) if bool(batch_varies) else torch.zeros_like(r)
     else:
         adv = centred * scale_of  # may exceed the dtype's range for rewards near it: saturated
-    return _saturate(adv.reshape(-1), out_dtype)
+    return saturate(adv.reshape(-1), out_dtype)
 
 
 BASELINES = ("group", "rloo", "reinforce_pp")
@@ -224,13 +174,13 @@ def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     out_dtype = rewards.dtype if rewards.is_floating_point() else torch.float32
     r = rewards.double().view(b, group_size)  # (B, G)
     valid = torch.isfinite(r)
-    scale_of = _row_scales(r, valid)  # (B, 1)
+    scale_of = row_scales(r, valid)  # (B, 1)
     x = r / scale_of
-    mean, _, varies = _pooled_stats(x, valid, _rounding_eps(rewards.dtype))
+    mean, _, spread = pooled_stats(x, valid, rounding_eps(rewards.dtype))
     k = valid.sum(dim=1, keepdim=True).double()  # (B, 1) scorable rewards
-    centred = torch.where(valid & varies[:, None], x - mean[:, None], torch.zeros_like(x))
+    centred = torch.where(valid & spread[:, None], x - mean[:, None], torch.zeros_like(x))
     adv = centred * (k / (k - 1).clamp(min=1)) * scale_of  # = r_i − mean of the others
-    return _saturate(adv.reshape(-1), out_dtype)
+    return saturate(adv.reshape(-1), out_dtype)
 
 
 def reinforce_pp_advantages(
@@ -285,10 +235,10 @@ def reinforce_pp_advantages(
     out_dtype = rewards.dtype if rewards.is_floating_point() else torch.float32
     r = rewards.double().view(b, group_size)  # (B, G)
     valid = torch.isfinite(r)
-    s = _row_scales(r, valid).amax()  # one power of two for the whole batch
+    s = row_scales(r, valid).amax()  # one power of two for the whole batch
     x = r / s
-    mean, _, varies = _pooled_stats(x, valid, _rounding_eps(rewards.dtype))
-    signal = valid & varies[:, None]  # (B, G)
+    mean, _, spread = pooled_stats(x, valid, rounding_eps(rewards.dtype))
+    signal = valid & spread[:, None]  # (B, G)
     c = torch.where(signal, x - mean[:, None], torch.zeros_like(x))  # constant groups: c = 0, still counted
     w = torch.where(valid, lengths.double().view(b, group_size), torch.zeros_like(x))  # tokens that count
     total = w.sum()
@@ -301,7 +251,7 @@ def reinforce_pp_advantages(
         adv = dev / torch.clamp(std, min=eps / s)  # (c·s − μ·s) / max(σ·s, eps)
     else:
         adv = dev * s
-    return _saturate(torch.where(signal, adv, torch.zeros_like(adv)).reshape(-1), out_dtype)
+    return saturate(torch.where(signal, adv, torch.zeros_like(adv)).reshape(-1), out_dtype)
 
 
 def outcome_advantages(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ._checks import check_dim, check_group_size, check_same_shape
-from .advantages import _pooled_stats, _rounding_eps, _row_scales, _saturate
+from ._stats import pooled_stats, rounding_eps, row_scales, saturate
 
 PROCESS_MODES = ("sum", "mean", "diff", "change")
 """The ``mode`` values of :func:`process_advantages` (``algo.process_advantage``)."""
@@ -57,9 +57,9 @@ def _pooled_step_rewards(
     r = step_rewards.double()
     valid = step_end_mask.bool() & completion_mask.bool() & torch.isfinite(r)
     pooled_r, pooled_valid = r.reshape(b, group_size * t), valid.reshape(b, group_size * t)
-    scale_of = _row_scales(pooled_r, pooled_valid)  # (B, 1), as in group_advantages
+    scale_of = row_scales(pooled_r, pooled_valid)  # (B, 1), as in group_advantages
     pooled_r = pooled_r / scale_of
-    return b, valid, pooled_r, scale_of, _pooled_stats(pooled_r, pooled_valid, _rounding_eps(step_rewards.dtype))
+    return b, valid, pooled_r, scale_of, pooled_stats(pooled_r, pooled_valid, rounding_eps(step_rewards.dtype))
 
 
 def process_constant_groups(
@@ -177,4 +177,4 @@ def process_advantages(
     if mode == "mean":
         adv = adv / _reverse_cumsum(valid.to(adv.dtype)).clamp(min=1.0)
     adv = torch.where(completion_mask.bool(), adv, torch.zeros_like(adv))
-    return _saturate(adv, step_rewards.dtype if step_rewards.is_floating_point() else torch.float32)
+    return saturate(adv, step_rewards.dtype if step_rewards.is_floating_point() else torch.float32)

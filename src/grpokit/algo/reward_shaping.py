@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 
 from ._checks import check_dim, check_group_size
-from .advantages import _saturate, group_advantages
+from ._stats import saturate
+from .advantages import group_advantages
 
 
 def normalized_reward_sum(
@@ -72,7 +73,7 @@ def normalized_reward_sum(
     z = group_advantages(cols.t().reshape(-1), group_size, scale="group", eps=eps).double().view(-1, n)  # (K', N)
     total = (w[live][:, None] * z).sum(dim=0)  # (N,)
     total = torch.where(ok, total, torch.full_like(total, float("nan")))
-    return _saturate(total, out_dtype)
+    return saturate(total, out_dtype)
 
 
 def overlong_penalty(lengths: torch.Tensor, max_length: int, buffer: int) -> torch.Tensor:

@@ -31,16 +31,21 @@ def sampler_copy(model: Any, dtype: torch.dtype) -> Any:
         import copy as copy_mod
 
         with torch.inference_mode(False):  # normal tensors, so later refreshes work in or out of it
-            copy = copy_mod.deepcopy(model).requires_grad_(False)
-            for p in copy.parameters():
-                if p.is_floating_point():
-                    p.data = p.data.to(dtype)
+            copy = _cast_parameters(copy_mod.deepcopy(model).requires_grad_(False), dtype)
         per_model[dtype] = copy
     with torch.no_grad():
         for src, dst in zip(model.parameters(), copy.parameters()):
             dst.copy_(src)
     copy.generation_config = model.generation_config  # generate fills unset fields from it
     return copy
+
+
+def _cast_parameters(module: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """``module`` with each floating-point parameter's data cast to ``dtype`` in place (buffers kept)."""
+    for p in module.parameters():
+        if p.is_floating_point():
+            p.data = p.data.to(dtype)
+    return module
 
 
 def _sharded_sampler_copy(model: Any, dtype: torch.dtype) -> Any:
@@ -64,9 +69,7 @@ def _sharded_sampler_copy(model: Any, dtype: torch.dtype) -> Any:
             copy = _with_adapters_of(model, copy)
         copy.requires_grad_(False).eval()
         with torch.inference_mode(False):  # normal tensors, so later refreshes work in or out of it
-            for p in copy.parameters():
-                if p.is_floating_point():
-                    p.data = p.data.to(dtype)
+            _cast_parameters(copy, dtype)
         per_model[dtype] = copy
     load_full_parameters(model, fsdp_root(copy))  # one sharded unit gathered at a time; the same names
     fsdp_root(copy).generation_config = root.generation_config
