@@ -14,7 +14,8 @@ warm-up is the same for all).
 ``table`` prints, per seed, held-out greedy accuracy (Wilson 95 %) at the recipe's last step, the
 paired difference against the outcome arm of the same seed (Newcombe 95 %, exact McNemar p), the
 last 5 steps' completion length, the step count of the completions logged at the last sampled step
-(``samples.jsonl``; lines) and the training minutes; no model runs.
+(``samples.jsonl``; lines) and the training minutes; then each arm of ``ALSO_PAIRED`` paired with the
+fixed-PRM arm of its seed, and what an iterative arm's PRM refreshes cost; no model runs.
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ ARMS: dict[str, tuple[list[str], str]] = {
         "process, learned PRM retrained every 10 steps (DeepSeekMath 4.1.3)",
     ),
 }
+
+# arm -> the arm of the same seed it is also paired with (the issue's "iterative >= non-iterative")
+ALSO_PAIRED = {"prm_iterative": "prm", "prm_outcome": "prm"}
 
 
 def run(names: list[str], seeds: list[int], shared: list[str]) -> None:
@@ -140,6 +144,10 @@ def table(seeds: list[int], json_out: str | None) -> dict:
                     f"{pc['b_only']} / {pc['a_only']}",
                     f"{pc['p_value']:.2g}",
                 ]
+            refresh = [x for x in m if "prm_refresh_s" in x]
+            if refresh:  # iterative RL: what the PRM refreshes cost, inside train min
+                entry["prm_refresh_minutes"] = sum(x["prm_refresh_s"] for x in refresh) / 60
+                entry["prm_label_tokens"] = sum(x.get("prm_label_tokens", 0) for x in refresh)
             rows_out[name] = entry
             length = "—" if entry["length_last5"] is None else f"{entry['length_last5']:.1f}"
             steps = "—" if entry["steps_last_sample"] is None else f"{entry['steps_last_sample']:.2f}"
@@ -147,6 +155,24 @@ def table(seeds: list[int], json_out: str | None) -> dict:
                 f"| {seed} | {name} | {sum(got) / len(got):.3f} [{lo:.3f}, {hi:.3f}] | {' | '.join(cells)} "
                 f"| {length} | {steps} | {minutes:.0f} |"
             )
+        for name, other in ALSO_PAIRED.items():
+            if name in rows_out and other in rows_out:
+                pc = paired_comparison(
+                    _outcomes(OUT / f"{other}_s{seed}" / "eval_after.json"),
+                    _outcomes(OUT / f"{name}_s{seed}" / "eval_after.json"),
+                )
+                rows_out[name][f"paired_vs_{other}"] = pc
+                print(
+                    f"- seed {seed}: {name} − {other}: {100 * pc['diff']:+.1f} points "
+                    f"[{100 * pc['diff_lo']:+.1f}, {100 * pc['diff_hi']:+.1f}], only {name} / only {other} "
+                    f"{pc['b_only']} / {pc['a_only']}, McNemar p = {pc['p_value']:.2g}"
+                )
+            refresh = rows_out.get(name, {}).get("prm_refresh_minutes")
+            if refresh is not None:
+                print(
+                    f"- seed {seed}: {name}'s PRM refreshes took {refresh:.1f} of its train minutes, "
+                    f"{rows_out[name]['prm_label_tokens']} tokens generated for their labels"
+                )
     if json_out:
         Path(json_out).write_text(json.dumps(report, indent=1))
     return report

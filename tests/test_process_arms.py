@@ -72,6 +72,25 @@ def test_table_pairs_each_arm_with_the_outcome_arm_of_its_seed(tmp_path, monkeyp
     assert "| 0 | rule | 0.600 [" in out and "+20.0 [" in out and "| 3 / 1 |" in out
 
 
+def test_table_pairs_the_iterative_arm_with_the_fixed_prm_arm_and_sums_its_refresh_cost(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(pa, "OUT", tmp_path)
+    _run(tmp_path, "outcome_s0", [False] * 6, [])
+    _run(tmp_path, "prm_s0", [True, False, False, True, False, False], [])
+    _run(tmp_path, "prm_iterative_s0", [True, True, True, False, False, False], [])  # 2 gained, 1 lost
+    metrics = tmp_path / "prm_iterative_s0" / "metrics.jsonl"
+    rows = [{"step": 1, "step_s": 60.0}, {"step": 11, "step_s": 90.0, "prm_refresh_s": 30.0, "prm_label_tokens": 500}]
+    rows.append({"step": 21, "step_s": 120.0, "prm_refresh_s": 60.0, "prm_label_tokens": 700})
+    metrics.write_text("".join(json.dumps(m) + "\n" for m in rows))
+    rep = pa.table([0], None)
+    row = rep["seeds"][0]["prm_iterative"]
+    pc = row["paired_vs_prm"]
+    assert (pc["diff"], pc["b_only"], pc["a_only"]) == (pytest.approx(1 / 6), 2, 1)
+    assert row["prm_refresh_minutes"] == pytest.approx(1.5) and row["prm_label_tokens"] == 1200
+    assert "prm_refresh_minutes" not in rep["seeds"][0]["prm"] and "paired_vs_prm" not in rep["seeds"][0]["prm"]
+    out = capsys.readouterr().out
+    assert "- seed 0: prm_iterative − prm: +16.7 points" in out and "2 / 1" in out and "1200 tokens" in out
+
+
 def test_run_skips_finished_arms_and_builds_each_command(tmp_path, monkeypatch):
     monkeypatch.setattr(pa, "OUT", tmp_path)
     (tmp_path / "outcome_s0").mkdir()
