@@ -448,7 +448,7 @@ def test_the_docs_table_covers_every_key_and_refuses_exactly_the_refused_ones():
 
     from grpokit.config import Recipe
     from grpokit.config.resume import REFUSED_ON_RESUME
-    from grpokit.config.schema import _walk
+    from grpokit.config.schema import walk_recipe
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "resume.md").read_text()
     covered, refused = set(), set()
@@ -459,7 +459,7 @@ def test_the_docs_table_covers_every_key_and_refuses_exactly_the_refused_ones():
         covered |= keys
         if row.split("|")[2].strip() == "refused":
             refused |= keys
-    every = {k for k, _, _ in _walk(Recipe())}
+    every = {k for k, _, _ in walk_recipe(Recipe())}
     missing = {k for k in every if k not in covered and f"{k.split('.')[0]}.*" not in covered}
     assert not missing
     sections = {k[:-1] for k in refused if k.endswith("*")}  # "data." as REFUSED_ON_RESUME writes it

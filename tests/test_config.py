@@ -327,10 +327,10 @@ def test_importing_the_recipe_module_does_not_import_torch():
 def test_registry_listed_names_are_the_registries_names():
     # --help prints `listed` without importing the module; they must be what the module registers
     from grpokit.config import Registry
-    from grpokit.config.schema import _walk
+    from grpokit.config.schema import walk_recipe
 
     registries = [
-        f.metadata["choices"] for _, _, f in _walk(Recipe()) if isinstance(f.metadata.get("choices"), Registry)
+        f.metadata["choices"] for _, _, f in walk_recipe(Recipe()) if isinstance(f.metadata.get("choices"), Registry)
     ]
     assert len(registries) == 4
     for reg in registries:
@@ -416,11 +416,11 @@ def test_every_list_key_of_the_schema_has_an_element_check():
     import typing
 
     from grpokit.config.checks import LIST_ELEMENTS
-    from grpokit.config.schema import _hints
+    from grpokit.config.schema import hints_of
 
     list_keys = set()
-    for sec, cls in _hints(Recipe).items():
-        for name, hint in _hints(cls).items():
+    for sec, cls in hints_of(Recipe).items():
+        for name, hint in hints_of(cls).items():
             if list in (hint, typing.get_origin(hint), *typing.get_args(hint)):
                 list_keys.add(f"{sec}.{name}")
     assert list_keys == set(LIST_ELEMENTS)
@@ -474,12 +474,12 @@ def test_a_key_written_twice_names_the_key_and_both_lines(tmp_path, text, expect
 
 def test_yaml_merge_keys_and_anchors_are_not_duplicates():
     from grpokit.config import DuplicateKeyError
-    from grpokit.config.schema import _yaml_load
+    from grpokit.config.yaml_io import load_yaml
 
-    assert _yaml_load("a: &x {b: 1}\nc:\n  <<: *x\n  b: 2\n") == {"a": {"b": 1}, "c": {"b": 2}}
-    assert _yaml_load("a: {1: x, '1': y}") == {"a": {1: "x", "1": "y"}}  # an int and a string key differ
+    assert load_yaml("a: &x {b: 1}\nc:\n  <<: *x\n  b: 2\n") == {"a": {"b": 1}, "c": {"b": 2}}
+    assert load_yaml("a: {1: x, '1': y}") == {"a": {1: "x", "1": "y"}}  # an int and a string key differ
     with pytest.raises(DuplicateKeyError, match=r"a\[1\]\.k is written twice"):
-        _yaml_load("a: [{k: 1}, {k: 1, k: 2}]")
+        load_yaml("a: [{k: 1}, {k: 1, k: 2}]")
     with pytest.raises(RecipeError, match="data.options=.*: value is not valid YAML: k is written twice"):
         parse_override("data.options={k: 1, k: 2}")
 

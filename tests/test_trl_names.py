@@ -11,7 +11,8 @@ import pytest
 
 from grpokit.cli.main import main
 from grpokit.config import RecipeError, load_recipe
-from grpokit.config.schema import Recipe, _walk, choices_of
+from grpokit.config.fields import choices_of
+from grpokit.config.schema import Recipe, walk_recipe
 from grpokit.config.trl_names import TRL_NAMES, grpokit_form, recipe_keys
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "from_trl.md"
@@ -23,7 +24,7 @@ COMPANIONS = {"algo.is_correction": ["algo.tis_cap=2", "rollout.engine=vllm"]}
 
 def test_every_key_and_value_of_the_table_is_the_recipes():
     keys = recipe_keys()
-    fields = {key: f for key, _, f in _walk(Recipe())}
+    fields = {key: f for key, _, f in walk_recipe(Recipe())}
     assert keys == set(fields)
     for name, trl in TRL_NAMES.items():
         if trl.key is None:

@@ -15,7 +15,7 @@ from typing import Any
 from grpokit.config import Recipe, RecipeError, recipe_from_dict
 from grpokit.config.loading import apply_overrides
 from grpokit.config.packaged import demo_raw, find_recipe
-from grpokit.config.schema import _yaml_load
+from grpokit.config.yaml_io import load_yaml
 from grpokit.utils.given import give
 from grpokit.utils.textio import read_utf8
 
@@ -161,7 +161,7 @@ def _raw_recipe(recipe: Any, fresh: Sequence[str]) -> tuple[dict, str | None]:
     if isinstance(recipe, Mapping):
         return {k: dict(v) if isinstance(v, Mapping) else v for k, v in recipe.items()}, None
     if isinstance(recipe, (str, Path)):
-        return _yaml_load(read_utf8(find_recipe(recipe))) or {}, None
+        return load_yaml(read_utf8(find_recipe(recipe))) or {}, None
     raise TypeError(f"recipe: expected a name, a path, a dict or a grpokit.Recipe, got {type(recipe).__name__}")
 
 

@@ -358,12 +358,12 @@ def _data_options(text: str | None) -> dict:
         ValueError: not valid YAML, or not a mapping (names ``--data-options``).
     """
     from grpokit.config.loading import _yaml_problem
-    from grpokit.config.schema import _yaml_load
+    from grpokit.config.yaml_io import load_yaml
 
     if not text:
         return {}
     try:
-        value = _yaml_load(text)
+        value = load_yaml(text)
     except yaml.YAMLError as e:
         raise ValueError(f"--data-options {text!r}: not valid YAML ({_yaml_problem(e)})") from None
     if not isinstance(value, dict):

@@ -23,7 +23,7 @@ import yaml
 from grpokit.config import Recipe, RecipeError, load_recipe, recipe_from_dict
 from grpokit.config.loading import apply_overrides
 from grpokit.config.packaged import DEFAULT_RECIPE, PACKAGED_RECIPES, demo_raw, find_recipe, packaged_recipes
-from grpokit.config.schema import _walk
+from grpokit.config.schema import walk_recipe
 from grpokit.config.trl_names import grpokit_form
 from grpokit.utils.textio import read_utf8
 
@@ -150,7 +150,7 @@ def source_note(message: str, sources: dict[str, tuple[str, str]], recipe: Recip
     >>> source_note("override 'split=x': use data.split=x or eval.split=x", where)
     ''
     """
-    fields = {key for key, _, _ in _walk(Recipe())}
+    fields = {key for key, _, _ in walk_recipe(Recipe())}
     groups: dict[str, list[str]] = {}
     seen: set[str] = set()
     advice = False  # the previous key was advice: one joined to it by "or" is too

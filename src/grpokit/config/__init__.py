@@ -14,25 +14,22 @@ re-exported here.
 from __future__ import annotations
 
 from grpokit.config.checks import validate
+from grpokit.config.fields import RecipeError, Registry, choices_of, lora_options
 from grpokit.config.loading import help_text, load_recipe, parse_override, recipe_from_dict
 from grpokit.config.schema import (
     RENAMED_KEYS,
     AlgoConfig,
     DataConfig,
-    DuplicateKeyError,
     EvalConfig,
     ModelConfig,
     PrmConfig,
     Recipe,
-    RecipeError,
-    Registry,
     RewardsConfig,
     RolloutConfig,
     SftConfig,
     TrainConfig,
-    choices_of,
-    lora_options,
 )
+from grpokit.config.yaml_io import DuplicateKeyError
 
 __all__ = [
     "RENAMED_KEYS",

@@ -7,16 +7,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from grpokit.config.schema import (
-    PrmConfig,
-    Recipe,
-    RecipeError,
-    SftConfig,
-    _walk,
-    check_elements,
-    choices_of,
-    lora_options,
-)
+from grpokit.config.fields import RecipeError, check_elements, choices_of, lora_options
+from grpokit.config.schema import PrmConfig, Recipe, SftConfig, walk_recipe
 from grpokit.trackers import NAMES as TRACKER_NAMES
 from grpokit.trackers import tracker_names
 
@@ -92,7 +84,7 @@ LIST_ELEMENTS: dict[str, tuple[Callable[[str, Any], Any], bool]] = {
 
 def _check_finite(recipe: Recipe) -> None:
     """Every float key finite (``NaN < 0`` is False, so NaN would pass every range check below)."""
-    for key, value, _ in _walk(recipe):
+    for key, value, _ in walk_recipe(recipe):
         if isinstance(value, float) and not math.isfinite(value):
             raise RecipeError(f"{key}: expected a finite number, got {value!r}")
 
@@ -100,7 +92,7 @@ def _check_finite(recipe: Recipe) -> None:
 def _check_lists(recipe: Recipe) -> None:
     """Each element of each list key (:data:`LIST_ELEMENTS`): its type and range, and duplicates where
     they are not allowed, named ``key[index]``. ``model.lora.target_modules``: :func:`lora_options`."""
-    for key, value, _ in _walk(recipe):
+    for key, value, _ in walk_recipe(recipe):
         if not isinstance(value, list):
             continue
         if key not in LIST_ELEMENTS:  # a list given to a mapping key is _check_type's to refuse
@@ -117,7 +109,7 @@ def _check_lists(recipe: Recipe) -> None:
 
 def _check_values(recipe: Recipe) -> None:
     """Choices and ranges of single keys (the common ones)."""
-    for key, value, f in _walk(recipe):
+    for key, value, f in walk_recipe(recipe):
         choices = choices_of(f)
         if choices and not isinstance(value, list) and value not in choices:  # a list's elements: _check_lists
             raise RecipeError(f"{key}: {value!r} is not one of {', '.join(choices)}")

@@ -13,18 +13,10 @@ from typing import Any
 import yaml
 
 from grpokit.config.checks import validate
-from grpokit.config.schema import (
-    RENAMED_KEYS,
-    DuplicateKeyError,
-    Recipe,
-    RecipeError,
-    _fields,
-    _hints,
-    _walk,
-    _yaml_load,
-    choices_of,
-)
+from grpokit.config.fields import RecipeError, choices_of
+from grpokit.config.schema import RENAMED_KEYS, Recipe, fields_of, hints_of, walk_recipe
 from grpokit.config.trl_names import TRL_NAMES, grpokit_form, keys_named, recipe_keys
+from grpokit.config.yaml_io import DuplicateKeyError, load_yaml
 from grpokit.utils.textio import NotUtf8Error, read_utf8
 
 
@@ -56,7 +48,7 @@ def recipe_from_dict(raw: dict) -> Recipe:
         raw = {}
     if not isinstance(raw, dict):
         raise RecipeError(f"recipe: expected a mapping of sections, got {type(raw).__name__}")
-    sections = _fields(Recipe)
+    sections = fields_of(Recipe)
     kwargs = {}
     for sec, values in raw.items():
         if sec not in sections:
@@ -65,12 +57,12 @@ def recipe_from_dict(raw: dict) -> Recipe:
                 f"unknown recipe section {sec!r}; allowed: {', '.join(sections)}"
                 + (f"; did you mean {close[0]}?" if close else "")
             )
-        cls = _hints(Recipe)[sec]
+        cls = hints_of(Recipe)[sec]
         if values is None:
             values = {}
         if not isinstance(values, dict):
             raise RecipeError(f"{sec}: expected a mapping, got {values!r}")
-        hints, allowed = _hints(cls), _fields(cls)
+        hints, allowed = hints_of(cls), fields_of(cls)
         sub = {}
         for key, val in values.items():
             if key not in allowed:
@@ -108,7 +100,8 @@ def _did_you_mean(sec: str, key: Any) -> str:
     trl = TRL_NAMES.get(key)
     if trl is not None and trl.key is not None:
         return f"; did you mean {trl.key}? ({key} is TRL's name)"
-    own = difflib.get_close_matches(key, list(_fields(_hints(Recipe)[sec])), n=1, cutoff=0.75)  # names, not sec.name:
+    # names, not sec.name:
+    own = difflib.get_close_matches(key, list(fields_of(hints_of(Recipe)[sec])), n=1, cutoff=0.75)
     if own:  # the shared "train." would make every key of the section look close
         return f"; did you mean {sec}.{own[0]}?"
     other = difflib.get_close_matches(key, sorted({k.split(".")[1] for k in recipe_keys()}), n=1, cutoff=0.8)
@@ -117,8 +110,8 @@ def _did_you_mean(sec: str, key: Any) -> str:
 
 def _is_text_field(sec: str, key: str) -> bool:
     """Whether ``sec.key`` is a ``str`` (or ``str | None``) field of the recipe."""
-    cls = _hints(Recipe).get(sec)
-    hint = _hints(cls).get(key) if dataclasses.is_dataclass(cls) else None
+    cls = hints_of(Recipe).get(sec)
+    hint = hints_of(cls).get(key) if dataclasses.is_dataclass(cls) else None
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         hint = next((a for a in typing.get_args(hint) if a is not type(None)), None)
     return hint is str
@@ -142,7 +135,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         return parts, None
     text_field = _is_text_field(*parts)
     try:
-        parsed = _yaml_load(value)
+        parsed = load_yaml(value)
     except yaml.YAMLError as e:
         if not text_field:
             raise RecipeError(f"override {text!r}: value is not valid YAML: {e}") from None
@@ -177,7 +170,7 @@ def load_recipe(
     raw: dict = {}
     if path is not None:
         try:
-            raw = _yaml_load(read_utf8(path)) or {}
+            raw = load_yaml(read_utf8(path)) or {}
         except FileNotFoundError:
             raise RecipeError(f"recipe file not found: {path}") from None
         except OSError as e:  # a folder, no permission, ...
@@ -224,7 +217,7 @@ def help_text(other: dict | None = None, label: str = "demo", sections: tuple[st
     ``other``: a recipe's nested dicts (the demo recipe's); a key it sets to another value than the
     default is shown with ``(label: value)`` after the default."""
     lines = []
-    for key, value, f in _walk(Recipe()):
+    for key, value, f in walk_recipe(Recipe()):
         sec, name = key.split(".")
         if sections is not None and sec not in sections:
             continue

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from grpokit.config.schema import RecipeError, _yaml_load
+from grpokit.config.fields import RecipeError
+from grpokit.config.yaml_io import load_yaml
 from grpokit.utils.textio import read_utf8
 
 __all__ = ["DEFAULT_RECIPE", "PACKAGED_RECIPES", "demo_raw", "find_recipe", "packaged_recipes"]
@@ -41,4 +42,4 @@ def find_recipe(name: str | Path) -> Path:
 
 def demo_raw() -> dict:
     """The packaged demo recipe's nested dicts."""
-    return _yaml_load(read_utf8(DEFAULT_RECIPE)) or {}
+    return load_yaml(read_utf8(DEFAULT_RECIPE)) or {}

@@ -22,7 +22,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from grpokit.config.schema import Recipe, RecipeError
+from grpokit.config.fields import RecipeError
+from grpokit.config.schema import Recipe
 
 #: keys (a ``section.`` prefix: every key of the section) whose change a resume refuses -> why
 REFUSED_ON_RESUME: dict[str, str] = {

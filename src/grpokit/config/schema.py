@@ -1,129 +1,17 @@
-"""The recipe's schema: one dataclass per section, each field with its default, help text and choices."""
+"""The recipe's schema: one dataclass per section, each field with its default, help text and choices
+(the error, registries and shared value checks they use: :mod:`grpokit.config.fields`; the YAML
+loader: :mod:`grpokit.config.yaml_io`)."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import importlib
-import re
-import sys
 import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
-
+from grpokit.config.fields import LORA_DEFAULTS, Registry
 from grpokit.trackers import NAMES as TRACKER_NAMES
-
-
-class _YamlLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that also reads ``1e-6`` as a float (YAML 1.1 wants ``1.0e-6``, so plain
-    PyYAML returns the string ``"1e-6"`` and ``train.learning_rate=1e-6`` would be rejected)."""
-
-
-_YamlLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)[eE][-+]?[0-9]+$"),
-    list("-+0123456789."),
-)
-
-
-class DuplicateKeyError(yaml.constructor.ConstructorError):
-    """A YAML mapping that writes a key twice (PyYAML alone keeps the last value, silently).
-
-    ``key``: the dotted path of the key (``train`` or ``train.max_steps``); ``lines``: the 1-based
-    lines of its first and second occurrence. The message says both, e.g. ``train.max_steps is
-    written twice (lines 2 and 7); each section and key may appear once``."""
-
-    def __init__(self, key: str, first: yaml.Mark, second: yaml.Mark):
-        self.key, self.lines = key, (first.line + 1, second.line + 1)
-        where = (
-            f"lines {self.lines[0]} and {self.lines[1]}"
-            if first.line != second.line
-            else f"line {self.lines[0]}, columns {first.column + 1} and {second.column + 1}"
-        )
-        super().__init__(
-            problem=f"{key} is written twice ({where}); each section and key may appear once", problem_mark=second
-        )
-
-    def __str__(self) -> str:
-        return self.problem
-
-
-def _check_unique_keys(node: yaml.Node, path: str = "", _seen: set[int] | None = None) -> None:
-    """Raise :class:`DuplicateKeyError` for the first key written twice in any mapping below
-    ``node`` (at any depth, in lists too). Keys are compared as the scalars they are written as,
-    after YAML's tag resolution (``1`` and ``'1'`` differ); ``<<`` merge keys are YAML's own
-    overriding and are left alone. A node reached again through an alias is checked once."""
-    _seen = set() if _seen is None else _seen
-    if id(node) in _seen:
-        return
-    _seen.add(id(node))
-    if isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            _check_unique_keys(item, f"{path}[{i}]", _seen)
-    elif isinstance(node, yaml.MappingNode):
-        seen: dict[tuple[str, str], yaml.Mark] = {}
-        for key_node, value_node in node.value:
-            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            name = f"{path}.{key_node.value}" if path else key_node.value
-            ident = (key_node.tag, key_node.value)
-            if ident in seen:
-                raise DuplicateKeyError(name, seen[ident], key_node.start_mark)
-            seen[ident] = key_node.start_mark
-            _check_unique_keys(value_node, name, _seen)
-
-
-def _yaml_load(text: str) -> Any:
-    """``text`` parsed as YAML by :class:`_YamlLoader` (safe: plain data only).
-
-    Raises:
-        DuplicateKeyError: a mapping writes a key twice, at any depth (a ``yaml.YAMLError``).
-        yaml.YAMLError: not valid YAML.
-    """
-    loader = _YamlLoader(text)
-    try:
-        node = loader.get_single_node()
-        if node is None:
-            return None
-        _check_unique_keys(node)
-        return loader.construct_document(node)
-    finally:
-        loader.dispose()
-
-
-@dataclass(frozen=True)
-class Registry:
-    """The choices of a recipe key that a registry keeps: the names of ``module.attr`` (a mapping or
-    a tuple), e.g. ``rollout.engine``'s are :data:`grpokit.rollout.engine.ENGINES`. Read when a
-    recipe is validated (:func:`choices_of`), not when this module is imported: ``grpokit.backends``
-    and ``grpokit.estimators.base`` import torch. ``listed`` are the built-in names, which ``grpokit train
-    --help`` prints without importing the module when it is not imported yet (a test checks that they
-    equal the registry's)."""
-
-    module: str
-    attr: str
-    listed: tuple[str, ...]
-
-    def names(self) -> tuple[str, ...]:
-        return tuple(getattr(importlib.import_module(self.module), self.attr))
-
-    def names_if_imported(self) -> tuple[str, ...]:
-        """The registry's names when its module is imported (names added at run time included),
-        else the built-in ``listed`` ones; imports nothing."""
-        module = sys.modules.get(self.module)
-        return tuple(getattr(module, self.attr)) if module is not None else self.listed
-
-
-def choices_of(f: dataclasses.Field, *, import_registry: bool = True) -> tuple[str, ...] | None:
-    """The allowed values of a recipe field (its ``choices`` metadata, a :class:`Registry`'s names
-    read now; with ``import_registry=False`` its :meth:`Registry.names_if_imported`, which imports
-    nothing), or None when any value of its type is allowed here."""
-    choices = f.metadata.get("choices")
-    if isinstance(choices, Registry):
-        return choices.names() if import_registry else choices.names_if_imported()
-    return choices
 
 
 def _f(default, help: str, choices: tuple | Registry | None = None, **kw):
@@ -133,74 +21,6 @@ def _f(default, help: str, choices: tuple | Registry | None = None, **kw):
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: copy.copy(default), metadata=meta, **kw)
     return field(default=default, metadata=meta, **kw)
-
-
-#: the keys of ``model.lora`` and their defaults (``target_modules``: a list of module names, or
-#: ``all-linear``: every linear layer but the output head)
-LORA_DEFAULTS: dict[str, Any] = {"r": 16, "alpha": 32, "target_modules": "all-linear", "dropout": 0.0}
-
-
-def check_elements(key: str, items: list, check: Any, *, repeats: bool = True, twice_hint: str = "") -> None:
-    """Each element of the list ``items`` of ``key`` through ``check(f"{key}[{i}]", element)`` (which
-    raises :class:`RecipeError` naming that index); with ``repeats=False`` an element listed twice is
-    refused, naming both indices (``twice_hint``: how to go on, appended to the message).
-
-    Raises:
-        RecipeError: from ``check``, or ``key[i]: 'x' is listed twice (also key[j]); list each once``.
-    """
-    first: dict[Any, int] = {}
-    for i, item in enumerate(items):
-        check(f"{key}[{i}]", item)
-        if not repeats and item in first:
-            raise RecipeError(
-                f"{key}[{i}]: {item!r} is listed twice (also {key}[{first[item]}]); list each once" + twice_hint
-            )
-        first.setdefault(item, i)
-
-
-def _module_name(key: str, value: Any) -> None:
-    if not isinstance(value, str) or not value:
-        raise RecipeError(f"{key}: expected a module name, got {value!r}")
-
-
-def lora_options(value: Any, key: str = "model.lora") -> dict[str, Any] | None:
-    """``model.lora`` checked and completed with :data:`LORA_DEFAULTS` (None stays None: off).
-
-    Raises:
-        RecipeError: not a mapping, an unknown key, ``r`` < 1 or not an integer, ``alpha`` <= 0,
-            ``dropout`` outside [0, 1), ``target_modules`` neither a non-empty list of names nor
-            ``all-linear``, or a name in it that is empty, not text or listed twice; the message
-            names ``model.lora.<key>`` (and the list index: ``model.lora.target_modules[1]``).
-
-    >>> lora_options({"r": 4})["alpha"], lora_options(None)
-    (32, None)
-    """
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise RecipeError(f"{key}: expected a mapping {{r, alpha, target_modules, dropout}} or null, got {value!r}")
-    unknown = sorted(set(value) - set(LORA_DEFAULTS))
-    if unknown:
-        raise RecipeError(f"unknown recipe key {key}.{unknown[0]}; allowed in {key}: {', '.join(LORA_DEFAULTS)}")
-    out = {**LORA_DEFAULTS, **value}
-    r, alpha, dropout, tm = out["r"], out["alpha"], out["dropout"], out["target_modules"]
-    if isinstance(r, bool) or not isinstance(r, int) or r < 1:
-        raise RecipeError(f"{key}.r: the adapter rank must be an integer >= 1, got {r!r}")
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0 or alpha == float("inf"):
-        raise RecipeError(f"{key}.alpha: must be a number > 0 (the adapter scale is alpha / r), got {alpha!r}")
-    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
-        raise RecipeError(f"{key}.dropout: must be in [0, 1), got {dropout!r}")
-    if isinstance(tm, str):
-        if tm != "all-linear":
-            raise RecipeError(
-                f"{key}.target_modules: a list of module names (e.g. [q_proj, v_proj]) or all-linear, got {tm!r}"
-            )
-    elif not isinstance(tm, list) or not tm:
-        raise RecipeError(f"{key}.target_modules: a non-empty list of module names or all-linear, got {tm!r}")
-    else:
-        check_elements(f"{key}.target_modules", tm, _module_name, repeats=False)
-    out["dropout"] = float(dropout)
-    return out
 
 
 @dataclass
@@ -679,20 +499,19 @@ RENAMED_KEYS = {
 }
 
 
-class RecipeError(ValueError):
-    """A recipe key or value that is not allowed; the message names the key."""
-
-
-def _fields(cls) -> dict[str, dataclasses.Field]:
+def fields_of(cls) -> dict[str, dataclasses.Field]:
+    """The dataclass fields of a recipe section (or of :class:`Recipe`: its sections), by name."""
     return {f.name: f for f in dataclasses.fields(cls)}
 
 
-def _hints(cls) -> dict[str, Any]:
+def hints_of(cls) -> dict[str, Any]:
+    """The resolved type of each field of ``cls`` (the annotations are strings here), by name."""
     return typing.get_type_hints(cls)
 
 
-def _walk(recipe: Recipe):
-    for sec in _fields(Recipe):
+def walk_recipe(recipe: Recipe):
+    """``(key, value, field)`` for every key of ``recipe``, section by section (``train.seed``, ...)."""
+    for sec in fields_of(Recipe):
         obj = getattr(recipe, sec)
-        for name, f in _fields(type(obj)).items():
+        for name, f in fields_of(type(obj)).items():
             yield f"{sec}.{name}", getattr(obj, name), f

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from grpokit.config.schema import Recipe, _fields, _hints
+from grpokit.config.schema import Recipe, fields_of, hints_of
 
 __all__ = ["TRL_NAMES", "TrlName", "grpokit_form", "keys_named", "recipe_keys", "trl_help"]
 
@@ -273,7 +273,7 @@ _HELP_NAMES = (
 
 def recipe_keys() -> set[str]:
     """Every recipe key, ``section.name``."""
-    return {f"{sec}.{name}" for sec, cls in _hints(Recipe).items() for name in _fields(cls)}
+    return {f"{sec}.{name}" for sec, cls in hints_of(Recipe).items() for name in fields_of(cls)}
 
 
 def keys_named(name: str) -> list[str]:
@@ -282,7 +282,7 @@ def keys_named(name: str) -> list[str]:
     >>> keys_named("max_steps"), keys_named("split"), keys_named("nothing")
     (['train.max_steps', 'sft.max_steps', 'prm.max_steps'], ['data.split', 'eval.split', 'sft.split'], [])
     """
-    return [f"{sec}.{name}" for sec, cls in _hints(Recipe).items() if name in _fields(cls)]
+    return [f"{sec}.{name}" for sec, cls in hints_of(Recipe).items() if name in fields_of(cls)]
 
 
 def _trl_line(name: str, trl: TrlName, value: str | None) -> str:
