@@ -357,15 +357,14 @@ def _data_options(text: str | None) -> dict:
     Raises:
         ValueError: not valid YAML, or not a mapping (names ``--data-options``).
     """
-    from grpokit.config.loading import _yaml_problem
-    from grpokit.config.yaml_io import load_yaml
+    from grpokit.config.yaml_io import load_yaml, yaml_problem
 
     if not text:
         return {}
     try:
         value = load_yaml(text)
     except yaml.YAMLError as e:
-        raise ValueError(f"--data-options {text!r}: not valid YAML ({_yaml_problem(e)})") from None
+        raise ValueError(f"--data-options {text!r}: not valid YAML ({yaml_problem(e)})") from None
     if not isinstance(value, dict):
         raise ValueError(f"--data-options {text!r}: expected a mapping such as '{{size: 500, max_digits: 2}}'")
     return value

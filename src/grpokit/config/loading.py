@@ -16,7 +16,7 @@ from grpokit.config.checks import validate
 from grpokit.config.fields import RecipeError, choices_of
 from grpokit.config.schema import RENAMED_KEYS, Recipe, fields_of, hints_of, walk_recipe
 from grpokit.config.trl_names import TRL_NAMES, grpokit_form, keys_named, recipe_keys
-from grpokit.config.yaml_io import DuplicateKeyError, load_yaml
+from grpokit.config.yaml_io import DuplicateKeyError, load_yaml, yaml_problem
 from grpokit.utils.textio import NotUtf8Error, read_utf8
 
 
@@ -145,14 +145,6 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return parts, parsed
 
 
-def _yaml_problem(e: yaml.YAMLError) -> str:
-    """One line for a YAML error: ``line L, column C: problem`` where PyYAML knows the place."""
-    mark, problem = getattr(e, "problem_mark", None), getattr(e, "problem", None)
-    if mark is not None and problem:
-        return f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
-    return " ".join(str(e).split())
-
-
 def load_recipe(
     path: str | Path | None = None, overrides: list[str] | tuple = (), values: Mapping[str, Any] | None = None
 ) -> Recipe:
@@ -180,7 +172,7 @@ def load_recipe(
         except DuplicateKeyError as e:  # "train.max_steps is written twice (lines 2 and 7); ..."
             raise RecipeError(f"recipe {path}: {e}") from None
         except yaml.YAMLError as e:
-            raise RecipeError(f"recipe {path}: not valid YAML: {_yaml_problem(e)}") from None
+            raise RecipeError(f"recipe {path}: not valid YAML: {yaml_problem(e)}") from None
         if not isinstance(raw, dict):
             raise RecipeError(f"recipe {path}: expected a mapping of sections")
     raw = apply_overrides(raw, overrides)

@@ -83,3 +83,11 @@ def load_yaml(text: str) -> Any:
         return loader.construct_document(node)
     finally:
         loader.dispose()
+
+
+def yaml_problem(e: yaml.YAMLError) -> str:
+    """One line for a YAML error: ``line L, column C: problem`` where PyYAML knows the place."""
+    mark, problem = getattr(e, "problem_mark", None), getattr(e, "problem", None)
+    if mark is not None and problem:
+        return f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
+    return " ".join(str(e).split())

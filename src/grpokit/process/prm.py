@@ -46,8 +46,13 @@ def _default_format_prompt(prompt: str) -> str:
     return prompt.rstrip() + "\n"
 
 
-def _tag_ids(tokenizer: Any, tag: str | int, what: str, *, single: bool = False) -> list[int]:
-    """Token ids of ``tag`` (an int is taken as an id). Raises ValueError if not representable."""
+def vocab_ids(tokenizer: Any, tag: str | int, what: str, *, single: bool = False) -> list[int]:
+    """Token ids of ``tag`` (an int is taken as an id; ``single``: exactly one id). ``what`` names the
+    key in the error.
+
+    Raises:
+        ValueError: ``tag`` empty or not in the tokenizer's vocabulary, or (``single``) more than one id.
+    """
     vocab = len(tokenizer)
     if isinstance(tag, int):
         ids = [tag]
@@ -89,7 +94,7 @@ class StepLayout:
 
     def __init__(self, tokenizer, tag, tag_what: str = "step_tag", step_suffix: str = "\n", format_prompt=None):
         self.tokenizer, self.tag = tokenizer, tag
-        self.tag_ids = _tag_ids(tokenizer, tag, tag_what)
+        self.tag_ids = vocab_ids(tokenizer, tag, tag_what)
         self.suffix_ids = tokenizer.encode(step_suffix, add_special_tokens=False) if step_suffix else []
         self.format_prompt = format_prompt or _default_format_prompt
 
@@ -207,8 +212,8 @@ class TokenProbPRM:
             max_length,
         )
         self.candidate_ids = [
-            _tag_ids(tokenizer, good_token, "good_token", single=True)[0],
-            _tag_ids(tokenizer, bad_token, "bad_token", single=True)[0],
+            vocab_ids(tokenizer, good_token, "good_token", single=True)[0],
+            vocab_ids(tokenizer, bad_token, "bad_token", single=True)[0],
         ]
         self.__name__ = "token_prob_prm"
 

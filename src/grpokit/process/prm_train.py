@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from grpokit.process.prm import StepLayout, TokenProbPRM, _tag_ids
+from grpokit.process.prm import StepLayout, TokenProbPRM, vocab_ids
 from grpokit.process.prm_metrics import prm_metrics
 from grpokit.utils.hf_trainer import atomic_folder, trainer_arguments
 from grpokit.utils.outputs import check_output_dir
@@ -104,8 +104,8 @@ class PRMSpec:
         """``[good_id, bad_id]`` (ValueError naming ``good_token``/``bad_token``: not exactly one
         token, or both the same token)."""
         ids = [
-            _tag_ids(tokenizer, self.good_token, "good_token", single=True)[0],
-            _tag_ids(tokenizer, self.bad_token, "bad_token", single=True)[0],
+            vocab_ids(tokenizer, self.good_token, "good_token", single=True)[0],
+            vocab_ids(tokenizer, self.bad_token, "bad_token", single=True)[0],
         ]
         if ids[0] == ids[1]:
             raise ValueError(f"good_token {self.good_token!r} and bad_token {self.bad_token!r} are the same token")
