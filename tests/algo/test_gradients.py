@@ -38,6 +38,16 @@ def test_clipped_side_has_zero_gradient_and_is_counted():
     assert st["clip_frac_low"].item() == pytest.approx(1 / 3)
 
 
+def test_a_token_with_zero_advantage_is_never_counted_as_clipped():
+    # ratios 0.5 and 1.5 are outside [0.8, 1.2] but A = 0 there: no objective to clip, so neither
+    # clip fraction counts them; the token with A < 0 and ratio 0.5 is 1 of the 4 counted tokens.
+    logp = torch.log(torch.tensor([[0.5, 1.5, 0.5, 1.0]], dtype=f64))
+    adv = torch.tensor([[0.0, 0.0, -1.0, 1.0]], dtype=f64)
+    _, st = policy_loss(logp, torch.zeros(1, 4, dtype=f64), adv, torch.ones(1, 4, dtype=torch.bool))
+    assert st["clip_frac_low"].item() == pytest.approx(1 / 4)
+    assert st["clip_frac_high"].item() == 0.0
+
+
 def test_masked_tokens_get_zero_gradient_and_no_nan():
     logp = torch.full((3, 4), -1.0, dtype=f64, requires_grad=True)
     mask = torch.tensor([[1, 1, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]], dtype=torch.bool)

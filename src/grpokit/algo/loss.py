@@ -206,21 +206,7 @@ def policy_loss(
         (0.0, 1.0)
     """
     fn = "policy_loss"
-    check_dim(fn, "logp", logp, 2)
-    check_same_shape(fn, logp=logp, old_logp=old_logp, completion_mask=completion_mask)
-    if advantages.dim() == 1:
-        if advantages.shape[0] != logp.shape[0]:
-            raise ValueError(
-                f"{fn}: advantages {tuple(advantages.shape)} must be (N,) or (N, T) with logp {tuple(logp.shape)}"
-            )
-        advantages = advantages[:, None]
-    else:
-        check_same_shape(fn, advantages=advantages, logp=logp)
-        if importance_level == "sequence":
-            raise ValueError(
-                f"{fn}: importance_level 'sequence' needs one advantage per sequence (N,); per-token "
-                "advantages (N, T) take importance_level 'sequence_token' (GSPO-token)"
-            )
+    advantages = _checked_advantages(fn, logp, old_logp, advantages, completion_mask, importance_level)
     if beta < 0 or clip_eps_low < 0 or clip_eps_high < 0:
         raise ValueError(
             f"{fn}: beta, clip_eps_low, clip_eps_high must be >= 0, got {beta}, {clip_eps_low}, {clip_eps_high}"
@@ -254,26 +240,9 @@ def policy_loss(
         weights, dropped = sampler_weights(old_logp, sampler_logp.to(logp.dtype), mask, cap=tis_cap, mode=is_correction)
         live = live & ~dropped  # a token MIS drops counts for nothing, as one with A = 0
     log_ratio = importance_log_ratio(logp, old_logp, mask, live, importance_level)  # (N, T), 0 where not live
-    if surrogate == "cispo":
-        objective = cispo_objective(
-            log_ratio, torch.where(live, logp, zeros), advantages, eps_low=clip_eps_low, eps_high=clip_eps_high
-        )
-    else:
-        # A > 0 and r > 1 + ε_high: min() takes the clipped constant. Bounding the log-ratio at
-        # log(1 + ε_high) + 1 there leaves every value min() can select unchanged and keeps exp finite;
-        # likewise for A < 0 at log(bound) + 1 when dual clip or δ hold r > bound at bound·A.
-        log_ratio = torch.where(advantages > 0, log_ratio.clamp(max=math.log1p(clip_eps_high) + 1.0), log_ratio)
-        bounds = [b for b in (dual_clip_c, delta) if b > 0]
-        if bounds:
-            log_ratio = torch.where(advantages < 0, log_ratio.clamp(max=math.log(min(bounds)) + 1.0), log_ratio)
-        objective = clipped_objective(
-            torch.exp(log_ratio),
-            advantages,
-            eps_low=clip_eps_low,
-            eps_high=clip_eps_high,
-            dual_clip_c=dual_clip_c,
-            delta=delta,
-        )
+    objective = _surrogate_objective(
+        log_ratio, logp, advantages, live, surrogate, clip_eps_low, clip_eps_high, dual_clip_c, delta
+    )
     per_token = torch.where(live, -objective, zeros)
     if weights is not None:
         per_token = per_token * weights  # 0 where MIS dropped the token (its term is 0 already)
@@ -301,58 +270,173 @@ def policy_loss(
         check_same_shape(fn, logp=logp, entropy=entropy)
         loss = loss - entropy_coef * entropy_bonus(entropy.to(logp.dtype), mask, num_tokens=num_tokens)
     with torch.no_grad():
-        m = mask.to(logp.dtype)
-        n = m.sum().clamp(min=1.0)
-
-        def masked_mean(x: torch.Tensor) -> torch.Tensor:
-            return torch.where(mask, x, zeros).sum() / n
-
-        # the ratio as it is, for the statistics only: masked tokens left out, log-ratio clamped to
-        # ±LOG_RATIO_STATS_CLAMP so that an overflowing ratio (of a token with A = 0, or a clipped one)
-        # logs a finite mean
-        raw = (logp - old_logp).detach()
-        if importance_level == "token":
-            true_ratio = raw.exp()  # may be inf: compared only, never summed
-
-            def share(flag: torch.Tensor) -> torch.Tensor:
-                return masked_mean(flag.to(m.dtype))
-
-        else:
-            seq_log = sequence_log_ratio(raw, mask)  # (N,)
-            true_ratio = seq_log.exp()[:, None].expand_as(raw)  # s_i at every token of row i
-            has = mask.any(-1)
-            # a sequence's share of the batch, weighted so that the loop's token-weighted sum is exact
-            per_seq = (float(num_tokens) if num_tokens is not None else m.sum()) / max(
-                logp.shape[0] if num_sequences is None else num_sequences, 1
-            )
-
-            def share(flag: torch.Tensor) -> torch.Tensor:
-                return (flag & mask).any(-1).to(m.dtype).sum() * per_seq / n
-
-        if surrogate == "cispo":
-            low = (true_ratio < 1.0 - clip_eps_low) & live
-            high = (true_ratio > 1.0 + clip_eps_high) & live
-        else:
-            low = (true_ratio < 1.0 - clip_eps_low) & (advantages < 0)
-            high = (true_ratio > 1.0 + clip_eps_high) & (advantages > 0)
-        stats = {
-            "clip_frac_low": share(low),
-            "clip_frac_high": share(high),
-            "kl": masked_mean(kl.detach()),
-            "ratio_mean": masked_mean(raw.clamp(-LOG_RATIO_STATS_CLAMP, LOG_RATIO_STATS_CLAMP).exp()),
-            "num_tokens": m.sum(),
-        }
-        for key, bound in (("clip_frac_dual", dual_clip_c), ("clip_frac_delta", delta)):
-            if bound > 0:
-                stats[key] = share((true_ratio > bound) & (advantages < 0))
-        if importance_level != "token":
-            s = torch.where(has, seq_log.clamp(-LOG_RATIO_STATS_CLAMP, LOG_RATIO_STATS_CLAMP).exp(), 0.0)
-            stats["seq_ratio_mean"] = s.sum() * per_seq / n
+        stats = _loss_stats(
+            logp,
+            old_logp,
+            advantages,
+            mask,
+            live,
+            kl,
+            importance_level=importance_level,
+            surrogate=surrogate,
+            clip_eps_low=clip_eps_low,
+            clip_eps_high=clip_eps_high,
+            dual_clip_c=dual_clip_c,
+            delta=delta,
+            num_sequences=num_sequences,
+            num_tokens=num_tokens,
+        )
         if weights is not None and dropped is not None:
-            if is_correction == "tis":
-                stats["tis_weight_mean"] = masked_mean(weights)
-                stats["tis_capped_frac"] = masked_mean((weights >= tis_cap).to(m.dtype))
-            else:
-                stats["mis_weight_mean"] = masked_mean(weights)
-                stats["mis_dropped_frac"] = masked_mean(dropped.to(m.dtype))
+            stats.update(_correction_stats(weights, dropped, mask, is_correction, tis_cap, logp.dtype))
     return loss, stats
+
+
+def _checked_advantages(
+    fn: str,
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    completion_mask: torch.Tensor,
+    importance_level: str,
+) -> torch.Tensor:
+    """``advantages`` as ``(N, 1)`` or ``(N, T)`` after the shape checks of :func:`policy_loss`."""
+    check_dim(fn, "logp", logp, 2)
+    check_same_shape(fn, logp=logp, old_logp=old_logp, completion_mask=completion_mask)
+    if advantages.dim() == 1:
+        if advantages.shape[0] != logp.shape[0]:
+            raise ValueError(
+                f"{fn}: advantages {tuple(advantages.shape)} must be (N,) or (N, T) with logp {tuple(logp.shape)}"
+            )
+        return advantages[:, None]
+    check_same_shape(fn, advantages=advantages, logp=logp)
+    if importance_level == "sequence":
+        raise ValueError(
+            f"{fn}: importance_level 'sequence' needs one advantage per sequence (N,); per-token "
+            "advantages (N, T) take importance_level 'sequence_token' (GSPO-token)"
+        )
+    return advantages
+
+
+def _surrogate_objective(
+    log_ratio: torch.Tensor,
+    logp: torch.Tensor,
+    advantages: torch.Tensor,
+    live: torch.Tensor,
+    surrogate: str,
+    clip_eps_low: float,
+    clip_eps_high: float,
+    dual_clip_c: float,
+    delta: float,
+) -> torch.Tensor:
+    """``(N, T)`` objective of each token (CISPO's, or the clipped one with dual clip / δ), from the
+    log-ratios :func:`policy_loss` zeroed where a token is not ``live``."""
+    if surrogate == "cispo":
+        live_logp = torch.where(live, logp, torch.zeros_like(logp))
+        return cispo_objective(log_ratio, live_logp, advantages, eps_low=clip_eps_low, eps_high=clip_eps_high)
+    # A > 0 and r > 1 + ε_high: min() takes the clipped constant. Bounding the log-ratio at
+    # log(1 + ε_high) + 1 there leaves every value min() can select unchanged and keeps exp finite;
+    # likewise for A < 0 at log(bound) + 1 when dual clip or δ hold r > bound at bound·A.
+    log_ratio = torch.where(advantages > 0, log_ratio.clamp(max=math.log1p(clip_eps_high) + 1.0), log_ratio)
+    bounds = [b for b in (dual_clip_c, delta) if b > 0]
+    if bounds:
+        log_ratio = torch.where(advantages < 0, log_ratio.clamp(max=math.log(min(bounds)) + 1.0), log_ratio)
+    return clipped_objective(
+        torch.exp(log_ratio),
+        advantages,
+        eps_low=clip_eps_low,
+        eps_high=clip_eps_high,
+        dual_clip_c=dual_clip_c,
+        delta=delta,
+    )
+
+
+def _loss_stats(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    live: torch.Tensor,
+    kl: torch.Tensor,
+    *,
+    importance_level: str,
+    surrogate: str,
+    clip_eps_low: float,
+    clip_eps_high: float,
+    dual_clip_c: float,
+    delta: float,
+    num_sequences: int | None,
+    num_tokens: int | None,
+) -> dict[str, torch.Tensor]:
+    """:func:`policy_loss`'s statistics but the sampler correction's (:func:`_correction_stats`); call
+    under ``torch.no_grad()``. ``advantages``: ``(N, T)``, 0 where masked."""
+    zeros = torch.zeros_like(logp)
+    m = mask.to(logp.dtype)
+    n = m.sum().clamp(min=1.0)
+
+    def masked_mean(x: torch.Tensor) -> torch.Tensor:
+        return torch.where(mask, x, zeros).sum() / n
+
+    # the ratio as it is, for the statistics only: masked tokens left out, log-ratio clamped to
+    # ±LOG_RATIO_STATS_CLAMP so that an overflowing ratio (of a token with A = 0, or a clipped one)
+    # logs a finite mean
+    raw = (logp - old_logp).detach()
+    if importance_level == "token":
+        true_ratio = raw.exp()  # may be inf: compared only, never summed
+
+        def share(flag: torch.Tensor) -> torch.Tensor:
+            return masked_mean(flag.to(m.dtype))
+
+    else:
+        seq_log = sequence_log_ratio(raw, mask)  # (N,)
+        true_ratio = seq_log.exp()[:, None].expand_as(raw)  # s_i at every token of row i
+        has = mask.any(-1)
+        # a sequence's share of the batch, weighted so that the loop's token-weighted sum is exact
+        per_seq = (float(num_tokens) if num_tokens is not None else m.sum()) / max(
+            logp.shape[0] if num_sequences is None else num_sequences, 1
+        )
+
+        def share(flag: torch.Tensor) -> torch.Tensor:
+            return (flag & mask).any(-1).to(m.dtype).sum() * per_seq / n
+
+    if surrogate == "cispo":
+        low = (true_ratio < 1.0 - clip_eps_low) & live
+        high = (true_ratio > 1.0 + clip_eps_high) & live
+    else:
+        low = (true_ratio < 1.0 - clip_eps_low) & (advantages < 0)
+        high = (true_ratio > 1.0 + clip_eps_high) & (advantages > 0)
+    stats = {
+        "clip_frac_low": share(low),
+        "clip_frac_high": share(high),
+        "kl": masked_mean(kl.detach()),
+        "ratio_mean": masked_mean(raw.clamp(-LOG_RATIO_STATS_CLAMP, LOG_RATIO_STATS_CLAMP).exp()),
+        "num_tokens": m.sum(),
+    }
+    for key, bound in (("clip_frac_dual", dual_clip_c), ("clip_frac_delta", delta)):
+        if bound > 0:
+            stats[key] = share((true_ratio > bound) & (advantages < 0))
+    if importance_level != "token":
+        s = torch.where(has, seq_log.clamp(-LOG_RATIO_STATS_CLAMP, LOG_RATIO_STATS_CLAMP).exp(), 0.0)
+        stats["seq_ratio_mean"] = s.sum() * per_seq / n
+    return stats
+
+
+def _correction_stats(
+    weights: torch.Tensor,
+    dropped: torch.Tensor,
+    mask: torch.Tensor,
+    is_correction: str,
+    tis_cap: float,
+    dtype: torch.dtype,
+) -> dict[str, torch.Tensor]:
+    """The sampler correction's statistics: masked token means of its weights, and the share capped
+    at C (TIS) or dropped (MIS)."""
+    m = mask.to(dtype)
+    n = m.sum().clamp(min=1.0)
+    zeros = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+
+    def masked_mean(x: torch.Tensor) -> torch.Tensor:
+        return torch.where(mask, x, zeros).sum() / n
+
+    if is_correction == "tis":
+        return {"tis_weight_mean": masked_mean(weights), "tis_capped_frac": masked_mean((weights >= tis_cap).to(dtype))}
+    return {"mis_weight_mean": masked_mean(weights), "mis_dropped_frac": masked_mean(dropped.to(dtype))}
