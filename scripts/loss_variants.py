@@ -16,7 +16,9 @@ the μ = 1 runs there are not taken for them).
 
 ``table`` prints held-out accuracy (Wilson 95 %), the paired difference against ``plain``
 (Newcombe 95 %, exact McNemar p), the median step time and the last steps' entropy and completion
-length, from the runs' ``eval_after.json`` and ``metrics.jsonl`` (no model runs).
+length, from the runs' ``eval_after.json`` and ``metrics.jsonl`` (no model runs). The JSON keeps each
+row's held-out answers (``outcomes``: one ``1``/``0`` per problem, in the evaluation's order), so a
+run measured later can be paired with it after the run folders are gone.
 """
 
 from __future__ import annotations
@@ -128,6 +130,7 @@ def table(json_out: str | None, plot: str | None) -> dict:
             "step_s_median": step_s,
             "entropy_last5": ent,
             "length_last5": length,
+            "outcomes": "".join("1" if x else "0" for x in got),
         }
         diff = (
             "—"

@@ -134,6 +134,7 @@ def table(seeds: list[int], json_out: str | None) -> dict:
                 "length_last5": _mean_last(m, "completion_len_mean"),
                 "steps_last_sample": _sampled_steps(out),
                 "train_minutes": minutes,
+                "outcomes": "".join("1" if x else "0" for x in got),  # to pair a later run with this one
             }
             cells = ["—", "—", "—"]
             if base is not None and name != "outcome":

@@ -57,7 +57,9 @@ def test_table_pairs_each_variant_with_plain(tmp_path, monkeypatch, capsys):
     assert row["length_last5"] == pytest.approx((6 + 7 + 8 + 9 + 10) / 5)
     out = capsys.readouterr().out
     assert "before training: 0.000" in out and "| rloo |" in out and "+20.0 [" in out
-    assert json.loads((tmp_path / "t.json").read_text())["rows"]["plain"]["accuracy"] == pytest.approx(0.4)
+    saved = json.loads((tmp_path / "t.json").read_text())["rows"]
+    assert saved["plain"]["accuracy"] == pytest.approx(0.4)
+    assert saved["rloo"]["outcomes"] == "1110110001" and saved["plain"]["outcomes"] == "1111000000"
 
 
 def test_out_folder_keeps_the_mu2_runs_apart(tmp_path, monkeypatch):

@@ -65,7 +65,7 @@ def test_table_pairs_each_arm_with_the_outcome_arm_of_its_seed(tmp_path, monkeyp
     assert pc["p_value"] == pytest.approx(0.625)  # exact McNemar: 2 * P(X <= 1), X ~ Bin(4, 1/2)
     assert row["steps_last_sample"] == pytest.approx(2.0)
     assert row["length_last5"] == pytest.approx((11 + 12 + 13 + 14 + 15) / 5)
-    assert row["train_minutes"] == pytest.approx(6.0)
+    assert row["train_minutes"] == pytest.approx(6.0) and row["outcomes"] == "1110110001"
     assert rep["seeds"][0]["outcome"]["steps_last_sample"] == pytest.approx(1.5)
     assert rep["seeds"][0]["warmup"]["accuracy"] == 0.0
     out = capsys.readouterr().out
