@@ -221,8 +221,8 @@ def eval_command(argv: list[str]) -> int:
     from grpokit.api.evaluate import evaluate_models, shortest_context
     from grpokit.config import RecipeError
     from grpokit.data.heldout import check_scorer, default_scorer
-    from grpokit.data.rows import load_data_rows, load_prompts
-    from grpokit.eval.evaluate import default_output_name, measured_little
+    from grpokit.data.rows import load_prompts
+    from grpokit.eval.evaluate import default_output_name
     from grpokit.models.loading import load_tokenizer, resolve_model_paths
     from grpokit.rewards import get_reward_function
     from grpokit.trainer.build import resolve_device
@@ -261,20 +261,7 @@ def eval_command(argv: list[str]) -> int:
             resolve_model_paths(m)  # a LoRA adapter's base model too
         device = resolve_device(ns.device)
         tok = load_tokenizer(ns.model)
-        limit = None if ns.limit is None else ns.skip + ns.limit
-        rows = (
-            held.rows
-            if held
-            else load_data_rows(
-                recipe,
-                dataset=ns.dataset,
-                split=ns.split,
-                limit=limit,
-                seed=ns.data_seed,
-                options=ns.data_options or {},
-                shuffle_seed=ns.shuffle_seed,
-            )[ns.skip :]
-        )
+        rows = held.rows if held else _skipped_rows(ns, recipe)
         if not rows:
             return fail(f"no rows of {dataset_label(ns.dataset, ns.split)} left after --skip {ns.skip}")
         rows, prompts, skipped = load_prompts(
@@ -313,18 +300,44 @@ def eval_command(argv: list[str]) -> int:
             settings=settings,
             env=env,
         )
-        for m in models:
-            for text in measured_little(out["models"][m], budget=f"--max-new-tokens={ns.max_new_tokens}"):
-                print(f"[grpokit] warning: {m}: {text}", file=sys.stderr, flush=True)
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        out_path.write_text(json.dumps(out, indent=1, default=str))
-        print(f"-> {out_path}")
+        _write_results(out, models, out_path, ns.max_new_tokens)
         return 0
     except USER_ERRORS as e:  # a model that does not load, a fault while evaluating
         if _show_traceback():
             raise
         print(f"grpokit eval: error: {_one_line(e)}", file=sys.stderr)
         return 1
+
+
+def _skipped_rows(ns: argparse.Namespace, recipe) -> list[dict]:
+    """The rows ``--dataset`` / ``--split`` name (``--limit`` of them after ``--skip``, with the data
+    seeds and options), the first ``--skip`` left out."""
+    from grpokit.data.rows import load_data_rows
+
+    limit = None if ns.limit is None else ns.skip + ns.limit
+    rows = load_data_rows(
+        recipe,
+        dataset=ns.dataset,
+        split=ns.split,
+        limit=limit,
+        seed=ns.data_seed,
+        options=ns.data_options or {},
+        shuffle_seed=ns.shuffle_seed,
+    )
+    return rows[ns.skip :]
+
+
+def _write_results(out: dict, models: list[str], out_path: Path, max_new_tokens: int) -> None:
+    """Warn about a model measured on too little (:func:`grpokit.eval.evaluate.measured_little`),
+    then write ``out`` to ``out_path`` as JSON and say where."""
+    from grpokit.eval.evaluate import measured_little
+
+    for m in models:
+        for text in measured_little(out["models"][m], budget=f"--max-new-tokens={max_new_tokens}"):
+            print(f"[grpokit] warning: {m}: {text}", file=sys.stderr, flush=True)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(out, indent=1, default=str))
+    print(f"-> {out_path}")
 
 
 def _eval_settings(ns: argparse.Namespace, recipe, tok, skipped: int) -> dict:
