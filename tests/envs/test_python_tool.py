@@ -38,7 +38,15 @@ def test_output_errors_and_a_clean_start(sandbox):
     )
     listing, env, stdin = out.split("] ")[0] + "]", out.split("] ")[1] + "]", out.rsplit(" ", 1)[1]
     assert listing == "['main.py']" and stdin == "''"  # a fresh folder, no stdin
-    assert set(eval(env)) <= {"HOME", "LANG", "PATH", "PWD", "OLDPWD", "PYTHONIOENCODING"}  # cleared environment
+    assert set(eval(env)) <= {
+        "HOME",
+        "LANG",
+        "PATH",
+        "PWD",
+        "OLDPWD",
+        "PYTHONIOENCODING",
+        "TMPDIR",
+    }  # cleared environment
 
 
 @pytest.mark.parametrize("sandbox", MODES)
@@ -62,8 +70,9 @@ def test_a_forked_process_does_not_outlive_the_call(sandbox):
     code = "import os, time\npid = os.fork()\nif pid == 0:\n    time.sleep(60)\nelse:\n    print(pid, os.getpid())"
     out, _ = run(code, sandbox=sandbox, wall_s=2)
     if sandbox == "auto" and sandbox_available():
-        # a PID namespace: the code is its first process, and its end ends the child (no wall-clock wait)
-        assert out.split()[1] == "1" and "timed out" not in out
+        # a PID namespace whose init is bwrap's: the code is its second process, and its end ends
+        # the namespace, the child with it (no wall-clock wait)
+        assert out.split()[1] == "2" and "timed out" not in out
     else:  # the child holds the output open until the wall clock, then the process group is killed
         child = int(out.split()[0])
         assert out.endswith("error: timed out after 2 s")
@@ -76,16 +85,42 @@ def test_what_the_sandbox_stops(tmp_path):
     escape = f"open({str(outside)!r}, 'w').write('x')"
     net = "import socket; socket.create_connection(('10.255.255.1', 80), timeout=1)"
     if not sandbox_available():
-        with pytest.raises(RuntimeError, match="sandbox=required: this machine gives no namespaces"):
+        with pytest.raises(RuntimeError, match="sandbox=required: "):
             run("print(1)", sandbox="required")
         run(escape, sandbox="none")
-        assert outside.exists()  # documented: without namespaces the code writes where the user can
+        assert outside.exists()  # documented: without the sandbox the code writes where the user can
         return
     out, _ = run(escape, sandbox="required")
-    assert "Read-only file system" in out and not outside.exists()
+    assert "No such file or directory" in out and not outside.exists()  # the host's folders are not there
+    out, _ = run("open('/usr/x', 'w')", sandbox="required")
+    assert "Read-only file system" in out or "Permission denied" in out
     out, _ = run(net, sandbox="required")
     assert "Network is unreachable" in out
     assert run("open('here.txt', 'w').write('ok'); print(open('here.txt').read())", sandbox="required")[0] == "ok"
+
+
+def test_required_refuses_when_the_environment_is_built(monkeypatch):
+    from grpokit.envs import sandbox
+
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
+    sandbox.isolation_problem.cache_clear()
+    try:
+        with pytest.raises(RuntimeError, match="sandbox=required: bwrap .bubblewrap. is not installed"):
+            ToolEnv(tools=["python"], python={"sandbox": "required"})
+        with pytest.warns(RuntimeWarning, match="WITHOUT A SANDBOX"):
+            ToolEnv(tools=["python"], python={"sandbox": "auto"})
+    finally:
+        sandbox.isolation_problem.cache_clear()
+
+
+def test_error_texts_are_cut_and_the_equals_scan_is_linear():
+    env = ToolEnv(tools=["calculator"], call_format="json", max_output_chars=50)
+    obs = env.start({}).step('<tool_call>{"name": "' + "x" * 5000 + '"}</tool_call>', ended_by_eos=False)
+    assert len(obs.text) < 100 and obs.text.endswith("[cut at 50 characters]")
+    env = ToolEnv(tools=["calculator"], call_format="equals")
+    t0 = time.perf_counter()
+    obs = env.start({}).step("1" * 200_000 + "x" + "2 + 3 =", ended_by_eos=False)
+    assert obs.text == " 5" and time.perf_counter() - t0 < 1.0
 
 
 def test_the_python_tool_in_the_tools_environment():

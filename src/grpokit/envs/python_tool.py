@@ -1,25 +1,23 @@
 """The ``python`` tool: model-written code run in a separate, limited process.
 
-Every call gets a fresh empty working folder (removed afterwards), a cleared environment
-(``PATH``, ``HOME`` = the folder, ``LANG``), no stdin, and ``python -I`` (isolated mode: no user site,
-no ``PYTHON*`` variables, the script's folder not on the path). Limits (:class:`PythonLimits`), set
-with ``setrlimit`` before the code starts: CPU seconds, address space, the largest
-file written, the number of processes; a wall-clock limit; the output read is cut at
-``max_output_bytes``. At a limit, or when the call ends, the whole process group is killed.
+Every call gets a fresh folder holding only ``main.py``, a cleared environment (``PATH``, ``HOME``
+= the folder, ``LANG``), no stdin, and ``python -I`` (isolated mode: no user site, no ``PYTHON*``
+variables). Limits (:class:`PythonLimits`) hold for the **whole call**, all its processes together:
+CPU seconds, resident memory, processes, disk written, a wall clock and the output read. A monitor
+samples the call's processes every :data:`TICK_S` (CPU time of the living ones and of those they
+reaped; anonymous resident memory) and kills the call past a limit; each process also gets
+``setrlimit`` bounds (CPU, address space, file size, processes) that stop it by itself. At a limit,
+or when the call ends, every process of the call is killed.
 
-Where the machine allows it (``unshare`` with mount, network and PID namespaces: root, or
-unprivileged user namespaces), the code also runs in its own namespaces (``sandbox="auto"``):
-
-- **network**: a new network namespace with no interface up: no connection leaves it;
-- **files**: every mount is read-only but the working folder: the code cannot write anywhere else;
-- **processes**: a PID namespace whose first process is the interpreter: when it ends, every
-  process it started is killed by the kernel, whatever process group it moved to.
-
-Without namespaces (``sandbox="none"``, or ``"auto"`` where ``unshare`` is refused) only the limits and
-the process-group kill apply: **the code can then open network connections, read and write every
-file the user running grpokit can, and a process that calls ``setsid`` escapes the group kill**. That
-is no sandbox for untrusted code; ``sandbox="required"`` refuses to run without the namespaces.
-:func:`sandbox_available` says which this machine gives.
+With ``sandbox="auto"`` (the default) or ``"required"`` the code runs in bubblewrap
+(:mod:`grpokit.envs.sandbox`): no path of the host's file system but read-only system and Python
+files and its own ``tmpfs`` folder of ``disk_mb``; its own ``/proc``, PID, network (no interface but
+loopback), IPC and UTS namespaces; no capabilities and no nested user namespaces; as root, a fresh
+unprivileged user id per call. Where bwrap is missing or refused, ``"auto"`` says so once (a
+warning) and applies the limits only: **the code can then read and write every file the user
+running grpokit can, open connections, and a process that calls ``setsid`` outlives the call**;
+``"required"`` refuses (:func:`check_sandbox`, called when the environment is built, before any
+model loads). :func:`sandbox_available` says which this machine gives.
 """
 
 from __future__ import annotations
@@ -33,71 +31,87 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 
-__all__ = ["CPU_LIMIT_STATUS", "PythonLimits", "run_python", "sandbox_available"]
+from grpokit.envs.sandbox import WORK, bwrap_command, isolation_problem
 
-#: makes every mount read-only but the working folder ($1), then runs the rest of the arguments there
-_READ_ONLY = (
-    'mount --make-rprivate /; mount --bind "$1" "$1"; '
-    "for m in $(awk '{print $2}' /proc/mounts | sort -u); do "
-    '[ "$m" = "$1" ] || mount -o remount,bind,ro "$m" 2>/dev/null || true; done; '
-    'mount -o remount,bind,rw "$1"; '
-)
+__all__ = ["CPU_LIMIT_STATUS", "PythonLimits", "check_sandbox", "run_python", "sandbox_available"]
+
+#: how often the monitor samples a call's processes, seconds
+TICK_S = 0.01
 
 
 @dataclass(frozen=True)
 class PythonLimits:
-    """The limits of one ``python`` call (``rollout.env_options.python``)."""
+    """The limits of one ``python`` call (``rollout.env_options.python``), each for the whole call."""
 
     cpu_s: int = 5
-    """CPU seconds (the kernel's SIGXCPU/SIGKILL at the limit)."""
+    """CPU seconds of all the call's processes together."""
     wall_s: float = 10.0
-    """Wall-clock seconds until the process group is killed."""
+    """Wall-clock seconds until every process of the call is killed."""
     memory_mb: int = 1024
-    """Address space, MiB (an allocation past it raises MemoryError in the code)."""
+    """Resident (anonymous) memory of all its processes together, MiB; also each process's address
+    space (an allocation past it raises MemoryError in the code)."""
     file_mb: int = 16
     """The largest file the code may write, MiB."""
+    disk_mb: int = 64
+    """All the files the call writes together, MiB (the sandbox's ``tmpfs``; without it, the
+    folder's size as the monitor samples it)."""
     processes: int = 64
-    """Processes of the user, counted by the kernel (``ulimit -u``; root is exempt, the PID
-    namespace and the group kill still end them)."""
+    """Processes (and threads) living at once."""
     max_output_bytes: int = 20_000
-    """Output (stdout and stderr together) read; the rest is cut and the process killed."""
+    """Output (stdout and stderr together) read; the rest is cut and the call killed."""
     sandbox: str = "auto"
-    """``auto``: namespaces where the machine allows them; ``none``: never; ``required``: refuse to
-    run without them (module docstring)."""
+    """``auto``: bubblewrap where it runs, else the limits only (warned once); ``none``: the limits
+    only; ``required``: refuse to run without it (module docstring)."""
 
     def __post_init__(self) -> None:
-        for name in ("cpu_s", "wall_s", "memory_mb", "file_mb", "processes", "max_output_bytes"):
+        names = ("cpu_s", "wall_s", "memory_mb", "file_mb", "disk_mb", "processes", "max_output_bytes")
+        for name in names:
             if not getattr(self, name) > 0:
                 raise ValueError(f"rollout.env_options.python.{name}: must be > 0, got {getattr(self, name)!r}")
         if self.sandbox not in ("auto", "none", "required"):
             raise ValueError(f"rollout.env_options.python.sandbox: auto, none or required, got {self.sandbox!r}")
 
 
-@functools.lru_cache(maxsize=1)
 def sandbox_available() -> bool:
-    """Whether ``unshare`` gives this process mount, network and PID namespaces (probed once)."""
-    if shutil.which("unshare") is None or not sys.platform.startswith("linux"):
+    """Whether bubblewrap runs this interpreter here (:func:`grpokit.envs.sandbox.isolation_problem`)."""
+    return isolation_problem() is None
+
+
+def check_sandbox(limits: PythonLimits) -> bool:
+    """Whether calls under ``limits`` run in the sandbox; with ``auto`` where it does not, warns once.
+
+    Raises:
+        RuntimeError: ``sandbox="required"`` where it does not run (the message says why).
+    """
+    if limits.sandbox == "none":
         return False
-    try:
-        done = subprocess.run(
-            ["unshare", "--mount", "--net", "--pid", "--fork", "sh", "-c", "mount --make-rprivate /"],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return done.returncode == 0
+    problem = isolation_problem()
+    if problem is not None and limits.sandbox == "required":
+        raise RuntimeError(f"rollout.env_options.python.sandbox=required: {problem}")
+    if problem is not None:
+        _warn_once(problem)
+    return problem is None
+
+
+@functools.lru_cache(maxsize=1)
+def _warn_once(problem: str) -> None:
+    msg = (
+        f"grpokit: the python tool runs WITHOUT A SANDBOX ({problem}); only its limits apply: the "
+        "model's code can read and write your files and reach the network (sandbox: required refuses)"
+    )
+    warnings.warn(msg, RuntimeWarning, stacklevel=3)
+    print(msg, file=sys.stderr, flush=True)
 
 
 #: exit status of a run stopped at its CPU limit (the launcher's SIGXCPU handler)
 CPU_LIMIT_STATUS = 124
 
-#: run by the interpreter before the code: sets the limits (argv: cpu s, address space bytes, file
-#: bytes, processes; the CPU limit's hard value one second later, so the soft one's SIGXCPU is
-#: caught and said), then runs main.py as ``__main__``
+#: run by the interpreter before the code: sets the per-process limits (argv: cpu s, address space
+#: bytes, file bytes, processes; the CPU limit's hard value one second later, so the soft one's
+#: SIGXCPU is caught and said), then runs main.py as ``__main__``
 _LAUNCH = (
     "import os, resource, runpy, signal, sys\n"
     "cpu, mem, size, procs = map(int, sys.argv[1:5])\n"
@@ -118,34 +132,9 @@ _LAUNCH = (
 )
 
 
-def _command(work: str, limits: PythonLimits, sandboxed: bool) -> list[str]:
-    """The argv: a shell that (with the sandbox) makes the mounts read-only, then, in ``work`` (``$1``),
-    the interpreter setting the limits (:data:`_LAUNCH`) and running the code; ``set -e``: a step that
-    fails stops the call before the code runs."""
-    script = f'set -e; {_READ_ONLY if sandboxed else ""}cd "$1"; shift; exec "$@"'
+def _launch(limits: PythonLimits) -> list[str]:
     numbers = [limits.cpu_s, limits.memory_mb * 2**20, limits.file_mb * 2**20, limits.processes]
-    launch = [sys.executable, "-I", "-B", "-c", _LAUNCH, *(str(int(n)) for n in numbers)]
-    shell = ["sh", "-c", script, "sh", work, *launch]
-    return ["unshare", "--mount", "--net", "--pid", "--fork", *shell] if sandboxed else shell
-
-
-def _read(proc: subprocess.Popen, limits: PythonLimits) -> tuple[bytes, str | None]:
-    """``(output, why it was stopped or None)``: reads until EOF, the wall clock or the output limit."""
-    assert proc.stdout is not None  # stdout=PIPE
-    fd, out, deadline = proc.stdout.fileno(), bytearray(), time.monotonic() + limits.wall_s
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return bytes(out), "wall"
-        ready, _, _ = select.select([fd], [], [], left)
-        if not ready:
-            continue
-        chunk = os.read(fd, 65536)
-        if not chunk:
-            return bytes(out), None
-        out += chunk
-        if len(out) > limits.max_output_bytes:
-            return bytes(out[: limits.max_output_bytes]), "output"
+    return [sys.executable, "-I", "-B", "-c", _LAUNCH, *(str(int(n)) for n in numbers)]
 
 
 def run_python(code: str, limits: PythonLimits | None = None) -> tuple[str, dict[str, int]]:
@@ -154,47 +143,105 @@ def run_python(code: str, limits: PythonLimits | None = None) -> tuple[str, dict
     The text is the output (stdout and stderr, decoded as UTF-8 with replacement), followed by what
     ended the run when it was not a clean exit: ``error: exit status 1`` (an exception: its traceback
     is in the output), ``error: CPU time limit (5 s)``, ``error: timed out after 10 s``, ``error:
-    output cut at 20000 bytes``. ``counts``: ``tool_calls`` 1, ``tool_errors`` 1 unless it exited
+    output cut at 20000 bytes``, ``error: memory limit (1024 MiB)``, ``error: process limit (64)``,
+    ``error: disk limit (64 MiB)``. ``counts``: ``tool_calls`` 1, ``tool_errors`` 1 unless it exited
     with 0, ``tool_timeouts`` 1 for the CPU or wall-clock limit. Never raises for any code.
 
     Raises:
-        RuntimeError: ``sandbox="required"`` where :func:`sandbox_available` is False.
+        RuntimeError: ``sandbox="required"`` where the sandbox does not run (:func:`check_sandbox`).
     """
     limits = limits or PythonLimits()
-    sandboxed = limits.sandbox != "none" and sandbox_available()
-    if limits.sandbox == "required" and not sandboxed:
-        raise RuntimeError("rollout.env_options.python.sandbox=required: this machine gives no namespaces (unshare)")
-    work = tempfile.mkdtemp(prefix="grpokit-python-")
+    sandboxed = check_sandbox(limits)
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
     counts = {"tool_calls": 1, "tool_errors": 0, "tool_timeouts": 0}
+    host_dir = None if sandboxed else tempfile.mkdtemp(prefix="grpokit-python-")
+    fds: tuple[int, ...]
     try:
-        with open(os.path.join(work, "main.py"), "w", encoding="utf-8") as f:
-            f.write(code)
-        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": work, "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
-        proc = subprocess.Popen(
-            _command(work, limits, sandboxed),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,  # its own process group, killed as a whole
-        )
+        if sandboxed:
+            fd = os.memfd_create("main.py")
+            os.write(fd, code.encode("utf-8", "surrogatepass"))
+            os.lseek(fd, 0, os.SEEK_SET)
+            env |= {"HOME": WORK, "TMPDIR": WORK}
+            argv, cwd, fds = bwrap_command(_launch(limits), disk_mb=limits.disk_mb, env=env, code_fd=fd), None, (fd,)
+        else:
+            assert host_dir is not None
+            with open(os.path.join(host_dir, "main.py"), "w", encoding="utf-8", errors="surrogatepass") as f:
+                f.write(code)
+            env |= {"HOME": host_dir, "TMPDIR": host_dir}
+            argv, cwd, fds = _launch(limits), host_dir, ()
         try:
-            out, stopped = _read(proc, limits)
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=cwd,
+                pass_fds=fds,
+                start_new_session=True,  # its own process group, killed as a whole
+            )
         finally:
-            _kill_group(proc)
+            for fd in fds:
+                os.close(fd)
+        try:
+            out, stopped = _watch(proc, limits, host_dir)
+        finally:
+            _kill_all(proc)
         text = out.decode("utf-8", errors="replace")
         status = proc.returncode
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if host_dir is not None:
+            _remove(host_dir)
     end = _ending(stopped, status, limits)
     if end is not None:
         counts["tool_errors"] = 1
-        counts["tool_timeouts"] = int(stopped == "wall" or "CPU time" in end)
+        counts["tool_timeouts"] = int(stopped in ("wall", "cpu") or "CPU time" in end)
         text = f"{text.rstrip()}\n{end}" if text.strip() else end
     return text.rstrip("\n"), counts
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _watch(proc: subprocess.Popen, limits: PythonLimits, host_dir: str | None) -> tuple[bytes, str | None]:
+    """``(output, why it was stopped or None)``: reads until EOF, sampling the call's processes every
+    :data:`TICK_S` against the whole-call limits (module docstring)."""
+    from grpokit.envs.proc_usage import folder_bytes, tree_usage
+
+    assert proc.stdout is not None  # stdout=PIPE
+    fd, out, deadline = proc.stdout.fileno(), bytearray(), time.monotonic() + limits.wall_s
+    ticks = 0
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return bytes(out), "wall"
+        ready, _, _ = select.select([fd], [], [], min(left, TICK_S))
+        if ready:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return bytes(out), None
+            out += chunk
+            if len(out) > limits.max_output_bytes:
+                return bytes(out[: limits.max_output_bytes]), "output"
+        ticks += 1
+        cpu_s, rss_mb, n = tree_usage(proc.pid)
+        if cpu_s > limits.cpu_s:
+            return bytes(out), "cpu"
+        if rss_mb > limits.memory_mb:
+            return bytes(out), "memory"
+        if n > limits.processes + 2:  # bwrap's two processes (setpriv execs)
+            return bytes(out), "processes"
+        if host_dir is not None and ticks % 10 == 0 and folder_bytes(host_dir) > limits.disk_mb << 20:
+            return bytes(out), "disk"
+
+
+def _kill_all(proc: subprocess.Popen) -> None:
+    """Kill every process of the call: its tree (the sandbox's init first: the kernel then ends its
+    namespace), then its process group."""
+    from grpokit.envs.proc_usage import tree_pids
+
+    for pid in tree_pids(proc.pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -204,13 +251,35 @@ def _kill_group(proc: subprocess.Popen) -> None:
         proc.stdout.close()
 
 
+def _remove(folder: str) -> None:
+    """Remove the call's folder whatever the code did to its modes (each folder made searchable
+    before the walk enters it)."""
+    try:
+        os.chmod(folder, 0o700)
+    except OSError:
+        pass
+    for root, dirs, _ in os.walk(folder):
+        for d in dirs:
+            try:
+                os.chmod(os.path.join(root, d), 0o700, follow_symlinks=False)
+            except OSError:
+                pass
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 def _ending(stopped: str | None, status: int, limits: PythonLimits) -> str | None:
     if stopped == "wall":
         return f"error: timed out after {limits.wall_s:g} s"
     if stopped == "output":
         return f"error: output cut at {limits.max_output_bytes} bytes"
-    if status in (CPU_LIMIT_STATUS, -signal.SIGXCPU, 128 + signal.SIGXCPU):
+    if stopped == "cpu" or status in (CPU_LIMIT_STATUS, -signal.SIGXCPU, 128 + signal.SIGXCPU):
         return f"error: CPU time limit ({limits.cpu_s} s)"
+    if stopped == "memory":
+        return f"error: memory limit ({limits.memory_mb} MiB)"
+    if stopped == "processes":
+        return f"error: process limit ({limits.processes})"
+    if stopped == "disk":
+        return f"error: disk limit ({limits.disk_mb} MiB)"
     if status != 0:
         return f"error: exit status {status}"
     return None

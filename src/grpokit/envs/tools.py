@@ -48,7 +48,6 @@ tag in the turn gets an ``error:`` result.
 from __future__ import annotations
 
 import functools
-import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -61,8 +60,8 @@ __all__ = ["BUILTIN_TOOLS", "CALL_FORMATS", "ToolEnv"]
 #: ``call_format`` -> the default ``result_template``
 CALL_FORMATS: dict[str, str] = {"tags": "<result>{output}</result>", "equals": " {output}", "json": "{output}"}
 
-#: the arithmetic a call in the ``equals`` format ends with (before its ``=``)
-_TRAILING_ARITHMETIC = re.compile(r"[0-9\s.,+\-*/×÷^()%]*$")
+#: the characters of the arithmetic a call in the ``equals`` format ends with (before its ``=``)
+_ARITHMETIC_CHARS = frozenset("0123456789.,+-*/×÷^()% \t\n\r\x0b\x0c")
 
 #: built-in tool name -> tag
 BUILTIN_TOOLS: dict[str, str] = {"calculator": "calc", "python": "python"}
@@ -77,6 +76,9 @@ def _builtin(name: str, python: Mapping[str, Any]) -> Callable[[str], tuple[str,
             limits = PythonLimits(**python)
         except TypeError as e:
             raise ValueError(f"rollout.env_options.python: {e}") from None
+        from grpokit.envs.python_tool import check_sandbox
+
+        check_sandbox(limits)  # sandbox: required refuses here, when the environment is built
         return functools.partial(run_python, limits=limits)
 
     def calc(text: str) -> tuple[str, dict[str, int]]:
@@ -271,8 +273,10 @@ class _ToolEpisode:
         at = turn.rfind("=")
         if at < 0:  # the turn stopped without a call: the token limit
             return Observation(done=True)
-        match = _TRAILING_ARITHMETIC.search(turn, 0, at)
-        expression = match.group(0).strip() if match else ""
+        start = at
+        while start > 0 and turn[start - 1] in _ARITHMETIC_CHARS:  # linear, from the "=" back
+            start -= 1
+        expression = turn[start:at].strip()
         if not any(c.isdigit() for c in expression):
             return Observation(text=None)  # "x =", "==": no call, the model goes on
         (tag,) = self.env.tools
@@ -293,6 +297,9 @@ class _ToolEpisode:
         return self._result(out, counts)
 
     def _result(self, out: str, counts: dict[str, int]) -> Observation:
+        cap = self.env.max_output_chars  # error texts too (they may quote the model's call)
+        if len(out) > cap:
+            out = out[:cap] + f"… [cut at {cap} characters]"
         return Observation(text=self.env.result_template.format(output=out), counts=counts, role=self.env.result_role)
 
 

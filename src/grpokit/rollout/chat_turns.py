@@ -15,7 +15,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-__all__ = ["chat_message_text"]
+__all__ = ["chat_message_parts", "chat_message_text"]
 
 _MARK = "GRPOKIT_ASSISTANT_TURN"  # a placeholder the templates copy verbatim
 
@@ -64,8 +64,15 @@ def chat_message_text(tokenizer: Any, role: str, content: str, *, after_eos: boo
         ValueError: no chat template, or one that does not render the message as an appended
             suffix (the message names ``Observation.role``).
     """
+    before, after = chat_message_parts(tokenizer, role, after_eos=after_eos)
+    return before + content + after
+
+
+def chat_message_parts(tokenizer: Any, role: str, *, after_eos: bool) -> tuple[str, str]:
+    """``(before, after)``: the template's text around a ``role`` message's content appended to an
+    assistant turn (:func:`chat_message_text` is ``before + content + after``); raises as it does."""
     close, head, tail = _pieces(tokenizer, role)
     if after_eos:
         eos = tokenizer.eos_token or ""
         close = close[len(eos) :] if eos and close.startswith(eos) else close
-    return close + head + content + tail
+    return close + head, tail

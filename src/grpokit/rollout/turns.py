@@ -146,6 +146,25 @@ def ask_episodes(episodes: Sequence[Episode], asks: list[tuple[int, str, str]], 
         return list(pool.map(ask, asks))
 
 
+def observation_ids(tokenizer: Any, obs: Observation, *, after_eos: bool) -> list[int]:
+    """The token ids appended for ``obs``: its text tokenized as plain text, so a special token's
+    string in it (``<|im_end|>``, ``<|im_start|>user``) stays characters and never becomes the
+    control token (issue #57: a tool's output cannot forge a turn); with ``obs.role``, the chat
+    template's own message frame around it (:func:`grpokit.rollout.chat_turns.chat_message_parts`)
+    keeps its special tokens."""
+    text = obs.text or ""
+    if not text:
+        return []
+    plain = tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    if obs.role is None:
+        return list(plain)
+    from grpokit.rollout.chat_turns import chat_message_parts
+
+    before, after = chat_message_parts(tokenizer, obs.role, after_eos=after_eos)
+    frame = [tokenizer(x, add_special_tokens=False)["input_ids"] if x else [] for x in (before, after)]
+    return [*frame[0], *plain, *frame[1]]
+
+
 def append_observation(
     tokenizer: Any, t: RowTranscript, obs: Observation, how: str, turn: int, max_turns: int, budget: int
 ) -> None:
@@ -157,12 +176,7 @@ def append_observation(
     if turn + 1 >= max_turns:  # no turn left to answer the observation
         t.done, t.truncated = True, how != "eos"
         return
-    text = obs.text or ""
-    if obs.role is not None and text:
-        from grpokit.rollout.chat_turns import chat_message_text
-
-        text = chat_message_text(tokenizer, obs.role, text, after_eos=how == "eos")
-    env_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    env_ids = observation_ids(tokenizer, obs, after_eos=how == "eos")
     if len(t.ids) + len(env_ids) + 1 > budget:
         t.done, t.truncated = True, True
         t.count({"budget_cut": 1})
