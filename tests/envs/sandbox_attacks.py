@@ -64,6 +64,26 @@ def attacks(tmp: str, tcp_port: int, unix_path: str, target: str) -> dict[str, s
             "except OSError as e:\n    out.append(type(e).__name__)\n"
             "print(out)"
         ),
+        "privileges": (
+            "import ctypes, os, resource\nout = []\n"
+            "s = open('/proc/self/status').read()\n"
+            "out += [l.split()[1] for l in s.splitlines() if l.startswith(('CapEff', 'CapPrm', 'CapBnd'))]\n"
+            "try:\n    os.chroot('/'); out.append('chroot')\n"
+            "except OSError as e:\n    out.append(type(e).__name__)\n"
+            "soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)\n"
+            "try:\n    resource.setrlimit(resource.RLIMIT_NPROC, (hard + 1, hard + 1)); out.append('raised')\n"
+            "except (ValueError, OSError) as e:\n    out.append(type(e).__name__)\n"
+            "libc = ctypes.CDLL(None, use_errno=True)\n"
+            "traced = libc.ptrace(16, 1, None, None)  # PTRACE_ATTACH to the namespace's init\n"
+            "if traced == 0:  # the sandbox's own init (an ordinary user's run): let it go again\n"
+            "    import signal, time; time.sleep(0.05); libc.ptrace(17, 1, None, 0); os.kill(1, signal.SIGCONT)\n"
+            "out.append(traced)\n"
+            "nested = libc.unshare(0x10000000 | 0x00020000)  # CLONE_NEWUSER | CLONE_NEWNS\n"
+            "remount = libc.mount(None, b'/usr', None, 0x20 | 0x1000, None)  # MS_REMOUNT | MS_BIND, rw\n"
+            "try:\n    open('/usr/pwned', 'w'); out.append('written')\n"
+            "except OSError as e:\n    out.append(type(e).__name__)\n"
+            "print(out + [nested, remount])"
+        ),
         "setsid_daemon": (
             "import os, time\n"
             "if os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"

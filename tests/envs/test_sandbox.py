@@ -4,6 +4,7 @@ call (all its processes together), with and without the sandbox."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import shutil
@@ -25,13 +26,23 @@ needs_bwrap = pytest.mark.skipif(
 )
 
 
-def check_refused(r: dict[str, str]) -> None:
+def check_refused(r: dict[str, str], *, as_root: bool) -> None:
     assert r["proc_root_write"] == "written []" and r["target_after"] == "original"
     assert r["remount"].endswith("written []") and not r["remount"].startswith("mount 0")
     assert r["secrets"].startswith("none")  # no environ, cmdline or /etc/shadow of the host's processes
     net = r["network"]
     assert "connected" not in net and "ConnectionRefusedError" in net and r["accepted"] == ""
     assert "FileNotFoundError" in net  # the host's unix socket is not in the sandbox
+    privileges = ast.literal_eval(r["privileges"])
+    assert privileges[:3] == ["0000000000000000"] * 3  # no capability: effective, permitted, bounding
+    assert privileges[3:5] == ["PermissionError", "ValueError"]  # chroot, raise a limit
+    # ptrace: no host process is visible to name; the sandbox's own init (bwrap's, root's as root)
+    # is refused as root, and is the same sandbox for an ordinary user
+    assert privileges[5] == -1 or not as_root
+    assert privileges[6] in ("PermissionError", "OSError")  # /usr stays unwritable
+    # a nested user + mount namespace (refused for an ordinary user; as root the per-call user may
+    # make one) cannot make the read-only mounts it inherits writable, nor write to them
+    assert privileges[8] == -1 and (privileges[7] == -1 or as_root)
     assert r["setsid_daemon"] == "parent done"
     time.sleep(0.3)
     assert not daemons(), "a setsid process outlived the call"
@@ -51,7 +62,7 @@ def daemons() -> list[str]:
 @needs_bwrap
 def test_every_attack_is_refused_as_this_user():
     assert sandbox_available()
-    check_refused(sandbox_attacks.run_all())
+    check_refused(sandbox_attacks.run_all(), as_root=os.geteuid() == 0)
 
 
 @needs_bwrap
@@ -96,7 +107,7 @@ def _as_nobody(root: Path) -> None:
     if "Permission denied" in done.stderr and done.returncode != 0 and not done.stdout:
         pytest.fail(f"the unprivileged user cannot reach the test's files: {done.stderr[-500:]}")
     assert done.returncode == 0, done.stderr[-2000:]
-    check_refused(json.loads(done.stdout.strip().splitlines()[-1]))
+    check_refused(json.loads(done.stdout.strip().splitlines()[-1]), as_root=False)
 
 
 MODES = ["auto", "none"]

@@ -10,7 +10,7 @@ UTS namespaces (``--unshare-user --unshare-pid --unshare-net --unshare-ipc --uns
   :data:`WORK` a ``tmpfs`` of ``disk_mb`` (the call's whole disk budget; it vanishes with the
   namespace); the root remounted read-only. No path of the host's file system but these;
 - **no capabilities**: run by an ordinary user, bwrap makes its own user namespace and refuses
-  nested ones (``--disable-userns``); run by root, it drops every capability but the two that
+  nested ones (``--disable-userns``); run by root, it drops every capability but the three that
   ``setpriv`` uses to become a fresh unprivileged user id (:func:`call_uid`) with empty capability
   and bounding sets before the code starts (mounts made by root stay locked read-only for it);
   ``no_new_privs`` either way;
@@ -94,9 +94,10 @@ def bwrap_command(argv_in: list[str], *, disk_mb: int, env: dict[str, str], code
     cmd = [bwrap, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
     if uid is None:  # unprivileged: bwrap's own user namespace, no nested one
         cmd += ["--unshare-user", "--disable-userns"]
-    else:  # root: bwrap sets up the mounts with root's access, keeps no capability but the two
-        # setpriv needs, which leaves them with root's user id before the code starts
-        cmd += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    else:  # root: bwrap sets up the mounts with root's access and keeps no capability but the
+        # three setpriv needs (SETPCAP: to empty the bounding set), which leaves them with root's
+        # user id before the code starts
+        cmd += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"]
         argv = [_setpriv(), f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all"]
         argv += ["--bounding-set=-all", "--", *argv_in]
     cmd += ["--hostname", "sandbox", "--die-with-parent", "--new-session", *_binds(), "--proc", "/proc"]
