@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import math
 from pathlib import Path
 
 import pytest
+import torch
 
 import grpokit
 from grpokit.api.recipe import importable_spec, rows_of
@@ -369,6 +371,9 @@ def test_a_finished_run_says_so_and_starts_over_when_asked(tiny_model_dir, tmp_p
         summary = again.train()
     assert summary["nothing_to_do"] and summary["last_metrics"] == done["last_metrics"]
     assert summary["checkpoint"] == done["checkpoint"] and summary["recipe_changes"] == []
+    assert summary.global_step == 1 and math.isnan(summary.training_loss)  # no step in this call
+    with pytest.raises(AttributeError, match=r"loaded no model: its trained model is .*checkpoint-1"):
+        _ = again.model
     changed = grpokit.Trainer(
         raw,
         rows=ROWS,
@@ -406,3 +411,65 @@ def test_run_warnings_are_one_plain_line():
     lines = err.splitlines()
     assert lines[0] == "[grpokit] warning: little was trained"
     assert "UserWarning: other" in lines[1] and "RunWarning: after" in err  # outside: Python's form again
+
+
+def _same_weights(a, b) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(sa[k].dtype == sb[k].dtype and (sa[k] == sb[k]).all() for k in sa)
+
+
+def test_train_gives_trl_fields_and_save_model_writes_a_model_transformers_loads(tiny_model_dir, tmp_path):
+    """TRL's habits: train()'s result has TrainOutput's global_step, training_loss (the mean of the
+    steps' losses) and metrics (the last step's, with train_runtime), and still every summary key;
+    trainer.model is the trained policy (an error saying what to call before training) and
+    save_model(path) writes a folder plain transformers loads, with the same weights."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    run = tmp_path / "run"
+    trainer = grpokit.Trainer(
+        _tiny(tiny_model_dir, run), rows=ROWS, rewards=[chars], overrides={"train.max_steps": 2}, progress=False
+    )
+    with pytest.raises(AttributeError, match=r"Trainer.model: .*call trainer.train\(\) first"):
+        _ = trainer.model
+    out = trainer.train()
+    lines = read_metrics(run / "metrics.jsonl")
+    assert out.global_step == 2 and [m["step"] for m in lines] == [1, 2]
+    assert out.training_loss == pytest.approx((lines[0]["loss"] + lines[1]["loss"]) / 2)
+    assert {k: out.metrics[k] for k in lines[1]} == lines[1]  # the last step's metrics
+    assert out.metrics["train_runtime"] > 0 and out.metrics["train_loss"] == out.training_loss
+    assert out["last_metrics"] == lines[1] and out["checkpoint"] == str(run / "checkpoint-2")  # the summary
+    assert "last_metrics" in out and dict(out) == trainer.summary
+    assert trainer.processing_class is trainer.tokenizer
+    trainer.save_model(tmp_path / "saved")
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "saved")
+    assert _same_weights(loaded, trainer.model)
+    assert not _same_weights(loaded, AutoModelForCausalLM.from_pretrained(tiny_model_dir))  # the trained weights
+    assert AutoTokenizer.from_pretrained(tmp_path / "saved").vocab == trainer.tokenizer.vocab
+    trainer.save_model(tmp_path / "saved")  # a model folder is replaced as a whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "saved"]  # no temporary folder left
+    with pytest.raises(FileExistsError, match=r"not empty"):
+        trainer.save_model(run)  # the run folder is not a model folder: never replaced
+
+
+@pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing:FutureWarning")  # peft's own question
+def test_save_model_of_a_lora_run_writes_the_adapter_peft_loads(tiny_model_dir, tmp_path):
+    peft = pytest.importorskip("peft")
+    from transformers import AutoModelForCausalLM
+
+    trainer = grpokit.Trainer(
+        _tiny(tiny_model_dir, tmp_path / "run"),
+        rows=ROWS,
+        rewards=[chars],
+        peft_config=peft.LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"]),
+        overrides={"train.max_steps": 1},
+        progress=False,
+    )
+    trainer.train()
+    trainer.save_model(tmp_path / "adapter")
+    assert (tmp_path / "adapter" / "adapter_config.json").is_file()
+    assert not (tmp_path / "adapter" / "model.safetensors").exists()  # the adapter alone
+    loaded = peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), tmp_path / "adapter")
+    ours = {k: v for k, v in trainer.model.state_dict().items() if "lora_" in k}
+    theirs = {k: v for k, v in loaded.state_dict().items() if "lora_" in k}
+    assert ours and ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    assert any(v.abs().sum() > 0 for k, v in ours.items() if "lora_B" in k)  # trained: B starts at 0

@@ -88,6 +88,45 @@ def test_held_out_points_with_before_at_step_zero():
     assert ln["minutes"] == pytest.approx([0.0, 1.0, 2.0])
 
 
+def _evaluation(value, lo, hi):  # as eval_before.json / eval_after.json hold it
+    return {
+        "accuracy": value,
+        "metrics": {"n_problems": 10, "k": 0, "metrics": {"greedy": {"value": value, "lo": lo, "hi": hi}}},
+    }
+
+
+def _held_out_line(panels):
+    (ln,) = next(p for p in panels if p["title"].startswith("held-out accuracy"))["lines"]
+    return ln
+
+
+def test_held_out_points_include_the_evaluation_after_training():
+    """No periodic evaluation: the one before training (step 0) and the one after it (at the last
+    step, with that step's training minutes) are both drawn; after a periodic one at the last step
+    (the same evaluation) its point is drawn once."""
+    before, after = _evaluation(0.05, 0.03, 0.07), _evaluation(0.3, 0.2, 0.4)
+    ln = _held_out_line(curve_panels(_rows(3), beta=0, num_iterations=1, before=before, after=after))
+    assert ln["x"] == [0, 3] and ln["y"] == pytest.approx([0.05, 0.3])
+    assert ln["lo"] == pytest.approx([0.03, 0.2]) and ln["hi"] == pytest.approx([0.07, 0.4])
+    assert ln["minutes"] == pytest.approx([0.0, 1.5])  # train_minutes of step 3 = 0.5 * 3
+    same = _evaluation(0.6, 0.5, 0.7)  # the periodic evaluation of step 4, given again as the one after
+    ln = _held_out_line(curve_panels(_rows(4, evals=(2, 4)), beta=0, num_iterations=1, before=before, after=same))
+    assert ln["x"] == [0, 2, 4] and ln["y"] == pytest.approx([0.05, 0.4, 0.6])
+
+
+def test_loss_gradient_norm_and_learning_rate_panels():
+    rows = _rows(3)
+    for r in rows:
+        s = r["step"]
+        r.update(loss=0.1 * s, grad_norm=2.0 * s, lr=1e-3 * (4 - s))
+    panels = {p["title"]: p for p in curve_panels(rows, beta=0, num_iterations=1)}
+    loss, gn, lr = panels["loss"]["lines"], panels["gradient norm"]["lines"], panels["learning rate"]["lines"]
+    assert [ln["kind"] for ln in loss] == ["raw", "smooth"] and loss[0]["x"] == [1, 2, 3]
+    assert loss[0]["y"] == pytest.approx([0.1, 0.2, 0.3]) and loss[1]["y"] == pytest.approx(smooth([0.1, 0.2, 0.3]))
+    assert gn[0]["y"] == pytest.approx([2.0, 4.0, 6.0]) and gn[1]["y"] == pytest.approx(smooth([2.0, 4.0, 6.0]))
+    assert [ln["kind"] for ln in lr] == ["raw"] and lr[0]["y"] == pytest.approx([3e-3, 2e-3, 1e-3])
+
+
 def test_plot_writes_a_png(tmp_path):
     import json
 
@@ -103,9 +142,11 @@ def test_plot_writes_a_png(tmp_path):
     assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_a_run_with_evaluations_draws_them(tiny_model_dir, tmp_path, monkeypatch):
+@pytest.mark.parametrize("every", [2, 0])
+def test_a_run_with_evaluations_draws_them(tiny_model_dir, tmp_path, monkeypatch, every):
     """End to end: the before-training evaluation (eval_before.json as the run writes it) and the
-    periodic one reach the held-out panel of the run's curves.png."""
+    periodic one (``every``: 2) or the one after training (0) reach the held-out panel of the run's
+    curves.png."""
     import grpokit.trainer.loop
     from grpokit.metrics import read_metrics
     from grpokit.trainer.loop import train
@@ -116,7 +157,11 @@ def test_a_run_with_evaluations_draws_them(tiny_model_dir, tmp_path, monkeypatch
 
     def spy(metrics_path, out_png, **kw):
         seen["panels"] = curve_panels(
-            read_metrics(metrics_path), beta=kw["beta"], num_iterations=kw["num_iterations"], before=kw["before"]
+            read_metrics(metrics_path),
+            beta=kw["beta"],
+            num_iterations=kw["num_iterations"],
+            before=kw["before"],
+            after=kw.get("after"),
         )
         return real(metrics_path, out_png, **kw)
 
@@ -127,7 +172,7 @@ def test_a_run_with_evaluations_draws_them(tiny_model_dir, tmp_path, monkeypatch
             tmp_path,
             data={"skip": 4, "limit": 8},
             train={"max_steps": 2},
-            eval={"dataset": "mawps", "split": "singleop", "limit": 2, "max_new_tokens": 2, "every_steps": 2},
+            eval={"dataset": "mawps", "split": "singleop", "limit": 2, "max_new_tokens": 2, "every_steps": every},
         ),
         progress=False,
     )

@@ -461,7 +461,9 @@ def test_lora_outputs_honour_the_umask_name_the_users_base_and_evaluate_as_any_m
     first, second = res[str(ckpt)], res[str(tmp_path / "adapter")]
     assert first["total"] == 2 and first["examples"] == second["examples"]
     # a base that cannot be found is refused before any model loads, naming the adapter and the key
+    # (an adapter from elsewhere: no recipe.json, so adapter_config.json names the base)
     (tmp_path / "adapter" / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "./gone"}))
+    (tmp_path / "adapter" / "recipe.json").unlink()
     assert main(["eval", str(tmp_path / "adapter"), *args, "--output", str(tmp_path / "f.json")]) == 2
     err = capsys.readouterr().err
     assert "LoRA adapter" in err and "base_model_name_or_path" in err and "gone" in err

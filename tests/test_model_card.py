@@ -198,3 +198,31 @@ def test_export_carries_the_card(tiny_model_dir, tmp_path):
     assert main(["export", str(ckpt), str(tmp_path / "merged2"), "--merge"]) == 0
     card = (tmp_path / "merged2" / "README.md").read_text()
     assert front_matter(card)["library_name"] == "transformers" and "merged into the weights" in card
+
+
+@pytest.mark.parametrize(
+    ("data", "line"),
+    [
+        (
+            {"dataset": "obj:data-rows-0123456789", "split": "singleop", "limit": None},
+            "- Training prompts: rows given from Python (`Trainer(rows=...)`, content hash `0123456789`)\n",
+        ),
+        (
+            {"dataset": "reasoning_gym:basic_arithmetic", "split": "singleop", "limit": None},
+            "- Training prompts: `reasoning_gym:basic_arithmetic`\n",
+        ),
+        (
+            {"dataset": "data/train.jsonl", "split": "singleop", "limit": None},
+            "- Training prompts: `data/train.jsonl`\n",
+        ),
+        ({"dataset": "gsm8k", "split": "train", "limit": None}, "- Training prompts: `gsm8k`, split `train`\n"),
+    ],
+)
+def test_the_data_line_names_what_was_trained_on_as_the_user_gave_it(tiny_model_dir, tmp_path, data, line):
+    """No split for sources that read none (Python rows, reasoning_gym, a local file), and rows from
+    Python said so, not by their internal ``obj:`` name."""
+    recipe = tiny_recipe(tiny_model_dir, tmp_path).to_dict()
+    recipe["data"].update(data)
+    card = model_card(recipe, 1, [], lora=False)
+    assert line in card, card[card.index("## Data") :][:300]
+    assert "obj:" not in card[card.index("## Data") : card.index("## Recipe")]

@@ -333,6 +333,8 @@ def test_unscorable_rewards_get_zero_advantage(tiny_model_dir, tmp_path, monkeyp
     assert math.isfinite(m["reward_mean"]) and math.isfinite(m["loss"])
     samples = [json.loads(l) for l in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert sum(s["reward"] is None for s in samples) == int(frac * 8)
+    scored = [s["reward"] for s in samples if s["reward"] is not None]  # one function, weight 1
+    assert m[f"rewards/{fn}"] == pytest.approx(sum(scored) / len(scored))  # over the rows the total counts
 
 
 # -- numerical faults ---------------------------------------------------------------------------

@@ -196,9 +196,34 @@ def test_reward_pipeline_combines_weights_and_reports():
     want = [0 + 1.0, 1 + 1.0, 2 + 1.0, 3 + 1.0, 4 + 2.0, 5 + 2.0, 6 + 2.0, math.nan]
     assert e.rewards.dtype == torch.float64
     torch.testing.assert_close(e.rewards, torch.tensor(want, dtype=torch.float64), equal_nan=True)
-    assert m["rewards/d"] == pytest.approx(3.0) and m["rewards/a"] == pytest.approx(3.0)  # (4·2 + 4·4)/8
+    # each function over the 7 rows the total scores (row 7: d gave None)
+    assert m["rewards/d"] == pytest.approx(3.0) and m["rewards/a"] == pytest.approx(20 / 7)  # (4·2 + 3·4)/7
     assert m["unscorable_frac"] == 1 / 8 and m["frac_zero_std"] == 0.0 and m["reward_failures"] == 0
     assert m["reward_mean"] == pytest.approx(sum(want[:7]) / 7)
+
+
+_EDGE = [1.0, math.inf, 0.0, -math.inf, 2.0, 4.0, 3.0, 2.0]
+
+
+def _edge(prompts, completions, **_):  # ±inf on rows 1 and 3: unscorable, as None is
+    return [_EDGE[int(c[1])] for c in completions]
+
+
+def test_reward_metrics_leave_infinite_values_out_as_the_total_does():
+    """A function returning ±inf for some completions: those rows are unscorable in the total, and
+    each ``rewards/<name>`` is the mean over the rows the total scores (not NaN from inf + -inf)."""
+    pipe = RewardPipeline({"edge": _edge, "a": _answer}, {"a": 0.5})
+    e = _exp(completions=[f"c{i}" for i in range(8)])
+    rows = [{"prompt": "p0", "answer": "2"}, {"prompt": "p1", "answer": "4"}]
+    m = pipe.score(e, rows, ["answer"])
+    # totals edge + 0.5·a: [2, inf, 1, -inf, 4, 6, 5, 4]; rows 1 and 3 unscorable
+    assert m["unscorable_frac"] == 2 / 8
+    assert m["reward_mean"] == pytest.approx((2 + 1 + 4 + 6 + 5 + 4) / 6)
+    assert m["rewards/edge"] == pytest.approx((1 + 0 + 2 + 4 + 3 + 2) / 6)  # 12 / 6 = 2.0
+    assert m["rewards/a"] == pytest.approx((2 * 2 + 4 * 4) / 6)  # rows 1 and 3 left out as in the total
+    only = RewardPipeline({"edge": _edge}, {}).score(_exp(completions=[f"c{i}" for i in (1, 3, 1, 3)] * 2), rows, [])
+    assert only["rewards/edge"] is None and only["unscorable_frac"] == 1.0  # no finite value: None, as reward_mean
+    assert only["reward_mean"] is None
 
 
 def test_reward_pipeline_from_config_names_the_key(tmp_path):

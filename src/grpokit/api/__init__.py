@@ -7,7 +7,9 @@
 
     trainer = grpokit.Trainer("arith", rows=[{"prompt": "2+3=", "answer": "5"}, ...],
                               rewards=[exact], overrides={"train.max_steps": 2})
-    summary = trainer.train()        # what `grpokit train` prints, as a dict
+    out = trainer.train()            # a TrainResult: TRL's global_step, training_loss, metrics, and
+    out["last_metrics"]              #   the summary `grpokit train` prints, read as a mapping
+    trainer.save_model("my-model")   # the trained policy, for transformers (LoRA: the adapter, for peft)
     result = trainer.evaluate()      # the held-out numbers `grpokit eval --heldout-of` prints
 
 The recipe is a packaged name (``arith``), a YAML path, a dict of sections (values may be the
@@ -46,30 +48,96 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable, Mapping, Sequence
+import math
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from grpokit.api.recipe import Objects, make_recipe
 from grpokit.config import Recipe
 from grpokit.trainer.callbacks import Callback, CallbackError, Callbacks
 
-__all__ = ["Callback", "CallbackError", "Trainer", "make_recipe", "train_recipe"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["Callback", "CallbackError", "TrainResult", "Trainer", "make_recipe", "train_recipe"]
 
 
 def train_recipe(
-    recipe: Recipe, *, progress: bool = True, callbacks: Iterable[Any] = (), again: str = "run the same command"
+    recipe: Recipe,
+    *,
+    progress: bool = True,
+    callbacks: Iterable[Any] = (),
+    again: str = "run the same command",
+    built: Callable[[Any], None] | None = None,
 ) -> dict[str, Any]:
     """Run GRPO as ``recipe`` says (:func:`grpokit.trainer.loop.train`) with ``callbacks``; returns the
     run's summary. What ``grpokit train`` and :meth:`Trainer.train` call; ``again``: how a stopped
-    run's last line says to continue it.
+    run's last line says to continue it; ``built``: called with the run's parts once they exist.
 
     Raises:
         what :func:`grpokit.trainer.loop.train` raises; :class:`CallbackError` when a callback raised.
     """
     from grpokit.trainer.loop import train
 
-    return train(recipe, progress=progress, callbacks=Callbacks(callbacks), again=again)
+    return train(recipe, progress=progress, callbacks=Callbacks(callbacks), again=again, built=built)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TrainResult(Mapping[str, Any]):
+    """What :meth:`Trainer.train` returns: the fields of TRL's ``TrainOutput``, and the run's summary
+    read as a mapping (``result["last_metrics"]``, ``"checkpoint" in result``, ``dict(result)``; its
+    keys: :meth:`Trainer.train`), so code written for the summary dict keeps working.
+
+    Attributes:
+        global_step: the run's steps done (what ``train.max_steps`` counts: the ``step`` of the last
+            ``metrics.jsonl`` line and of ``checkpoint-<step>``); each step is ``train.num_iterations``
+            optimizer steps (one at the default μ = 1).
+        training_loss: the mean ``loss`` of the steps this call ran (a resumed run: its new steps;
+            a step whose loss was not finite is left out); NaN when it ran none.
+        metrics: the last step's metrics (its ``metrics.jsonl`` line) with ``train_runtime`` (seconds
+            this call took) and ``train_loss`` (= ``training_loss``), as TRL's.
+        summary: the run's summary (``summary.json``).
+    """
+
+    global_step: int
+    training_loss: float
+    metrics: dict[str, Any]
+    summary: dict[str, Any]
+
+    def __getitem__(self, key: str) -> Any:
+        return self.summary[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.summary)
+
+    def __len__(self) -> int:
+        return len(self.summary)
+
+
+class _StepRecorder(Callback):
+    """The steps a :meth:`Trainer.train` call runs: the last step seen and each step's ``loss``."""
+
+    def __init__(self) -> None:
+        self.step: int | None = None
+        self.losses: list[float] = []
+
+    def on_train_begin(self, step: int, recipe: Any) -> None:
+        self.step = step
+
+    def on_step_end(self, step: int, metrics: dict[str, Any]) -> None:
+        self.step = step
+        loss = metrics.get("loss")
+        if isinstance(loss, (int, float)) and math.isfinite(loss):
+            self.losses.append(float(loss))
+
+    def result(self, summary: dict[str, Any], seconds: float) -> TrainResult:
+        """The :class:`TrainResult` of ``summary`` (a run that trained nothing: its ``step``)."""
+        loss = sum(self.losses) / len(self.losses) if self.losses else math.nan
+        step = self.step if self.step is not None else int(summary.get("step", 0))
+        metrics = {**(summary.get("last_metrics") or {}), "train_runtime": seconds, "train_loss": loss}
+        return TrainResult(global_step=step, training_loss=loss, metrics=metrics, summary=summary)
 
 
 class Trainer:
@@ -136,17 +204,77 @@ class Trainer:
         Callbacks(self.callbacks)  # a callback with no hook is refused now, not mid-run
         self.progress = progress
         self.summary: dict[str, Any] | None = None
+        self._built: tuple[torch.nn.Module, Any] | None = None  # the run's policy and tokenizer, once built
 
     @property
     def output_dir(self) -> Path:
         """The run folder (``train.output_dir``)."""
         return Path(self.recipe.train.output_dir)
 
-    def train(self, resume_from_checkpoint: bool | str | Path | None = None) -> dict[str, Any]:
-        """Run the training; returns the run's summary: ``output_dir``, ``checkpoint`` (the trained
+    @property
+    def model(self) -> torch.nn.Module:
+        """The policy (an ``nn.Module``; with LoRA the peft model), from when :meth:`train` has built
+        the run (callbacks see it) on: after training, the trained model.
+
+        Raises:
+            AttributeError: :meth:`train` has not built it yet (the message says what to call).
+        """
+        return self._parts("model")[0]
+
+    @property
+    def tokenizer(self) -> Any:
+        """The policy's tokenizer, as :attr:`model` (TRL's name: :attr:`processing_class`).
+
+        Raises:
+            AttributeError: :meth:`train` has not loaded it yet.
+        """
+        return self._parts("tokenizer")[1]
+
+    @property
+    def processing_class(self) -> Any:
+        """TRL's name of :attr:`tokenizer`."""
+        return self._parts("processing_class")[1]
+
+    def save_model(self, path: str | Path) -> Path:
+        """Write :attr:`model` and its tokenizer to the folder ``path``, as TRL's ``save_model``: a
+        full model that ``transformers.AutoModelForCausalLM.from_pretrained(path)`` loads, or with
+        LoRA the adapter (``peft.PeftModel.from_pretrained(base, path)``). Written atomically as a
+        checkpoint is (:func:`grpokit.trainer.checkpoint.save_model`: a model folder already there is
+        replaced); returns the folder.
+
+        Raises:
+            AttributeError: before :meth:`train` built the model.
+            FileExistsError: ``path`` is a file, or a folder with files that is not a model folder
+                (the run folder is never replaced).
+            ValueError: a weight is not finite (nothing written).
+        """
+        from grpokit.trainer.checkpoint import save_model
+
+        model, tokenizer = self._parts("save_model")
+        return save_model(path, model=model, tokenizer=tokenizer, base=self.recipe.model.name_or_path)
+
+    def _parts(self, what: str) -> tuple[torch.nn.Module, Any]:
+        """The run's policy and tokenizer; an AttributeError naming ``what`` when there are none."""
+        if self._built is not None:
+            return self._built
+        summary = self.summary or {}
+        if summary.get("nothing_to_do"):
+            raise AttributeError(
+                f"Trainer.{what}: train() found {self.output_dir} already trained and loaded no model: its "
+                f"trained model is {summary.get('checkpoint') or self.output_dir}; "
+                "trainer.train(resume_from_checkpoint=False) trains again"
+            )
+        raise AttributeError(f"Trainer.{what}: the policy is loaded when training starts: call trainer.train() first")
+
+    def _keep(self, run: Any) -> None:
+        self._built = (run.model, run.tokenizer)
+
+    def train(self, resume_from_checkpoint: bool | str | Path | None = None) -> TrainResult:
+        """Run the training; returns a :class:`TrainResult`: TRL's ``global_step``, ``training_loss``
+        and ``metrics``, and the run's summary as a mapping: ``output_dir``, ``checkpoint`` (the trained
         model's folder), ``last_metrics`` (the last ``metrics.jsonl`` line), ``eval_before``/``eval_after``
         (held-out results, with an ``eval`` section), and ``early_stopped_at``/``stopped_by`` when a
-        callback stopped it.
+        callback stopped it. :attr:`model` is the trained policy then (:meth:`save_model`).
 
         ``resume_from_checkpoint`` (TRL's argument): None follows ``train.resume`` (``auto``: a run
         folder that holds a checkpoint continues from its newest, and one already at
@@ -188,9 +316,14 @@ class Trainer:
             )
             recipe = dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, resume=value))
         self._objects.give_all()
+        recorder, t0 = _StepRecorder(), time.perf_counter()
         with plain_warnings():  # a RunWarning: one "[grpokit] warning: ..." line, not a source location
             self.summary = train_recipe(
-                recipe, progress=self.progress, callbacks=self.callbacks, again="call train() again"
+                recipe,
+                progress=self.progress,
+                callbacks=[*self.callbacks, recorder],
+                again="call train() again",
+                built=self._keep,
             )
             if self.summary.get("nothing_to_do"):
                 changed = self.summary.get("recipe_changes") or []
@@ -204,7 +337,7 @@ class Trainer:
                     RunWarning,
                     stacklevel=2,
                 )
-        return self.summary
+        return recorder.result(self.summary, time.perf_counter() - t0)
 
     def evaluate(self, model: str | Path | None = None, *, when: str = "api") -> dict[str, Any]:
         """Held-out evaluation of ``model`` (None: the newest checkpoint of ``train.output_dir``, else

@@ -15,6 +15,7 @@ question rewards and held-out checks see. How a conversation is rendered:
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 from collections.abc import Iterable, Mapping
@@ -197,14 +198,22 @@ def read_hf_dataset(name: str, split: str, limit: int | None, options: dict[str,
     Raises:
         ImportError: the ``datasets`` package is not installed (the message names the extra,
             ``grpokit[datasets]``).
+        ConnectionError: the hub cannot be reached and ``name`` is not cached (one line, within
+            seconds: :func:`grpokit.utils.hub.hub_access`).
     """
     datasets = require(
         "datasets",
         extra="datasets",
         why=f"dataset {name!r} (not a packaged name or a local file, so loaded from the Hugging Face hub)",
     )
+    from unittest import mock
+
+    from grpokit.utils.hub import hub_access
+
+    cache_only = hub_access("dataset", name, repo_type="dataset")  # seconds, not a minute of retries
     split_spec = split if limit is None else f"{split}[:{limit}]"
-    ds = datasets.load_dataset(name, split=split_spec, **options)
+    with mock.patch.object(datasets.config, "HF_HUB_OFFLINE", True) if cache_only else contextlib.nullcontext():
+        ds = datasets.load_dataset(name, split=split_spec, **options)
     return [dict(rec) for rec in ds]
 
 

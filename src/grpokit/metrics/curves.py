@@ -2,11 +2,14 @@
 
 - **Reward functions**: each ``rewards/<name>`` per step (thin) and smoothed (thick); under process
   supervision also the mean step score (``step_reward_mean``).
-- **Held-out accuracy**: each evaluation (the one before training at step 0, the periodic ones)
-  with its 95 % interval; the tick under each point gives the training minutes at that step.
+- **Held-out accuracy**: each evaluation the run wrote (the one before training at step 0, the
+  periodic ones, the one after training at the last step) with its 95 % interval; the tick under
+  each point gives the training minutes at that step.
 - **Fractions**: completions cut at the token limit, and groups with zero reward variance (no
   learning signal).
 - **Entropy** (nats per token) and **completion length** (tokens).
+- **Loss**, **gradient norm** (before clipping) and **learning rate** of each step's update, when
+  the metrics have them (every ``metrics.jsonl`` line does).
 - **KL to the reference** only when β > 0, **clip fractions** only when μ > 1: at β = 0 no KL is
   computed, and at μ = 1 the ratio is 1 at every token, so those panels could not move.
 
@@ -73,9 +76,17 @@ def _raw_and_smoothed(rows: list[dict], key: str, label: str, smoothed_label: st
     ]
 
 
-def _eval_points(rows: list[dict], before: dict | None) -> dict[str, dict[str, list]]:
+def _table(evaluation: dict | None) -> dict[str, dict[str, float]]:
+    """An evaluation's ``{metric: {"value", "lo", "hi"}}`` (the ``metrics.metrics`` table of what
+    ``eval_<when>.json`` holds); {} for None."""
+    return ((evaluation or {}).get("metrics") or {}).get("metrics") or {}
+
+
+def _eval_points(rows: list[dict], before: dict | None, after: dict | None = None) -> dict[str, dict[str, list]]:
     """``{metric: {"x", "y", "lo", "hi", "minutes"}}`` from the ``eval/<metric>`` keys, with the
-    before-training evaluation (``eval_before.json``: its ``metrics.metrics`` table) at step 0."""
+    before-training evaluation (``eval_before.json``) at step 0 and the after-training one
+    (``eval_after.json``) at the last step of ``rows`` (0 without rows), unless a periodic
+    evaluation of that step is there already (then the one after training is that one)."""
     pts: dict[str, dict[str, list]] = {}
 
     def add(metric: str, step: int, minutes: float, v: float, lo: float, hi: float) -> None:
@@ -83,18 +94,38 @@ def _eval_points(rows: list[dict], before: dict | None) -> dict[str, dict[str, l
         for k, val in zip(("x", "y", "lo", "hi", "minutes"), (step, v, lo, hi, minutes)):
             p[k].append(val)
 
-    for name, m in (((before or {}).get("metrics") or {}).get("metrics") or {}).items():
+    for name, m in _table(before).items():
         add(name, 0, 0.0, m["value"], m["lo"], m["hi"])
     for r in rows:
         for k in r:
             if k.startswith("eval/") and not k.endswith(("_lo", "_hi")):
                 name = k[len("eval/") :]
                 add(name, r["step"], r.get("train_minutes", float("nan")), r[k], r[f"{k}_lo"], r[f"{k}_hi"])
+    step, minutes = (int(rows[-1]["step"]), rows[-1].get("train_minutes", float("nan"))) if rows else (0, 0.0)
+    for name, m in _table(after).items():
+        if step not in pts.get(name, {}).get("x", []):
+            add(name, step, minutes, m["value"], m["lo"], m["hi"])
     return pts
 
 
+def _update_panels(rows: list[dict]) -> list[dict[str, Any]]:
+    """The loss, gradient-norm and learning-rate panels, each when some row has its metric."""
+    panels = []
+    for key, title, ylabel in (("loss", "loss", "loss"), ("grad_norm", "gradient norm", "L2 norm, before clipping")):
+        if any(r.get(key) is not None for r in rows):
+            panels.append({"title": title, "ylabel": ylabel, "lines": _raw_and_smoothed(rows, key, key)})
+    if any(r.get("lr") is not None for r in rows):
+        panels.append({"title": "learning rate", "ylabel": "lr", "lines": [_raw(rows, "lr", "lr")]})
+    return panels
+
+
 def curve_panels(
-    rows: list[dict[str, Any]], *, beta: float, num_iterations: int, before: dict | None = None
+    rows: list[dict[str, Any]],
+    *,
+    beta: float,
+    num_iterations: int,
+    before: dict | None = None,
+    after: dict | None = None,
 ) -> list[dict[str, Any]]:
     """The panels of ``curves.png`` (module docstring), as data.
 
@@ -103,7 +134,8 @@ def curve_panels(
         beta: the run's KL coefficient β (``algo.beta``); 0 drops the KL panel.
         num_iterations: μ (``train.num_iterations``); 1 drops the clip-fraction panel.
         before: the before-training evaluation (the dict in ``eval_before.json``, as
-            :meth:`grpokit.setup.Setup.run_eval` returns it), or None.
+            :meth:`grpokit.eval.evaluate.HeldOutEval.run` returns it), or None.
+        after: the after-training evaluation (``eval_after.json``), drawn at the last step, or None.
 
     Returns:
         A list of ``{"title", "ylabel", "lines"}``; each line is ``{"label", "x", "y", "kind"}``
@@ -118,7 +150,7 @@ def curve_panels(
         lines += _raw_and_smoothed(rows, "step_reward_mean", "step reward (process)", "step reward (process, smoothed)")
     if lines:
         panels.append({"title": "reward functions", "ylabel": "mean reward", "lines": lines})
-    evals = _eval_points(rows, before)
+    evals = _eval_points(rows, before, after)
     if evals:
         panels.append(
             {
@@ -139,6 +171,7 @@ def curve_panels(
         ("completion_len_mean", "completion length", "tokens"),
     ):
         panels.append({"title": title, "ylabel": ylabel, "lines": _raw_and_smoothed(rows, key, key)})
+    panels += _update_panels(rows)
     if beta > 0:
         panels.append(
             {"title": "KL to the reference (k3)", "ylabel": "nats / token", "lines": [_raw(rows, "kl", "kl")]}
@@ -165,8 +198,10 @@ def plot_curves(
     beta: float = 0.0,
     num_iterations: int = 1,
     before: dict | None = None,
+    after: dict | None = None,
 ) -> bool:
-    """Draw :func:`curve_panels` of ``metrics_path`` into ``out_png`` (two rows of panels).
+    """Draw :func:`curve_panels` of ``metrics_path`` into ``out_png`` (two rows of panels);
+    ``before``/``after``: the evaluations before and after training, as :func:`curve_panels` takes them.
 
     matplotlib is the optional extra ``grpokit[plots]``: without it nothing is drawn and a
     :class:`~grpokit.utils.importing.MissingExtraWarning` naming the extra is given (once), so that a run
@@ -186,7 +221,8 @@ def plot_curves(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig = draw_panels(curve_panels(read_metrics(metrics_path), beta=beta, num_iterations=num_iterations, before=before))
+    rows = read_metrics(metrics_path)
+    fig = draw_panels(curve_panels(rows, beta=beta, num_iterations=num_iterations, before=before, after=after))
     fig.savefig(out_png, dpi=90)
     plt.close(fig)
     return True

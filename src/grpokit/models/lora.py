@@ -338,8 +338,8 @@ def export_checkpoint(
       merged into its weights: a plain Hugging Face model folder (weights, config, generation
       config, tokenizer) that ``AutoModelForCausalLM.from_pretrained(out)`` loads.
     - LoRA checkpoint, no ``merge``: the adapter (``adapter_model.safetensors``,
-      ``adapter_config.json``) and the tokenizer, copied (load with peft's
-      ``PeftModel.from_pretrained(base, out)``).
+      ``adapter_config.json``), the tokenizer and ``recipe.json`` (the exact base, for grpokit),
+      copied (load with peft's ``PeftModel.from_pretrained(base, out)``).
     - full checkpoint: its model and tokenizer files, copied (they are already a full model).
 
     The model card (``README.md``) comes too: copied with a full checkpoint or an adapter; for a merge,
@@ -363,7 +363,7 @@ def export_checkpoint(
         _copy_files(ckpt, out, [f.name for f in ckpt.iterdir() if f.is_file() and f.name not in _TRAINING_FILES])
         return f"{ckpt} holds a full model (no LoRA adapter): copied its model and tokenizer files to {out}"
     if not merge:
-        _copy_files(ckpt, out, [ADAPTER_CONFIG, ADAPTER_WEIGHTS, _CARD, *_TOKENIZER_FILES])
+        _copy_files(ckpt, out, [ADAPTER_CONFIG, ADAPTER_WEIGHTS, _CARD, "recipe.json", *_TOKENIZER_FILES])
         _record_base(ckpt, out / ADAPTER_CONFIG)
         return f"copied the LoRA adapter of {ckpt} to {out} (load it with peft: PeftModel.from_pretrained(base, out))"
     require_peft("grpokit export --merge")
@@ -405,10 +405,13 @@ def _base_of(ckpt: Path) -> tuple[str, torch.dtype, bool]:
 
 
 def _record_base(ckpt: Path, config_file: Path) -> None:
-    """Name the base model in the copied ``adapter_config.json`` as the run's recipe does
-    (``model.name_or_path``): a checkpoint written before :func:`base_recorded_as` names this
-    machine's folder. Left as it is without a ``recipe.json``."""
-    name = _recipe_model(ckpt).get("name_or_path")
+    """Name the base model in the copied ``adapter_config.json`` as others load it: the run's
+    ``model.name_or_path`` (a packaged alias as its hub id, :func:`grpokit.models.names.public_name`);
+    a checkpoint written before :func:`base_recorded_as` names this machine's folder. Left as it is
+    without a ``recipe.json``."""
+    from grpokit.models.names import public_name
+
+    name = public_name(_recipe_model(ckpt).get("name_or_path") or "")
     config = json.loads(read_utf8(config_file))
     if name and config.get("base_model_name_or_path") != name:
         config["base_model_name_or_path"] = name

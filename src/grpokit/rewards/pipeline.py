@@ -202,8 +202,8 @@ class RewardPipeline:
         and ``rewards/overlong_penalty`` is the mean ``R_len``.
 
         Returns:
-            metrics (:func:`reward_metrics`): ``rewards/<name>`` (mean of the scorable values, None
-            if none), ``unscorable_frac``, ``frac_zero_std`` (groups whose rewards are equal or
+            metrics (:func:`reward_metrics`): ``rewards/<name>`` (mean of the function's finite
+            values, None if none), ``unscorable_frac``, ``frac_zero_std`` (groups whose rewards are equal or
             have < 2 scorable values), ``reward_mean``/``reward_std`` (over the scorable rewards),
             the step scorer's metrics, and ``reward_failures`` (rows that raised or timed out in
             this call, scored None).
@@ -313,7 +313,9 @@ def reward_labels(names: Sequence[str]) -> dict[str, str]:
 def reward_metrics(exp: Any, per_function: Mapping[str, Sequence]) -> dict[str, Any]:
     """The reward metrics of a scored experience (``exp.rewards`` set; ``exp.step_rewards`` and
     ``exp.step_ends`` with process supervision): ``rewards/<label>`` (mean of the function's
-    non-None values, None if none; labels: :func:`reward_labels`), ``unscorable_frac``,
+    values on the rows whose total is scorable, the rows ``reward_mean`` averages; None if none: a
+    None, NaN or ±inf from any function makes its row unscorable; labels: :func:`reward_labels`),
+    ``unscorable_frac``,
     ``frac_zero_std``, ``reward_mean`` /
     ``reward_std`` (over the finite rewards; None / 0.0 with fewer than 1 / 2), and with step
     rewards :func:`step_metrics` and ``step_frac_zero_std`` (groups whose pooled step rewards are
@@ -322,10 +324,11 @@ def reward_metrics(exp: Any, per_function: Mapping[str, Sequence]) -> dict[str, 
 
     metrics: dict[str, Any] = {}
     labels = reward_labels(list(per_function))
-    for name, vals in per_function.items():
-        ok = [v for v in vals if v is not None]
-        metrics[f"rewards/{labels[name]}"] = sum(ok) / len(ok) if ok else None
     rewards = exp.rewards.double().cpu()
+    scorable = torch.isfinite(rewards).tolist()
+    for name, vals in per_function.items():  # over the rows the total counts (±inf, None: unscorable)
+        ok = [v for v, s in zip(vals, scorable) if s and v is not None and math.isfinite(v)]
+        metrics[f"rewards/{labels[name]}"] = sum(ok) / len(ok) if ok else None
     metrics["unscorable_frac"] = float((~torch.isfinite(rewards)).float().mean())
     metrics["frac_zero_std"] = float(algo.constant_groups(rewards, exp.group_size).float().mean())
     ok = rewards[torch.isfinite(rewards)]

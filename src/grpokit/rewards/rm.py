@@ -161,16 +161,28 @@ def load_reward_model(
 
     Raises:
         ValueError: ``spec`` does not start with ``rm:``, names nothing, or the model cannot be
-            loaded (the message names ``spec``; offline runs need a local folder).
+            loaded (the message names ``spec``; offline runs need a local folder); a name meant
+            as a path (:func:`grpokit.utils.hub.looks_like_local_path`) that does not exist.
+        ConnectionError: a hub id, not in the local cache, while the hub cannot be reached (one
+            line, in seconds: :func:`grpokit.utils.hub.hub_access`).
     """
     if not spec.startswith(RM_PREFIX) or not spec[len(RM_PREFIX) :].strip():
         raise ValueError(f"reward model {spec!r}: expected 'rm:PATH_OR_HUB_NAME'")
     name = spec[len(RM_PREFIX) :].strip()
+    from pathlib import Path
+
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+    from grpokit.utils.hub import hub_access, looks_like_local_path
+
+    hub: dict[str, Any] = {}
+    if not Path(name).expanduser().exists():
+        if looks_like_local_path(name):
+            raise ValueError(f"reward model {spec!r}: no such local folder ({Path(name).absolute()})")
+        hub = {"local_files_only": True} if hub_access("reward model", name) else {}
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name)
-        model = AutoModelForSequenceClassification.from_pretrained(name, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(name, **hub)
+        model = AutoModelForSequenceClassification.from_pretrained(name, dtype=dtype, **hub)
     except (OSError, ValueError) as e:
         raise ValueError(f"reward model {spec!r}: cannot load it ({type(e).__name__}: {e})") from e
     model.requires_grad_(False)

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from grpokit.models.lora import base_recorded_as, is_adapter_checkpoint, is_peft_model, load_adapter_weights
+from grpokit.models.names import public_name
 from grpokit.trainer.model_card import CARD_FILE, model_card, read_evals
 from grpokit.utils.filemodes import honour_umask
 from grpokit.utils.textio import NotUtf8Error, read_utf8
@@ -114,29 +115,14 @@ def save_checkpoint(
     Raises:
         ValueError: a parameter is not finite (no checkpoint ever holds NaN weights).
     """
-    named = model_state.items() if model_state is not None else model.named_parameters()
-    for name, p in named:
-        if p.is_floating_point() and not torch.isfinite(p).all():
-            raise ValueError(f"save_checkpoint: parameter {name} has non-finite values; not saved")
+    _check_finite(model_state.items() if model_state is not None else model.named_parameters(), "save_checkpoint")
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     final = out / f"checkpoint-{step}"
     tmp = out / f".tmp-checkpoint-{step}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        # a peft model writes its adapter; the vocabulary is never resized, so no embedding layers
-        # (peft's "auto" would look the base model up on the Hub at every save); the adapter names
-        # its base as the recipe does (a hub id or the user's path, not this machine's folder)
-        with base_recorded_as(model, (recipe.get("model") or {}).get("name_or_path")):
-            # transformers' or peft's save_pretrained (nn.Module types its attributes Tensor | Module)
-            save_pretrained = cast(Callable[..., None], model.save_pretrained)
-            save_pretrained(
-                tmp,
-                safe_serialization=True,
-                **({"save_embedding_layers": False} if is_peft_model(model) else {}),
-                **({"state_dict": model_state} if model_state is not None else {}),
-            )
-        tokenizer.save_pretrained(tmp)
+        _write_model(tmp, model, tokenizer, (recipe.get("model") or {}).get("name_or_path"), model_state)
         blob = {
             "optimizer": optimizer.state_dict() if optimizer_state is None else optimizer_state,
             "scheduler": scheduler.state_dict(),
@@ -151,27 +137,108 @@ def save_checkpoint(
         (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **trainer_state}))
         card = model_card(recipe, step, read_evals(out, step), is_peft_model(model), num_prompts=num_prompts)
         (tmp / CARD_FILE).write_text(card, encoding="utf-8")  # in place of peft's own card of an adapter
-        honour_umask(tmp)  # safetensors writes its files private (0o600): the mode of every other file
-        for f in tmp.iterdir():  # durable before the rename makes it visible
-            if f.is_file():
-                with open(f, "rb") as fh:
-                    os.fsync(fh.fileno())
+        _seal(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)  # a failed write leaves nothing behind
         raise
-    if final.exists():
-        old = out / f".old-checkpoint-{step}-{os.getpid()}"
-        os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, final)
+    _publish(tmp, final)
     for stale in list_checkpoints(out)[:-keep]:
         shutil.rmtree(stale, ignore_errors=True)
     for leftover in out.glob(".*-checkpoint-*"):  # half-written by a killed run (one run per folder)
         if _LEFTOVER.match(leftover.name):
             shutil.rmtree(leftover, ignore_errors=True)
     return final
+
+
+def save_model(path: str | Path, *, model: torch.nn.Module, tokenizer: Any, base: str | None = None) -> Path:
+    """Write ``model`` and ``tokenizer`` alone (no training state) to the folder ``path``, atomically
+    as a checkpoint is written (a hidden temporary folder beside it, renamed when complete): a full
+    model that ``transformers.AutoModelForCausalLM.from_pretrained(path)`` loads, or for a peft
+    model its adapter (``peft.PeftModel.from_pretrained(base_model, path)``; ``base``: the base it
+    names, the recipe's ``model.name_or_path``). A model folder already at ``path`` (``config.json``
+    or ``adapter_config.json``, no subfolders) is replaced as a whole; any other folder with files in
+    it (a run folder) is refused.
+
+    Raises:
+        FileExistsError: ``path`` is a file, or a folder that holds files and is not a model folder.
+        NotADirectoryError, PermissionError: nothing can be written there
+            (:func:`grpokit.utils.outputs.check_output_dir`).
+        ValueError: a parameter is not finite (nothing written).
+    """
+    from grpokit.utils.outputs import check_output_dir
+
+    final = Path(path).expanduser().absolute()
+    check_output_dir(final, "save_model(path)", empty=not _is_model_folder(final))
+    _check_finite(model.named_parameters(), "save_model")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        _write_model(tmp, model, tokenizer, base)
+        _seal(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _publish(tmp, final)
+    return final
+
+
+def _is_model_folder(path: Path) -> bool:
+    """Whether ``path`` is a folder of model files (:func:`save_model` may replace it)."""
+    if not path.is_dir():
+        return False
+    names = {p.name for p in path.iterdir()}
+    return bool(names & {"config.json", "adapter_config.json"}) and not any(p.is_dir() for p in path.iterdir())
+
+
+def _check_finite(named: Any, who: str) -> None:
+    """Raise ValueError naming the first parameter of ``named`` (``(name, tensor)`` pairs) with a
+    non-finite value: no saved model ever holds NaN weights."""
+    for name, p in named:
+        if p.is_floating_point() and not torch.isfinite(p).all():
+            raise ValueError(f"{who}: parameter {name} has non-finite values; not saved")
+
+
+def _write_model(
+    folder: Path, model: torch.nn.Module, tokenizer: Any, base: str | None, model_state: dict | None = None
+) -> None:
+    """``model``'s weights and config (a peft model: its adapter alone) and ``tokenizer`` in ``folder``;
+    ``model_state``: a full state dict to write instead of ``model``'s own (sharded FSDP2)."""
+    # a peft model writes its adapter; the vocabulary is never resized, so no embedding layers
+    # (peft's "auto" would look the base model up on the Hub at every save); the adapter names
+    # its base as others load it (a packaged alias as its hub id, else the recipe's hub id or
+    # path, never this machine's folder; grpokit reads the exact base from recipe.json)
+    with base_recorded_as(model, public_name(base or "")):
+        # transformers' or peft's save_pretrained (nn.Module types its attributes Tensor | Module)
+        save_pretrained = cast(Callable[..., None], model.save_pretrained)
+        save_pretrained(
+            folder,
+            safe_serialization=True,
+            **({"save_embedding_layers": False} if is_peft_model(model) else {}),
+            **({"state_dict": model_state} if model_state is not None else {}),
+        )
+    tokenizer.save_pretrained(folder)
+
+
+def _seal(folder: Path) -> None:
+    """Give ``folder``'s files the mode a plain write gives (safetensors writes its files private,
+    0o600) and make them durable before the rename makes them visible."""
+    honour_umask(folder)
+    for f in folder.iterdir():
+        if f.is_file():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """Rename the complete folder ``tmp`` to ``final``, replacing a folder already there."""
+    if final.exists():
+        old = final.parent / f".old-{final.name}-{os.getpid()}"
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
 
 
 def _gist(e: Exception) -> str:

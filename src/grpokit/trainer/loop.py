@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,7 @@ def train(
     run: Run | None = None,
     callbacks: Callbacks | None = None,
     again: str = "run the same command",
+    built: Callable[[Run], None] | None = None,
 ) -> dict[str, Any]:
     """Run GRPO as the recipe says; returns a summary (last metrics, eval results, paths).
 
@@ -97,7 +99,8 @@ def train(
 
     ``run``: parts already built from ``recipe`` (:func:`grpokit.trainer.build.build_run`; tests pass
     their own, and close them), else built here after the checks below and its reward workers
-    closed at the end.
+    closed at the end. ``built``: called with the run's parts once they exist, before training
+    (:class:`grpokit.Trainer` keeps the policy and tokenizer from them).
 
     Before anything loads: ``train.output_dir`` must be a folder that can be written or made
     (:func:`grpokit.utils.outputs.check_output_dir`) and ``train.resume`` must resolve. A run whose resume
@@ -126,9 +129,13 @@ def train(
     changes = check_resume_recipe(start, recipe) if start is not None else []
     hooks = callbacks if callbacks is not None else Callbacks()
     if run is not None:
+        if built is not None:
+            built(run)
         return _train(run, start, progress, changes, hooks, again)
     run = build_run(recipe)  # validates data and rewards before any model loads, then loads models
     try:
+        if built is not None:
+            built(run)
         return _train(run, start, progress, changes, hooks, again)
     finally:
         run.rewards.close()  # the reward worker processes
@@ -296,6 +303,7 @@ def _after_training(run: Run, logger: RunLogger | NullLogger, memory: LoopMemory
             beta=recipe.algo.beta,
             num_iterations=recipe.train.num_iterations,
             before=json.loads(before.read_text()) if before.exists() else None,
+            after=summary.get("eval_after"),
         )
         logger.log_image("curves", run.out / "curves.png")  # to the trackers (nothing when it was not drawn)
 

