@@ -49,6 +49,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("GRPOKIT_FAKE_REWARDS_DIR", tempfile.mkdtemp(prefix="grpokit-fake-rewards-"))
 torch.set_num_threads(int(os.environ.get("GRPOKIT_TEST_THREADS", "1")))
+os.environ.setdefault("GRPOKIT_THREADS", "off")  # runs keep that count, whatever else the machine runs
 
 SMOLLM2_VOCAB = 49152
 SMOLLM2_BOS, SMOLLM2_EOS, SMOLLM2_PAD, SMOLLM2_ENDOFTEXT = 1, 2, 2, 0

@@ -61,6 +61,7 @@ from grpokit.cli.errors import USER_ERRORS
 from grpokit.cli.errors import one_line as _one_line
 from grpokit.cli.errors import show_traceback as _show_traceback
 from grpokit.cli.recipe_args import RecipeArgs, packaged_recipes
+from grpokit.utils.threads import prepare_environment
 
 
 def _train(argv: list[str]) -> int:
@@ -83,12 +84,18 @@ def _train(argv: list[str]) -> int:
         + trl_help(),
     )
     p.add_argument("args", nargs="*", metavar="RECIPE | section.key=value")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bars (grpokit's, nor transformers' loading and saving ones): one line per step instead",
+    )
     said = flag_answer(argv, ("--no-progress", "--help"))  # --max_steps=2, --num_generations 8: the grpokit form
     if said:
         print(f"grpokit train: recipe error: {said}", file=sys.stderr)
         return 2
     ns = p.parse_intermixed_args(argv)  # overrides may come after --no-progress
+    if ns.no_progress:
+        quiet_library_bars()
     recipe_arg = None
     overrides = []
     for a in ns.args:
@@ -114,7 +121,7 @@ def _train(argv: list[str]) -> int:
     rank = f" (rank {os.environ.get('RANK')})" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
     try:
         with plain_warnings(own_output=True):  # a RunWarning is one plain line, not a source location
-            summary = train_recipe(recipe, progress=not ns.no_progress)
+            summary = train_recipe(recipe, progress=not ns.no_progress, step_lines=ns.no_progress)
     except RecipeError as e:  # found only once the run's folder is read (a key a checkpoint holds changed)
         print(
             f"grpokit train{rank}: recipe error: {_one_line(e)}{source_note(str(e), sources, recipe)}", file=sys.stderr
@@ -214,6 +221,22 @@ def _eval(argv: list[str]) -> int:
     return eval_command(argv)
 
 
+def quiet_library_bars() -> None:
+    """Turn off the progress bars of transformers ("Loading weights", "Writing model shards", GGUF
+    conversion), huggingface_hub and datasets (``grpokit train --no-progress``): their environment
+    switches for libraries not imported yet, their own functions for those already imported."""
+    for var in ("HF_HUB_DISABLE_PROGRESS_BARS", "HF_DATASETS_DISABLE_PROGRESS_BARS"):
+        os.environ[var] = "1"
+    if "huggingface_hub" in sys.modules:
+        sys.modules["huggingface_hub"].utils.disable_progress_bars()
+    if "transformers" in sys.modules:
+        import transformers.utils.logging
+
+        transformers.utils.logging.disable_progress_bar()
+    if "datasets" in sys.modules:
+        sys.modules["datasets"].disable_progress_bars()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -233,7 +256,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"grpokit: unknown command {cmd!r}; use train, eval, export, sft or prm", file=sys.stderr)
         return 2
     try:
+        if cmd != "export" and not ({"-h", "--help"} & set(rest)):
+            prepare_environment()  # before torch loads: the threads, and the wait policy on a busy machine
         return commands[cmd](rest)
+    except ValueError as e:  # GRPOKIT_THREADS of the wrong form
+        if not str(e).startswith("GRPOKIT_THREADS="):
+            raise
+        print(f"grpokit {cmd}: error: {e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:  # Ctrl-C while loading or evaluating (training handles its own)
         if _show_traceback():
             raise

@@ -42,6 +42,7 @@ METRIC_KEYS = (
     "gen_s",
     "train_s",
     "tokens_per_s",
+    "threads",
     # reliability: unscorable rewards, reward rows that raised/timed out, updates skipped as non-finite
     "unscorable_frac",
     "reward_failures",

@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from grpokit.config import Recipe
 from grpokit.eval.evaluate import save_eval
 from grpokit.experience import Experience
@@ -88,6 +90,7 @@ def train(
     callbacks: Callbacks | None = None,
     again: str = "run the same command",
     built: Callable[[Run], None] | None = None,
+    step_lines: bool = False,
 ) -> dict[str, Any]:
     """Run GRPO as the recipe says; returns a summary (last metrics, eval results, paths).
 
@@ -100,7 +103,8 @@ def train(
     ``run``: parts already built from ``recipe`` (:func:`grpokit.trainer.build.build_run`; tests pass
     their own, and close them), else built here after the checks below and its reward workers
     closed at the end. ``built``: called with the run's parts once they exist, before training
-    (:class:`grpokit.Trainer` keeps the policy and tokenizer from them).
+    (:class:`grpokit.Trainer` keeps the policy and tokenizer from them). ``step_lines``: print one
+    line per step (:func:`step_line`; rank 0), what ``grpokit train --no-progress`` shows.
 
     Before anything loads: ``train.output_dir`` must be a folder that can be written or made
     (:func:`grpokit.utils.outputs.check_output_dir`) and ``train.resume`` must resolve. A run whose resume
@@ -131,12 +135,12 @@ def train(
     if run is not None:
         if built is not None:
             built(run)
-        return _train(run, start, progress, changes, hooks, again)
+        return _train(run, start, progress, changes, hooks, again, step_lines)
     run = build_run(recipe)  # validates data and rewards before any model loads, then loads models
     try:
         if built is not None:
             built(run)
-        return _train(run, start, progress, changes, hooks, again)
+        return _train(run, start, progress, changes, hooks, again, step_lines)
     finally:
         run.rewards.close()  # the reward worker processes
         shutdown(run.ranks)  # the process group build_run joined (torchrun)
@@ -149,6 +153,7 @@ def _train(
     changes: list[tuple[str, Any, Any]],
     callbacks: Callbacks,
     again: str = "run the same command",
+    step_lines: bool = False,
 ) -> dict[str, Any]:
     """:func:`train` once the run's parts exist: start (or resume), the steps, the end."""
     recipe, main = run.recipe, run.ranks.is_main  # with several ranks only rank 0 writes files and prints
@@ -163,7 +168,7 @@ def _train(
     }
     memory = LoopMemory(callbacks=callbacks)
     _begin(run, start, changes, logger, memory, summary)
-    summary["last_metrics"] = _steps(run, logger, memory, summary, progress)
+    summary["last_metrics"] = _steps(run, logger, memory, summary, progress, step_lines)
     error = callbacks.error
     if error is not None:
         summary["callback_error"] = str(error)
@@ -211,7 +216,12 @@ def _begin(
 
 
 def _steps(
-    run: Run, logger: RunLogger | NullLogger, memory: LoopMemory, summary: dict[str, Any], progress: bool
+    run: Run,
+    logger: RunLogger | NullLogger,
+    memory: LoopMemory,
+    summary: dict[str, Any],
+    progress: bool,
+    step_lines: bool = False,
 ) -> dict[str, Any]:
     """:func:`run_step` until ``train.max_steps`` or a stop signal, checkpointing every
     ``train.save_steps``, at a stop and at the end; returns the last step's metrics ({} if none ran).
@@ -237,6 +247,8 @@ def _steps(
             hooks.call("on_step_end", run.state.step, last, step=run.state.step, can_stop=True)
             bar.update(1)
             bar.set_postfix(reward=f"{last['reward_mean'] or 0:.3f}", step_s=f"{last['step_s']:.1f}")
+            if step_lines and run.ranks.is_main:
+                print(step_line(last, t.max_steps), flush=True)
             step = run.state.step
             if run.state.consecutive_skips >= t.max_consecutive_skips:
                 raise RuntimeError(
@@ -355,6 +367,20 @@ def run_step(run: Run, logger: RunLogger | NullLogger, memory: LoopMemory) -> St
     return StepResult(metrics, batch.rows, exp)
 
 
+def step_line(metrics: dict[str, Any], max_steps: int) -> str:
+    """One step as ``grpokit train --no-progress`` prints it, e.g.
+    ``step 3/8  reward 0.181  loss -0.0123  19.4 s`` (``reward -``: no scorable reward; ``loss -``:
+    the update was skipped as non-finite).
+
+    >>> step_line({"step": 3, "reward_mean": 0.18125, "loss": -0.01234, "step_s": 19.42}, 8)
+    'step 3/8  reward 0.181  loss -0.0123  19.4 s'
+    """
+    reward, loss = metrics.get("reward_mean"), metrics.get("loss")
+    r = f"{reward:.3f}" if isinstance(reward, (int, float)) else "-"
+    lo = f"{loss:.4f}" if isinstance(loss, (int, float)) and loss == loss and abs(loss) != float("inf") else "-"
+    return f"step {metrics['step']}/{max_steps}  reward {r}  loss {lo}  {metrics['step_s']:.1f} s"
+
+
 def _step_metrics(run: Run, batch: Any, update: dict[str, Any], *, step_s: float, train_s: float) -> dict[str, Any]:
     """The step's metrics line: the reward metrics, the update's, lengths and the phases' seconds."""
     exp = batch.experience
@@ -374,6 +400,7 @@ def _step_metrics(run: Run, batch: Any, update: dict[str, Any], *, step_s: float
         "reward_s": batch.reward_s,
         "train_s": train_s,
         "tokens_per_s": float(lengths.sum()) / step_s,
+        "threads": torch.get_num_threads(),  # intra-op threads (grpokit.utils.threads): they set a sum's order
         "train_minutes": run.state.extra["train_s"] / 60,  # training wall-clock so far, evaluations excluded
     }
 
