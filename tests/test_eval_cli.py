@@ -257,3 +257,65 @@ def test_eval_warns_of_cut_answers_records_its_settings_and_never_overwrites(
     monkeypatch.chdir(tmp_path)
     assert main(["eval", tiny_model_dir, "--dataset", str(data)]) == 2
     assert "--output eval_q_test.json: exists (the default output file)" in capsys.readouterr().err
+
+
+def test_the_settings_of_a_heldout_eval_are_the_values_used_and_rerun_it(tiny_model_dir, tmp_path):
+    """``--heldout-of RECIPE train.seed=S`` reads generated rows with data seed S + 10^9: the JSON's
+    ``settings.data_seed`` says so (not the default 10^9), and the recorded settings alone — the
+    recipe and its overrides, or ``--dataset`` with those seeds and options — give the same problems."""
+    pytest.importorskip("reasoning_gym")
+    task = "reasoning_gym:basic_arithmetic"
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        f"model: {{name_or_path: {tiny_model_dir}}}\ndata: {{dataset: '{task}', options: {{size: 20}}}}\n"
+        f"eval: {{dataset: '{task}', limit: 3, max_new_tokens: 2, options: {{size: 20}}}}\n"
+    )
+
+    def questions(path):
+        res = json.loads(path.read_text())
+        return res["settings"], [e["question"] for e in res["models"][tiny_model_dir]["examples"]]
+
+    first = tmp_path / "a.json"
+    assert (
+        main(
+            [
+                "eval",
+                tiny_model_dir,
+                "--heldout-of",
+                str(recipe),
+                "train.seed=424242",
+                "--limit",
+                "2",
+                "--output",
+                str(first),
+            ]
+        )
+        == 0
+    )
+    settings, asked = questions(first)
+    assert settings["data_seed"] == 1000424242 and settings["skip"] == 0 and settings["shuffle_seed"] is None
+    assert settings["overrides"] == ["train.seed=424242", "eval.limit=2"]
+    default = tmp_path / "d.json"
+    assert main(["eval", tiny_model_dir, "--heldout-of", str(recipe), "--limit", "2", "--output", str(default)]) == 0
+    assert questions(default)[1] != asked  # the seed matters: another seed, other problems
+    again = tmp_path / "b.json"
+    assert (
+        main(
+            [
+                "eval",
+                tiny_model_dir,
+                "--heldout-of",
+                settings["heldout_of"],
+                *settings["overrides"],
+                "--output",
+                str(again),
+            ]
+        )
+        == 0
+    )
+    assert questions(again)[1] == asked
+    flags = ["--dataset", task, "--limit", str(settings["limit"]), "--data-seed", str(settings["data_seed"])]
+    flags += ["--skip", str(settings["skip"]), "--data-options", json.dumps(settings["data_options"])]
+    by_flags = tmp_path / "c.json"
+    assert main(["eval", tiny_model_dir, *flags, "--max-new-tokens", "2", "--output", str(by_flags)]) == 0
+    assert questions(by_flags)[1] == asked

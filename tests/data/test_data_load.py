@@ -296,3 +296,23 @@ def test_damaged_packaged_file_names_file_line_and_reinstall(tmp_path, monkeypat
     path.write_bytes(first + b'{"Body": "B"}\n')
     with pytest.raises(ValueError, match=r"test.jsonl: line 2 is not a svamp record \(KeyError: 'Question'\)"):
         load_rows("svamp", "test")
+
+
+@pytest.mark.parametrize(
+    ("line", "field", "offset"),
+    [
+        ('{"prompt": "x\\ud800 y", "answer": "1"}', "prompt", 1),
+        ('{"prompt": "ok", "answer": "\\udfff"}', "answer", 0),
+        ('{"prompt": [{"role": "user", "content": "a\\ud83d"}], "answer": "1"}', "prompt", 1),
+    ],
+)
+def test_a_lone_surrogate_names_the_file_row_and_field(tmp_path, line, field, offset):
+    """JSON allows "\\ud800" (half a UTF-16 pair); it decodes to a str no tokenizer can encode:
+    refused as every other bad text is, with the file, the row and the field, not the tokenizer's
+    ``TextEncodeInput must be Union[...]``."""
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"prompt": "2+2=", "answer": "4"}\n' + line + "\n")
+    with pytest.raises(ValueError) as info:
+        load_rows(str(path))
+    assert str(info.value).startswith(f"{path}: row 1, field '{field}': a lone surrogate ")
+    assert f"at character {offset} " in str(info.value)

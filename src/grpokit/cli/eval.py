@@ -189,8 +189,16 @@ def _eval_recipe(ns: argparse.Namespace):
     ns.samples = e.num_samples or None
     ns.max_new_tokens = held.max_new_tokens if held else (e.max_new_tokens or DEFAULT_MAX_NEW_TOKENS)
     ns.device, ns.data_options = recipe.model.device, e.options
-    ns.skip = 0 if ns.skip is None else ns.skip
-    ns.data_seed = DEFAULT_DATA_SEED if ns.data_seed is None else ns.data_seed
+    # the section.key=value words and the flags' keys, recorded with the settings (JSON is YAML)
+    given = [f"{key}={json.dumps(value)}" for key, value in flags.values() if value is not None]
+    ns.recipe_overrides = [*overrides, *given]
+    if held is not None:  # the rows the recipe's held-out set is made of, as section_rows reads them
+        from grpokit.data import heldout
+
+        ns.skip, ns.data_seed, ns.shuffle_seed = 0, heldout.eval_seed(recipe), heldout.shuffle_seed(recipe, "eval")
+    else:
+        ns.skip = 0 if ns.skip is None else ns.skip
+        ns.data_seed = DEFAULT_DATA_SEED if ns.data_seed is None else ns.data_seed
     return recipe, held
 
 
@@ -343,7 +351,10 @@ def _write_results(out: dict, models: list[str], out_path: Path, max_new_tokens:
 def _eval_settings(ns: argparse.Namespace, recipe, tok, skipped: int) -> dict:
     """What decides ``grpokit eval``'s numbers besides the models, for its JSON: the prompts
     (:func:`grpokit.eval.evaluate.prompt_settings`), the token budget, greedy decoding and the sampling
-    settings, the rows (skip, limit, seeds)."""
+    settings, the rows (skip, limit, seeds: with ``--heldout-of`` those its held-out rows were read
+    with), the recipe and its ``section.key=value`` overrides: every value the one that was used, so
+    that ``grpokit eval MODEL --heldout-of HELDOUT_OF OVERRIDES...`` (or ``--dataset`` with these rows'
+    flags) gives the same problems again."""
     from grpokit.eval.evaluate import prompt_settings
 
     return {
@@ -361,6 +372,7 @@ def _eval_settings(ns: argparse.Namespace, recipe, tok, skipped: int) -> dict:
         "shuffle_seed": ns.shuffle_seed,
         "data_options": ns.data_options,
         "heldout_of": ns.heldout_of,
+        "overrides": list(getattr(ns, "recipe_overrides", [])),
     }
 
 

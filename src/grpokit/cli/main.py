@@ -61,7 +61,7 @@ from grpokit.cli.errors import USER_ERRORS
 from grpokit.cli.errors import one_line as _one_line
 from grpokit.cli.errors import show_traceback as _show_traceback
 from grpokit.cli.recipe_args import RecipeArgs, packaged_recipes
-from grpokit.utils.threads import prepare_environment
+from grpokit.utils.threads import apply_threads, prepare_environment
 
 
 def _train(argv: list[str]) -> int:
@@ -258,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if cmd != "export" and not ({"-h", "--help"} & set(rest)):
             prepare_environment()  # before torch loads: the threads, and the wait policy on a busy machine
+            if cmd != "train":  # train sets them and says so in its first line (grpokit.api.train_recipe)
+                apply_threads()
         return commands[cmd](rest)
     except ValueError as e:  # GRPOKIT_THREADS of the wrong form
         if not str(e).startswith("GRPOKIT_THREADS="):

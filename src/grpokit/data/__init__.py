@@ -45,8 +45,33 @@ def available_datasets() -> dict[str, list[str]]:
     return {name: list(splits) for name, (_, splits, _) in PACKAGED_DATASETS.items()}
 
 
+def _unencodable(value: Any) -> tuple[str, int] | None:
+    """The first lone surrogate in ``value`` (a str, or lists/dicts of them, as messages are) and its
+    character offset, or None. JSON's ``"\\ud800"`` escape decodes to one; no UTF-8 text holds it,
+    so no tokenizer can encode it."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            return value[e.start], e.start
+        return None
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    for item in items:
+        found = _unencodable(item)
+        if found is not None:
+            return found
+    return None
+
+
 def _validate(rows: list[dict[str, Any]], source: str) -> list[dict[str, Any]]:
     for i, row in enumerate(rows):
+        for field, value in row.items():
+            bad = _unencodable(value)
+            if bad is not None:
+                raise ValueError(
+                    f"{source}: row {i}, field {field!r}: a lone surrogate {bad[0]!r} at character {bad[1]} "
+                    "(a JSON \\u escape of half a UTF-16 pair): not text, no tokenizer can encode it"
+                )
         for key in ("prompt", "answer"):
             if key not in row or row[key] is None:
                 raise ValueError(f"{source}: row {i} has no {key!r}; fields present: {sorted(row)}")
