@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -494,3 +495,29 @@ def test_every_packaged_recipe_loads_and_its_sft_section_is_complete(name):
     if recipe.sft.model is not None:  # `grpokit sft RECIPE` can run it: model, data and template set
         job = sft_job([str(path)])
         assert job.out == recipe.model.name_or_path and job.recipe.sft.completion_template
+
+
+def test_a_recipe_files_errors_start_with_its_file_and_line(tmp_path):
+    """Unknown keys at any depth and wrong values, as read by load_recipe (the Python API, grpokit
+    eval/sft/prm and train alike): ``<file>:<line>: <message>``; a value an override set: no line."""
+    from grpokit.config.loading import key_lines
+
+    path = tmp_path / "r.yaml"
+    text = "model:\n  name_or_path: m\n  lora:\n    r: 4\n    rr: 2\ntrain:\n  max_steps: abc\n"
+    assert key_lines(text) == {
+        "model": 1,
+        "model.name_or_path": 2,
+        "model.lora": 3,
+        "model.lora.r": 4,
+        "model.lora.rr": 5,
+        "train": 6,
+        "train.max_steps": 7,
+    }
+    path.write_text(text)
+    with pytest.raises(RecipeError, match=rf"^{re.escape(str(path))}:7: train\.max_steps: expected an integer"):
+        load_recipe(path)
+    with pytest.raises(RecipeError, match=rf"^{re.escape(str(path))}:5: unknown recipe key model\.lora\.rr; "):
+        load_recipe(path, ["train.max_steps=3"])
+    path.write_text(text.replace("    rr: 2\n", ""))
+    with pytest.raises(RecipeError, match=r"^train\.max_steps: expected an integer, got 'x'$"):
+        load_recipe(path, ["train.max_steps=x"])  # the command line's value, not the file's

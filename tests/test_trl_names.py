@@ -105,10 +105,35 @@ def test_an_unknown_key_gets_the_closest_one(capsys, no_model_load, args, said):
 
 def test_an_unknown_key_of_a_recipe_file_gets_the_closest_one(tmp_path, capsys, no_model_load):
     path = tmp_path / "r.yaml"
-    path.write_text("train:\n  max_step: 2\n")
-    err = answer(capsys, str(path))
-    assert err.startswith("grpokit train: recipe error: unknown recipe key train.max_step; allowed in train: ")
+    path.write_text("model:\n  name_or_path: x\ntrain:\n  max_step: 2\n")
+    err = answer(capsys, str(path))  # the file and the key's line, as a compiler says it
+    assert err.startswith(
+        f"grpokit train: recipe error: {path}:4: unknown recipe key train.max_step; allowed in train: "
+    )
     assert err.endswith("; did you mean train.max_steps?")
+    path.write_text("modle:\n  name_or_path: x\n")
+    assert answer(capsys, str(path)).startswith(
+        f"grpokit train: recipe error: {path}:1: unknown recipe section 'modle'"
+    )
+    other = tmp_path / "q.yaml"
+    other.write_text("model:\n  name_or_pth: x\n")
+    with pytest.raises(RecipeError, match=r"q\.yaml:2: unknown recipe key model\.name_or_pth; "):
+        load_recipe(other)  # the Python API's and grpokit eval's read too
+    other.write_text("model:\n  name_or_path: y\n")
+    with pytest.raises(RecipeError, match=r"^unknown recipe key train\.max_stepz; "):  # an override's: no file line
+        load_recipe(other, ["train.max_stepz=1"])
+
+
+def test_a_flat_trl_style_file_is_answered_with_each_names_key_and_line(tmp_path, capsys, no_model_load):
+    path = tmp_path / "trl.yaml"
+    path.write_text("model_name_or_path: org/m\nlearning_rate: 1.0e-5\nnum_generations: 4\nfoo_bar: 1\n")
+    err = answer(capsys, str(path))
+    assert err.startswith(f"grpokit train: recipe error: recipe {path}: a recipe's top level holds sections (model, ")
+    assert err.endswith(
+        "not TRL's flat names: line 1: model_name_or_path is TRL's name; grpokit: model.name_or_path=org/m; "
+        "line 2: use train.learning_rate=1e-05; line 3: num_generations is TRL's name; grpokit: rollout.group_size=4; "
+        "line 4: foo_bar is neither a recipe key's name nor TRL's"
+    )
     with pytest.raises(RecipeError, match=r"unknown recipe key train\.nonsense; allowed in train: [a-z_, ]+$"):
         load_recipe(None, ["train.nonsense=1"])  # nothing close: no suggestion
 

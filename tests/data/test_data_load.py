@@ -141,7 +141,10 @@ def test_local_missing_column_names_row_and_fields(tmp_path):
     path = _write_jsonl(tmp_path / "d.jsonl", [{"question": "ok", "answer": "1"}, {"question": "no answer"}])
     with pytest.raises(ValueError, match=r"row 1 has no answer column.*fields present: \['question'\]"):
         load_rows(path)
-    with pytest.raises(ValueError, match=r"row 0 has no prompt column \('text'\).*\['answer', 'question'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"row 0 has no column 'text' \(data.prompt_field='text'\); fields present: \['answer', 'question'\]$",
+    ):
         load_rows(path, prompt_field="text")
 
 
@@ -158,7 +161,7 @@ def test_local_file_errors(tmp_path):
     bad.write_text('{"prompt": "a", "answer": "1"}\n{oops\n')
     with pytest.raises(ValueError, match="line 2 is not valid JSON"):
         load_rows(str(bad))
-    with pytest.raises(ValueError, match="options do not apply"):
+    with pytest.raises(ValueError, match=r"options \(data.options / eval.options\) do not apply to local files"):
         load_rows(str(bad), options={"x": 1})
 
 
@@ -316,3 +319,27 @@ def test_a_lone_surrogate_names_the_file_row_and_field(tmp_path, line, field, of
         load_rows(str(path))
     assert str(info.value).startswith(f"{path}: row 1, field '{field}': a lone surrogate ")
     assert f"at character {offset} " in str(info.value)
+
+
+def test_a_missing_answer_column_names_the_recipe_key_and_not_a_split_never_read(tmp_path, capsys, no_model_load):
+    """``grpokit train`` on a local file without an answer column: the message names the file, the
+    row, the columns there and ``data.answer_field`` (the recipe key), and no ``data.split`` (a local
+    file has no splits), nor says the unset key came from the defaults."""
+    from grpokit.cli.main import main
+
+    data = tmp_path / "q.jsonl"
+    data.write_text('{"question": "1+1", "solution_x": "2"}\n')
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        f"model:\n  name_or_path: smollm2\ndata:\n  dataset: {data}\ntrain:\n  output_dir: {tmp_path}/run\n"
+    )
+    assert main(["train", str(recipe)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(
+        f"grpokit train: error: data.dataset='{data}': row 0 has no answer column (any of ["
+    )  # the file once
+    assert err.endswith(
+        "fields present: ['question', 'solution_x']; set data.answer_field to choose one "
+        f"(from {recipe}: data.dataset line 4)"
+    )
+    assert "split" not in err

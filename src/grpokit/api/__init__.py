@@ -78,21 +78,11 @@ def train_recipe(
     run's last line says to continue it; ``built``: called with the run's parts once they exist;
     ``step_lines``: one line per step on stdout (``grpokit train --no-progress``).
 
-    First sets torch's CPU thread count (:func:`grpokit.utils.threads.apply_threads`: the cores
-    other work leaves free) and says it in one ``[grpokit] threads: ...`` line (rank 0).
-
     Raises:
-        what :func:`grpokit.trainer.loop.train` raises; :class:`CallbackError` when a callback raised;
-        ValueError: ``GRPOKIT_THREADS`` is not ``auto``, ``off`` or a positive integer.
+        what :func:`grpokit.trainer.loop.train` raises; :class:`CallbackError` when a callback raised.
     """
-    import os
-
     from grpokit.trainer.loop import train
-    from grpokit.utils.threads import apply_threads
 
-    choice = apply_threads()
-    if os.environ.get("RANK", "0") == "0":
-        print(f"[grpokit] {choice.line()}", flush=True)
     return train(
         recipe, progress=progress, callbacks=Callbacks(callbacks), again=again, built=built, step_lines=step_lines
     )

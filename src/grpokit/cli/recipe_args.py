@@ -139,10 +139,10 @@ _NAMED_KEY = re.compile(r"\b(model|data|rollout|rewards|algo|train|eval|sft)\.([
 def source_note(message: str, sources: dict[str, tuple[str, str]], recipe: Recipe | None = None) -> str:
     """Where the recipe keys ``message`` names got their values (:meth:`RecipeArgs.sources`), grouped
     by origin, e.g. `` (from the command line: data.dataset; defaults: data.split)``, or "" when it
-    names none. Left out: a key after ``e.g.`` (an example), ``use``, ``did you mean`` or ``grpokit:``
+    names none. Left out: a key after ``e.g.`` (an example), ``use``, ``set``, ``did you mean`` or ``grpokit:``
     (advice, :func:`grpokit.config.trl_names.grpokit_form`'s among them, and the keys joined to it by
     ``or``), and with ``recipe``, a ``key=value`` whose value is not the recipe's (advice such as
-    ``use rewards.on_error=none``).
+    ``use rewards.on_error=none``); a key whose file and line start the message already.
 
     >>> where = {"data.skip": ("from r.yaml", "data.skip line 3")}
     >>> source_note("data.split='x' data.skip=5: no rows left; e.g. train.max_steps=9", where)
@@ -157,7 +157,7 @@ def source_note(message: str, sources: dict[str, tuple[str, str]], recipe: Recip
     for m in _NAMED_KEY.finditer(message):
         key = f"{m.group(1)}.{m.group(2)}"
         before = message[: m.start()]
-        advice = before.endswith(("e.g. ", "use ", "did you mean ", "grpokit: ")) or (
+        advice = before.endswith(("e.g. ", "use ", "set ", "did you mean ", "grpokit: ")) or (
             advice and before.endswith(" or ")
         )
         if key not in fields or key in seen or advice:
@@ -168,6 +168,8 @@ def source_note(message: str, sources: dict[str, tuple[str, str]], recipe: Recip
                 continue
         seen.add(key)
         origin, named = sources.get(key, ("defaults", key))
+        if origin.startswith("from ") and message.startswith(f"{origin[5:]}:{named.rpartition(' line ')[2]}: "):
+            continue  # the message starts with the file and line already (grpokit.config.load_recipe)
         groups.setdefault(origin, []).append(named)
     return f" ({'; '.join(f'{o}: ' + ', '.join(n) for o, n in groups.items())})" if groups else ""
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -160,9 +162,11 @@ def load_recipe(
             lines). Messages are one line.
     """
     raw: dict = {}
+    lines: dict[str, int] = {}
     if path is not None:
         try:
-            raw = load_yaml(read_utf8(path)) or {}
+            text = read_utf8(path)
+            raw = load_yaml(text) or {}
         except FileNotFoundError:
             raise RecipeError(f"recipe file not found: {path}") from None
         except OSError as e:  # a folder, no permission, ...
@@ -175,6 +179,9 @@ def load_recipe(
             raise RecipeError(f"recipe {path}: not valid YAML: {yaml_problem(e)}") from None
         if not isinstance(raw, dict):
             raise RecipeError(f"recipe {path}: expected a mapping of sections")
+        lines = key_lines(text)
+        _refuse_flat_names(raw, path, lines)
+    from_file = {k for k in lines if "." in k} - {str(o).partition("=")[0].strip() for o in overrides}
     raw = apply_overrides(raw, overrides)
     for dotted, value in (values or {}).items():
         sec, key = dotted.split(".")
@@ -183,7 +190,65 @@ def load_recipe(
         if not isinstance(raw[sec], dict):
             raise RecipeError(f"{sec}: expected a mapping")
         raw[sec][key] = value
-    return recipe_from_dict(raw)
+    try:
+        return recipe_from_dict(raw)
+    except RecipeError as e:  # about a key or section the file wrote: its file and line first
+        m = _UNKNOWN.match(str(e)) or _KEYED.match(str(e))
+        named = next(g for g in m.groups() if g) if m else ""
+        top = ".".join(named.split(".")[:2])  # model.lora.rr: the file wrote model.lora
+        if named in lines and (top in from_file or "." not in named) and top not in (values or {}):
+            raise RecipeError(f"{path}:{lines[named]}: {e}") from None
+        raise
+
+
+_UNKNOWN = re.compile(r"unknown recipe (?:key ([a-z_]+(?:\.\w+)+);|section '([^']*)';)")
+_KEYED = re.compile(r"([a-z_]+(?:\.\w+)+): ")  # "train.max_steps: expected an integer, ..."
+
+
+def key_lines(text: str) -> dict[str, int]:
+    """``{"train": 3, "train.max_steps": 4, "model.lora.r": 7}``: the 1-based line of each section
+    and key, at any depth, a recipe's YAML ``text`` writes ({} when it does not parse)."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return {}
+    out: dict[str, int] = {}
+
+    def walk(mapping: Any, prefix: str) -> None:
+        for key, value in mapping.value if isinstance(mapping, yaml.MappingNode) else ():
+            name = f"{prefix}{key.value}"
+            out[name] = key.start_mark.line + 1
+            walk(value, f"{name}.")
+
+    walk(node, "")
+    return out
+
+
+def _yaml_text(value: Any) -> str:
+    """A scalar as a recipe writes it (``true``, ``null``, ``1e-05``, ``org/m``)."""
+    return json.dumps(value) if value is None or isinstance(value, bool) else str(value)
+
+
+def _refuse_flat_names(raw: dict, path: str | Path, lines: Mapping[str, int]) -> None:
+    """A file written as TRL's flat config (``model_name_or_path: ...``, ``learning_rate: ...`` at the
+    top): refused with the recipe key of each name, as the command line answers them
+    (:func:`grpokit.config.trl_names.grpokit_form`), with their lines.
+
+    Raises:
+        RecipeError: a top-level name that is not a section but a recipe key's name or TRL's.
+    """
+    sections = fields_of(Recipe)
+    flat = [(str(k), v) for k, v in raw.items() if k not in sections]
+    forms = [(k, grpokit_form(k, None if isinstance(v, (dict, list)) else _yaml_text(v))) for k, v in flat]
+    if not any(form for _, form in forms):
+        return  # an unknown section: recipe_from_dict names it (and a near section name)
+    said = "; ".join(
+        f"line {lines.get(k, '?')}: " + (form or f"{k} is neither a recipe key's name nor TRL's") for k, form in forms
+    )
+    raise RecipeError(
+        f"recipe {path}: a recipe's top level holds sections ({', '.join(sections)}), each with its keys, "
+        f"not TRL's flat names: {said}"
+    )
 
 
 def apply_overrides(raw: dict, overrides: list[str] | tuple = ()) -> dict:

@@ -63,6 +63,13 @@ TRL_NAMES: dict[str, TrlName] = {
         "takes the LoraConfig",
         same_value=False,
     ),
+    # TRL's scripts' ModelConfig (a flat YAML of `trl grpo --config`)
+    "model_name_or_path": TrlName("model.name_or_path", "the policy: a hub id, a local folder or a packaged alias"),
+    "torch_dtype": TrlName("model.dtype", "float32 or bfloat16 (the parameters' dtype)"),
+    "use_peft": TrlName("model.lora", "LoRA: a mapping {r, alpha, target_modules, dropout}", same_value=False),
+    "lora_r": TrlName("model.lora", "the rank: model.lora={r: N, ...}", same_value=False),
+    "lora_alpha": TrlName("model.lora", "model.lora={alpha: N, ...}", same_value=False),
+    "lora_target_modules": TrlName("model.lora", "model.lora={target_modules: [...], ...}", same_value=False),
     # GRPOConfig: data and generation
     "num_generations": TrlName("rollout.group_size", "G, completions sampled per prompt"),
     "num_generations_eval": TrlName(

@@ -40,6 +40,10 @@ __all__ = [
 ]
 
 
+_OPTIONS = "data.options / eval.options"
+_FIELDS = "data.prompt_field / data.answer_field"
+
+
 def available_datasets() -> dict[str, list[str]]:
     """Packaged dataset name -> its splits."""
     return {name: list(splits) for name, (_, splits, _) in PACKAGED_DATASETS.items()}
@@ -147,11 +151,11 @@ def load_rows(
 
     if is_given(dataset):  # rows given to grpokit's API (grpokit.utils.given)
         if opts:
-            raise ValueError(f"dataset {dataset!r}: options do not apply to rows given in Python")
+            raise ValueError(f"dataset {dataset!r}: options ({_OPTIONS}) do not apply to rows given in Python")
         records, label = given_rows(dataset), given_label(dataset)
         if label.endswith("="):  # rows= / eval_rows=: say how to give an answer the rows lack
             fix = "an 'answer' column ('' when your reward functions use none)"
-            fields = ("data" if label == "rows=" else "eval") + ".prompt_field / answer_field"
+            fields = _FIELDS  # the data section's keys name the columns of eval_rows= too
             try:
                 mapped = map_fields(records[:limit], label, prompt_field, answer_field)
             except ValueError as e:
@@ -163,18 +167,18 @@ def load_rows(
         from grpokit.data.reasoning_gym import load_reasoning_gym
 
         if fields_given:
-            raise ValueError(f"{dataset}: prompt_field/answer_field do not apply to reasoning_gym")
+            raise ValueError(f"{dataset}: {_FIELDS} do not apply to reasoning_gym (it writes its own rows)")
         task = dataset.split(":", 1)[1]
         return _validate(load_reasoning_gym(task, limit=limit, seed=seed, options=opts), dataset)
 
     hf_name = dataset[3:] if dataset.startswith("hf:") else None
     if hf_name is None and dataset in PACKAGED_DATASETS:
         if opts or fields_given:
-            raise ValueError(f"dataset {dataset!r} is packaged: options/prompt_field/answer_field do not apply")
+            raise ValueError(f"dataset {dataset!r} is packaged: options ({_OPTIONS}) and {_FIELDS} do not apply")
         return _validate(load_packaged(dataset, split, limit), f"{dataset}/{split}")
     if hf_name is None and looks_like_path(dataset):
         if opts:
-            raise ValueError(f"dataset file {dataset!r}: options do not apply to local files")
+            raise ValueError(f"dataset file {dataset!r}: options ({_OPTIONS}) do not apply to local files")
         records = read_local_file(dataset, limit)
         return _validate(map_fields(records, dataset, prompt_field, answer_field), dataset)
     if hf_name is None and "/" in dataset:

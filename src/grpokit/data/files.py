@@ -250,11 +250,16 @@ def map_fields(
             ("prompt", p_key, prompt_field, PROMPT_FIELDS),
             ("answer", a_key, answer_field, ANSWER_FIELDS),
         ):
+            if wanted is not None and wanted not in rec:  # the column the recipe names is not there
+                raise ValueError(
+                    f"{source}: row {i} has no column {wanted!r} (data.{role}_field={wanted!r});"
+                    f" fields present: {sorted(rec)}"
+                )
             if key is None or key not in rec or rec[key] is None:
                 looked = repr(wanted) if wanted else f"any of {list(candidates)}"
                 raise ValueError(
                     f"{source}: row {i} has no {role} column ({looked});"
-                    f" fields present: {sorted(rec)}; set {role}_field to choose one"
+                    f" fields present: {sorted(rec)}; set data.{role}_field to choose one"
                 )
         assert p_key is not None and a_key is not None  # else the loop above raised
         row = dict(rec)

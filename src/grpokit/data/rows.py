@@ -55,7 +55,8 @@ def shuffled_rows(rows: list[dict], seed: int | None) -> list[dict]:
 
 def section_rows(recipe: Recipe, section: str) -> list[dict]:
     """``load_data_rows`` for the ``data`` or ``eval`` section (``data.skip`` applied, the held-out seed and
-    options for ``eval``); errors name the section's dataset and split."""
+    options for ``eval``); errors name the section's dataset, and its split where the source has splits
+    (not a local file, reasoning_gym or rows given from Python)."""
     from grpokit.data import heldout
 
     sec = getattr(recipe, section)
@@ -81,7 +82,11 @@ def section_rows(recipe: Recipe, section: str) -> list[dict]:
         label = given_label(sec.dataset)
         if label != sec.dataset:  # rows given to the API: the message names rows= / eval_rows= (no split)
             raise cls(str(e) if str(e).startswith(label) else f"{label}: {e}") from e
-        raise cls(f"{section}.dataset={sec.dataset!r} {section}.split={sec.split!r}: {e}") from e
+        from grpokit.data import dataset_label
+
+        split = f" {section}.split={sec.split!r}" if dataset_label(sec.dataset, sec.split) != sec.dataset else ""
+        said = str(e).removeprefix(f"{sec.dataset}: ")  # the file is named once, by the key
+        raise cls(f"{section}.dataset={sec.dataset!r}{split}: {said}") from e  # a split only where one is read
 
 
 def prompt_tools(recipe: Recipe) -> list[dict] | None:

@@ -113,6 +113,8 @@ def train(
     A run stopped by SIGTERM/SIGINT finishes its step, checkpoints it, says where it stopped and
     returns with ``stopped_at`` (the step) and ``stop_signal`` (the signal's number) in its summary.
 
+    Before the parts are built, torch's CPU thread count is set and said (:func:`_say_threads`).
+
     Raises:
         OSError: ``train.output_dir`` is a file, below a file, or not writable (the message names the key).
         ValueError: ``train.resume`` names no complete checkpoint; bad data, rewards or device
@@ -136,6 +138,7 @@ def train(
         if built is not None:
             built(run)
         return _train(run, start, progress, changes, hooks, again, step_lines)
+    _say_threads()
     run = build_run(recipe)  # validates data and rewards before any model loads, then loads models
     try:
         if built is not None:
@@ -144,6 +147,18 @@ def train(
     finally:
         run.rewards.close()  # the reward worker processes
         shutdown(run.ranks)  # the process group build_run joined (torchrun)
+
+
+def _say_threads() -> None:
+    """Set torch's CPU thread count (:func:`grpokit.utils.threads.apply_threads`: the cores other work
+    leaves free) and say it in one ``[grpokit] threads: ...`` line (rank 0), before anything loads."""
+    import os
+
+    from grpokit.utils.threads import apply_threads
+
+    choice = apply_threads()
+    if os.environ.get("RANK", "0") == "0":
+        print(f"[grpokit] {choice.line()}", flush=True)
 
 
 def _train(
