@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: sandbox setup lock demo long long-arith loss-variants loss-variants-mu2 tools tools-mawps feedback process process-steps test lint typecheck bench efficacy-vs-trl ppo ppo-vs-grpo vllm-check clean
+.PHONY: sandbox setup lock demo recipe-keys long long-arith loss-variants loss-variants-mu2 tools tools-mawps feedback process process-steps test lint typecheck bench efficacy-vs-trl ppo ppo-vs-grpo vllm-check clean
 
 # pyproject.toml states ranges (a library must not replace its user's torch); the demo and the tests
 # run on the exact versions of requirements/lock.txt (`make lock` rewrites it from .venv), with
@@ -158,6 +158,10 @@ HYPOTHESIS ?= ci
 
 test: lint typecheck
 	$(BIN)/python -m pytest --hypothesis-profile=$(HYPOTHESIS)
+
+# docs/recipe_keys.md: every recipe key from the schema (tests/test_recipe_keys_doc.py fails when it is stale)
+recipe-keys: $(STAMP)
+	$(BIN)/python -m grpokit.config.reference > docs/recipe_keys.md
 
 # Run by `make test` before the tests: ruff (lint + format check) over the code and mypy over src/
 # (both configured in pyproject.toml)
