@@ -92,7 +92,7 @@ def test_cached_name_reads_the_cache_only_when_the_hub_is_unreachable(no_hub, tm
         hub.hub_access("model", "org/cached")
     (tmp_path / "models--org--cached" / "snapshots" / "abc123").mkdir(parents=True)
     assert hub.hub_access("model", "org/cached") is True
-    assert loading._hub_options("org/cached", "model") == {"local_files_only": True}
+    assert hub.from_pretrained_options("model", "org/cached") == {"local_files_only": True}
 
 
 def test_offline_or_reachable_hub_changes_nothing(monkeypatch):

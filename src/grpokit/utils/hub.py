@@ -22,7 +22,7 @@ import functools
 import os
 from pathlib import Path
 
-__all__ = ["hub_access", "hub_offline", "hub_probe", "looks_like_local_path"]
+__all__ = ["from_pretrained_options", "hub_access", "hub_offline", "hub_probe", "looks_like_local_path"]
 
 #: prefixes that make a name a local path whatever follows (``runs/`` is where grpokit writes runs)
 PATH_PREFIXES = (".", "/", "~", "\\", "runs/")
@@ -74,8 +74,6 @@ def _in_cache(name: str, repo_type: str) -> bool:
     if folder.is_dir() and any(folder.iterdir()):
         return True
     if repo_type == "dataset":  # datasets' own cache of prepared data (``org___name``)
-        import os
-
         root = os.environ.get("HF_DATASETS_CACHE") or Path(constants.HF_HOME) / "datasets"
         prepared = Path(root) / name.replace("/", "___")
         return prepared.is_dir() and any(prepared.iterdir())
@@ -113,3 +111,16 @@ def hub_access(what: str, name: str, *, repo_type: str = "model") -> bool:
         f"and the hub ({constants.ENDPOINT}) cannot be reached ({reason}); check the name, or set "
         "HF_HUB_OFFLINE=1 to use the cache only"
     )
+
+
+def from_pretrained_options(what: str, name_or_path: str) -> dict[str, bool]:
+    """``from_pretrained`` keywords for ``name_or_path``: none for an existing local path; for a hub
+    id, what :func:`hub_access` says (``local_files_only`` where the hub cannot be reached but the
+    id is cached).
+
+    Raises:
+        ConnectionError: as :func:`hub_access`.
+    """
+    if Path(name_or_path).expanduser().exists():
+        return {}
+    return {"local_files_only": True} if hub_access(what, name_or_path) else {}

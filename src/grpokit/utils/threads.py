@@ -94,13 +94,17 @@ def _quota() -> float | None:
         return None
 
 
-def usable_cores() -> int:
-    """CPUs this process may run on: its affinity set (all CPUs where the platform has none),
-    capped by a cgroup CPU quota; at least 1."""
+def _cpus() -> set[int]:
+    """The CPUs this process may run on: its affinity set (all CPUs where the platform has none)."""
     try:
-        n = len(os.sched_getaffinity(0))
+        return set(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        n = os.cpu_count() or 1
+        return set(range(os.cpu_count() or 1))
+
+
+def usable_cores() -> int:
+    """CPUs this process may run on (:func:`_cpus`), capped by a cgroup CPU quota; at least 1."""
+    n = len(_cpus())
     quota = _quota()
     if quota is not None:
         n = min(n, max(1, math.floor(quota)))
@@ -127,10 +131,7 @@ def _cpu_jiffies(cpus: set[int]) -> tuple[int, int] | None:
 def busy_cores(window_s: float = WINDOW_S) -> float | None:
     """Cores of this process's CPUs that other processes kept busy over ``window_s`` seconds
     (this process's own CPU time left out); None where ``/proc/stat`` cannot be read."""
-    try:
-        cpus = set(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cpus = set(range(os.cpu_count() or 1))
+    cpus = _cpus()
     first, own0, t0 = _cpu_jiffies(cpus), time.process_time(), time.monotonic()
     if first is None:
         return None
