@@ -166,8 +166,8 @@ recipe-keys: $(STAMP)
 # Run by `make test` before the tests: ruff (lint + format check) over the code and mypy over src/
 # (both configured in pyproject.toml)
 lint: $(STAMP)
-	$(BIN)/ruff check src tests bench scripts
-	$(BIN)/ruff format --check src tests bench scripts
+	$(BIN)/ruff check src tests bench scripts examples
+	$(BIN)/ruff format --check src tests bench scripts examples
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

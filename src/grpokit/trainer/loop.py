@@ -26,6 +26,9 @@ Departures from the textbook: the model stays in ``eval()`` mode throughout (no 
 sampler and the trainer see the same π); the generation seed is ``seed·100003 + step`` (plus
 ``1000003·round`` for dynamic sampling's extra rounds) so a resumed run samples exactly what the
 uninterrupted run sampled.
+
+The default step on one page, torch and transformers only: ``examples/grpo_one_file.py``, which
+``tests/examples/test_grpo_one_file.py`` holds equal to :func:`run_step` bit for bit.
 """
 
 from __future__ import annotations
