@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: sandbox setup lock demo recipe-keys long long-arith loss-variants loss-variants-mu2 tools tools-mawps feedback process process-steps test lint typecheck bench efficacy-vs-trl ppo ppo-vs-grpo vllm-check clean
+.PHONY: sandbox setup lock demo recipe-keys test-fast long long-arith loss-variants loss-variants-mu2 tools tools-mawps feedback process process-steps test lint typecheck bench efficacy-vs-trl ppo ppo-vs-grpo vllm-check clean
 
 # pyproject.toml states ranges (a library must not replace its user's torch); the demo and the tests
 # run on the exact versions of requirements/lock.txt (`make lock` rewrites it from .venv), with
@@ -156,8 +156,19 @@ process-steps: $(STAMP)
 # profile), so CI cannot turn red by chance; `make test HYPOTHESIS=default` draws new ones each run.
 HYPOTHESIS ?= ci
 
+# The tiers (tests/support/tiers.py, docs/contributing.md): `make test` (CI) runs all of them, the
+# parallel ones on TEST_WORKERS processes (the usable cores), then the `serial` tier alone, and each run
+# ends with the time per tier; `make test-fast` is the edit loop (the fast tier, under 2 minutes).
+TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
+PARALLEL := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+FAST := not slow and not e2e and not dist and not serial
+
 test: lint typecheck
-	$(BIN)/python -m pytest --hypothesis-profile=$(HYPOTHESIS)
+	$(BIN)/python -m pytest $(PARALLEL) -m "not serial" --hypothesis-profile=$(HYPOTHESIS)
+	$(BIN)/python -m pytest -p no:xdist -m serial --hypothesis-profile=$(HYPOTHESIS)
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest $(PARALLEL) -m "$(FAST)" --hypothesis-profile=$(HYPOTHESIS)
 
 # docs/recipe_keys.md: every recipe key from the schema (tests/test_recipe_keys_doc.py fails when it is stale)
 recipe-keys: $(STAMP)

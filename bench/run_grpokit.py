@@ -219,10 +219,10 @@ def _loss_and_grad(s, r, batch, advantages, *, share: bool, autocast: bool):
             logp.detach(),
             advantages[sl],
             sub.completion_mask,
+            algo.LossConfig(
+                beta=r.algo.beta, aggregation=r.algo.loss_aggregation, max_completion_length=r.rollout.max_new_tokens
+            ),
             ref_logp=ref[sl, :tt],
-            beta=r.algo.beta,
-            aggregation=r.algo.loss_aggregation,
-            max_completion_length=r.rollout.max_new_tokens,
             num_sequences=n,
             num_tokens=n_tok,
         )

@@ -45,11 +45,49 @@ from collections.abc import Callable
 import pytest
 import torch
 
+from support import tiers
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("GRPOKIT_FAKE_REWARDS_DIR", tempfile.mkdtemp(prefix="grpokit-fake-rewards-"))
 torch.set_num_threads(int(os.environ.get("GRPOKIT_TEST_THREADS", "1")))
 os.environ.setdefault("GRPOKIT_THREADS", "off")  # runs keep that count, whatever else the machine runs
+
+_CLOCK: tiers.TierClock | None = None
+
+# -- tiers (tests/support/tiers.py): markers, limits, the workers' order, the time per tier ---------
+
+
+def pytest_configure(config):
+    for line in tiers.MARKERS:
+        config.addinivalue_line("markers", line)
+    global _CLOCK
+    _CLOCK = tiers.TierClock()
+
+
+def pytest_collection_modifyitems(config, items):
+    tiers.order_and_group(items)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    tiers.check_limit(item, outcome.get_result())
+
+
+def pytest_runtest_logreport(report):
+    if _CLOCK is not None:
+        _CLOCK.add(report)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    if hasattr(config, "workerinput"):  # an xdist worker: the controller prints
+        return
+    terminalreporter.write_sep("-", "time per tier (tests/support/tiers.py)")
+    workers = getattr(config.option, "numprocesses", None) or 1
+    for line in _CLOCK.lines(workers) if _CLOCK is not None else ():
+        terminalreporter.write_line(line)
+
 
 SMOLLM2_VOCAB = 49152
 SMOLLM2_BOS, SMOLLM2_EOS, SMOLLM2_PAD, SMOLLM2_ENDOFTEXT = 1, 2, 2, 0

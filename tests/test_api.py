@@ -58,6 +58,7 @@ async def async_chars(prompts, completions, **_):
     return [2.0 * len(c) / 100.0 for c in completions]
 
 
+@pytest.mark.slow
 def test_rows_and_every_kind_of_reward_callable(tiny_model_dir, tmp_path):
     """A list of dicts as data; a plain function, a partial, a bound method, an object with __call__,
     an async function, a lambda and a closure as rewards: each is called (its per-function mean in
@@ -239,6 +240,7 @@ def test_environment_and_tools_as_objects(tiny_model_dir, tmp_path):
     assert "SHOUT ME" in episode.step("<shout>shout me</shout>", ended_by_eos=False).text
 
 
+@pytest.mark.slow
 def test_env_instance_trains(tiny_model_dir, tmp_path):
     """A multi-turn run with an environment instance: its observation is in the transcripts."""
     from fake_envs import StopAtE
@@ -276,6 +278,7 @@ class Recorder(grpokit.Callback):
         self.calls.append(("end", summary.get("early_stopped_at")))
 
 
+@pytest.mark.slow
 def test_callbacks_see_each_step_and_stop_early(tiny_model_dir, tmp_path):
     rec, seen = Recorder(stop_at=2), []
     trainer = grpokit.Trainer(
@@ -300,6 +303,7 @@ def test_callbacks_see_each_step_and_stop_early(tiny_model_dir, tmp_path):
     assert seen == [1, 2]  # a plain function is an on_step_end
 
 
+@pytest.mark.slow
 def test_a_raising_callback_stops_with_a_checkpoint_and_the_run_resumes(tiny_model_dir, tmp_path):
     raw = _tiny(tiny_model_dir, tmp_path)
     over = {"train.max_steps": 3, "train.save_steps": 0}
@@ -312,7 +316,7 @@ def test_a_raising_callback_stops_with_a_checkpoint_and_the_run_resumes(tiny_mod
     assert summary["resumed_from"].endswith("checkpoint-2") and summary["last_metrics"]["step"] == 3
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_cli_and_api_give_the_same_metrics(tiny_model_dir, tmp_path):
     from grpokit.cli.main import main
 
@@ -356,6 +360,7 @@ def numpy_chars(completions, **_):  # a numpy array of values, as TRL takes it
     return np.array([len(c) / 100.0 for c in completions])
 
 
+@pytest.mark.slow
 def test_a_finished_run_says_so_and_starts_over_when_asked(tiny_model_dir, tmp_path, capsys):
     """Training a folder that holds a finished run trains nothing: a RunWarning (one plain line)
     says so and the summary is that run's (its last metrics, its checkpoint);
@@ -418,6 +423,7 @@ def _same_weights(a, b) -> bool:
     return sa.keys() == sb.keys() and all(sa[k].dtype == sb[k].dtype and (sa[k] == sb[k]).all() for k in sa)
 
 
+@pytest.mark.slow
 def test_train_gives_trl_fields_and_save_model_writes_a_model_transformers_loads(tiny_model_dir, tmp_path):
     """TRL's habits: train()'s result has TrainOutput's global_step, training_loss (the mean of the
     steps' losses) and metrics (the last step's, with train_runtime), and still every summary key;
@@ -451,6 +457,7 @@ def test_train_gives_trl_fields_and_save_model_writes_a_model_transformers_loads
         trainer.save_model(run)  # the run folder is not a model folder: never replaced
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing:FutureWarning")  # peft's own question
 def test_save_model_of_a_lora_run_writes_the_adapter_peft_loads(tiny_model_dir, tmp_path):
     peft = pytest.importorskip("peft")

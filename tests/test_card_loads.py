@@ -33,6 +33,7 @@ with torch.no_grad():
 """
 
 
+@pytest.mark.e2e
 @pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing:FutureWarning")
 def test_the_cards_code_loads_the_adapter_of_the_packaged_model_in_a_fresh_process(tmp_path):
     model = apply_lora(

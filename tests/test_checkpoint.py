@@ -245,6 +245,7 @@ def _spy_on_updates(opt) -> list[tuple[float, float, tuple]]:
     return seen
 
 
+@pytest.mark.slow
 def test_resume_with_changed_optimizer_keys_runs_at_the_recipes_values(tiny_model_dir, tmp_path, capsys):
     """Step 1 at lr 0.01 (linear schedule over 1 step: the checkpoint's lr is 0.01·0 = 0), then a
     resume with lr 1e-3, weight decay 0.1, betas (0.8, 0.95) and max_steps 2: step 2 must run at
@@ -303,6 +304,7 @@ def test_resume_with_the_same_recipe_keeps_the_rate_bit_for_bit(parts):
     assert opt2.param_groups[0]["lr"] == want and sched2.get_last_lr() == [want] and sched2.last_epoch == 2
 
 
+@pytest.mark.slow
 def test_resume_refuses_changed_keys_by_name_before_the_model_loads(tiny_model_dir, tmp_path, monkeypatch):
     import grpokit.trainer.loop
     from grpokit.config import RecipeError

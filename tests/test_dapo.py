@@ -217,6 +217,7 @@ def test_process_groups_with_signal_are_those_with_varying_step_rewards(tmp_path
     assert GRPO(recipe.algo, 2).groups_with_signal(exp) == [1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "reward, kept, rounds, zero_std",
     [
@@ -255,6 +256,7 @@ def test_recipe_rules(tmp_path):
         tiny_recipe("m", tmp_path, algo={"max_sampling_rounds": 0})
 
 
+@pytest.mark.slow
 def test_both_options_in_a_real_run(tiny_model_dir, tmp_path):
     from grpokit.metrics import read_metrics
 

@@ -33,6 +33,7 @@ def test_the_committed_demo_metrics_are_a_whole_demo_run():
     assert all(isinstance(r.get("threads"), int) for r in rows)  # the count it was measured at
 
 
+@pytest.mark.e2e
 def test_the_demos_first_two_steps_give_the_committed_numbers(tmp_path):
     want = [json.loads(line) for line in COMMITTED.read_text().splitlines()[:2]]
     before = torch.get_num_threads()

@@ -40,6 +40,8 @@ from grpokit.trainer.loop import train
 from grpokit.utils import distributed as gd
 from helpers import tiny_recipe, tiny_recipe_dict, write_recipe
 
+pytestmark = pytest.mark.dist  # every test here starts two ranks or needs their module fixtures
+
 TESTS = Path(__file__).resolve().parent
 TIMINGS = {"step_s", "gen_s", "reward_s", "train_s", "tokens_per_s", "train_minutes", "ref_s"}
 
@@ -103,7 +105,6 @@ def test_null_logger_writes_nothing(tmp_path):
 # -- 2 spawned processes: the collectives -------------------------------------------------------------
 
 
-@pytest.mark.slow
 def test_collectives_on_two_ranks(tmp_path):
     mp.start_processes(dist_workers.gather_and_reduce, args=(2, _port(), str(tmp_path)), nprocs=2, start_method="spawn")
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1))
@@ -273,7 +274,6 @@ def test_fsdp2_in_one_process_trains_as_one_process(one_process, recipe_file, tm
     _assert_same_run(one_process, out, sharded=True)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
 def test_two_ranks_train_as_one_process(one_process, recipe_file, tmp_path, parallel):
     """Same completions, metrics (gradient norms, losses, rewards), and weights after every step,
@@ -302,7 +302,6 @@ def test_two_ranks_train_as_one_process(one_process, recipe_file, tmp_path, para
         ("fsdp2", {"autocast_bf16": True}),
     ],
 )
-@pytest.mark.slow
 def test_precision_and_checkpointing_switches_on_two_ranks(tiny_model_dir, recipe_file, tmp_path, parallel, switches):
     """bf16 (autocast, or bf16 parameters) and gradient checkpointing on 2 ranks: the run of one
     process with the same switches. Weights bit for bit; under fsdp2 with bf16 parameters the
@@ -333,7 +332,6 @@ def test_precision_and_checkpointing_switches_on_two_ranks(tiny_model_dir, recip
         assert all(torch.equal(wa[k], wb[k]) for k in wa), step
 
 
-@pytest.mark.slow
 def test_bf16_autocast_with_lora_under_fsdp2_samples_as_under_ddp(recipe_file, tmp_path):
     """bf16 autocast with LoRA under fsdp2: the sampler is a plain bf16 copy wrapped with the same
     adapters, unmerged, refreshed from the shards a unit at a time (``grpokit.rollout.hf``), as the
@@ -363,7 +361,6 @@ def one_process_dynamic(tiny_model_dir, tmp_path_factory) -> Path:
 DYNAMIC_REWARD = "fake_rewards:some_prompts_constant_reward"
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
 def test_two_ranks_with_dynamic_sampling_keep_what_one_process_keeps(
     one_process_dynamic, recipe_file, tmp_path, parallel
@@ -452,7 +449,6 @@ PPO = ("algo.estimator=ppo", "train.max_grad_norm=0")
 
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
-@pytest.mark.slow
 def test_two_ranks_of_ppo_train_as_one_process(one_process_ppo, recipe_file, tmp_path, parallel):
     """PPO on 2 ranks: GAE and whitening over the gathered batch, the value model's loss normalized
     by the batch's token count and its gradients summed over ranks: the one-process run (ddp bit
@@ -470,7 +466,6 @@ def test_two_ranks_of_ppo_train_as_one_process(one_process_ppo, recipe_file, tmp
         _assert_same_ppo_run(one_process_ppo, killed, sharded=True)
 
 
-@pytest.mark.slow
 def test_two_ranks_with_lora_train_as_one_process(tiny_model_dir, recipe_file, tmp_path):
     lora = {"lora": {"r": 4, "alpha": 8}}
     _run1(tiny_model_dir, tmp_path / "one", model=lora)
@@ -520,7 +515,6 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-@pytest.mark.slow
 def test_two_ranks_with_the_cpu_backend_train_as_one_process_with_it(tiny_model_dir, recipe_file, tmp_path):
     """Under ddp the gradients are summed from ``param.grad`` after the backward, so the cpu speed
     backend (whose gradient aliases write ``param.grad`` directly) is exact on 2 ranks: ``auto``
@@ -574,7 +568,6 @@ def _sigkill_then_resume(recipe: Path, out: Path, *overrides: str, path: Path | 
     return log
 
 
-@pytest.mark.slow
 def test_sigkill_two_ranks_then_resume(one_process, recipe_file, tmp_path):
     out = tmp_path / "run"
     _sigkill_then_resume(recipe_file, out)
@@ -593,7 +586,6 @@ def _rank_pid(torchrun_pid: int, rank: int) -> int:
     raise AssertionError(f"no process of rank {rank} under torchrun {torchrun_pid}")
 
 
-@pytest.mark.slow
 def test_sigterm_to_one_rank_stops_both_after_the_same_step(recipe_file, tmp_path):
     """SIGTERM to rank 1 alone: both ranks finish the step, rank 0 checkpoints it, both exit 143 (so torchrun
     reports a failure and `torchrun ... && grpokit eval ...` stops)."""
@@ -621,7 +613,6 @@ def test_sigterm_to_one_rank_stops_both_after_the_same_step(recipe_file, tmp_pat
     assert len((out / "metrics.jsonl").read_text().splitlines()) == stopped
 
 
-@pytest.mark.slow
 def test_two_nodes_by_rendezvous_train_as_one_process(one_process, recipe_file, tmp_path):
     """Multi-node launch on one machine: two torchrun agents (``--nnodes 2``, one process each)
     meeting at a c10d rendezvous endpoint; the same run as one process."""
@@ -657,7 +648,6 @@ def test_two_nodes_by_rendezvous_train_as_one_process(one_process, recipe_file, 
     _assert_only_rank0_wrote(out)
 
 
-@pytest.mark.slow
 def test_two_ranks_with_an_environment_train_as_one_process(tiny_model_dir, recipe_file, tmp_path):
     """Multi-turn rollouts under ddp (each rank samples its prompts' turns, seeded per row and turn;
     the transcripts, their masks and the episodes' counts gathered): the one-process run, bit for bit."""
@@ -703,7 +693,6 @@ def one_process_vllm(tiny_model_dir, tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
-@pytest.mark.slow
 def test_two_ranks_with_the_vllm_engine_train_as_one_process(one_process_vllm, recipe_file, tmp_path, parallel):
     """rollout.engine=vllm on 2 ranks: one vLLM engine per rank (external launcher, data parallel size
     2), each sampling its share with the rows' own seeds and taking the weights after every update
@@ -730,7 +719,6 @@ def test_two_ranks_with_the_vllm_engine_train_as_one_process(one_process_vllm, r
 LORA = {"lora": {"r": 4, "alpha": 8}}
 
 
-@pytest.mark.slow
 def test_lora_under_fsdp2_with_vllm_and_ppo_train_as_one_process(tiny_model_dir, recipe_file, tmp_path):
     """LoRA under fsdp2 with what needs the adapted weights outside the sharded policy, folded in from
     the shards a unit at a time (grpokit.utils.lora_shards): each rank's vLLM engine takes the merged

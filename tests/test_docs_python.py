@@ -29,7 +29,7 @@ def _drop_weights(runs: Path) -> None:
             path.unlink()
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_python_page_runs(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     namespace: dict = {"__name__": "__main__"}

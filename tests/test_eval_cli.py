@@ -52,6 +52,7 @@ def test_bad_input_is_refused_before_any_model_loads(tiny_model_dir, tmp_path, c
     assert err.startswith("grpokit eval: error: ") and msg in err and err.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_a_run_folder_stands_for_its_newest_complete_checkpoint(tiny_model_dir, tmp_path, capsys, monkeypatch):
     import shutil
 
@@ -147,6 +148,7 @@ def test_maj_votes_read_answers_as_the_scorer_does():
     assert answer_extractor("math_correct")(text) == "3"
 
 
+@pytest.mark.slow
 def test_heldout_of_a_recipe_evaluates_the_runs_heldout_problems(tiny_model_dir, tmp_path, capsys):
     # a local file: rows 0-2 held out, 3-5 trained on; row 1's question is also training row 4's
     qs = ["What is 1 + 1?", "What is 2 + 2?", "What is 3 + 3?", "What is 4 + 4?", "What is 2 + 2?", "What is 5 + 5?"]
@@ -187,6 +189,7 @@ def test_heldout_of_a_recipe_evaluates_the_runs_heldout_problems(tiny_model_dir,
     assert "none.yaml" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_eval_warns_of_cut_answers_records_its_settings_and_never_overwrites(
     tiny_model_dir, tmp_path, capsys, monkeypatch
 ):
@@ -259,6 +262,7 @@ def test_eval_warns_of_cut_answers_records_its_settings_and_never_overwrites(
     assert "--output eval_q_test.json: exists (the default output file)" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_settings_of_a_heldout_eval_are_the_values_used_and_rerun_it(tiny_model_dir, tmp_path):
     """``--heldout-of RECIPE train.seed=S`` reads generated rows with data seed S + 10^9: the JSON's
     ``settings.data_seed`` says so (not the default 10^9), and the recorded settings alone — the

@@ -93,6 +93,7 @@ def test_evaluation_through_the_engine_is_the_direct_generation(tiny_model, smol
     assert (res["total"], res["correct"], res["accuracy"]) == (3, 0, 0.0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("options", ["default", "chunked_bf16_sampler"])
 def test_the_runs_evaluation_engine_generates_as_evaluation_always_did(tiny_model_dir, tmp_path, options):
     """The run's held-out evaluation generates with ``run.eval_engine``: the run's own engine when its

@@ -70,6 +70,7 @@ def trained_run(model_dir, out, steps=1, **kw):
 # -- the reference -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_reference_is_the_policy_with_adapters_disabled_bit_for_bit(tiny_model_dir, tmp_path):
     recipe, run = trained_run(tiny_model_dir, tmp_path)
     assert is_peft_model(run.model) and run.ref_model is None  # no second model loaded with β > 0
@@ -88,6 +89,7 @@ def test_reference_is_the_policy_with_adapters_disabled_bit_for_bit(tiny_model_d
     assert torch.equal(exp.ref_logprobs, base)
 
 
+@pytest.mark.slow
 def test_no_reference_and_no_adapters_is_an_error(tiny_model, tiny_model_dir, tmp_path):
     recipe, run = trained_run(tiny_model_dir, tmp_path)
     exp = sampled(run, recipe)
@@ -98,6 +100,7 @@ def test_no_reference_and_no_adapters_is_an_error(tiny_model, tiny_model_dir, tm
 # -- training ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_two_steps_move_the_adapters_and_leave_the_base_weights(tiny_model_dir, tmp_path):
     recipe = lora_recipe(tiny_model_dir, tmp_path)
     run = grpokit.trainer.build.build_run(recipe)
@@ -122,6 +125,7 @@ def test_two_steps_move_the_adapters_and_leave_the_base_weights(tiny_model_dir, 
 # -- speed backend ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_backend_auto_steps_aside_and_cpu_refuses(tiny_model_dir, tmp_path, capsys):
     recipe = lora_recipe(tiny_model_dir, tmp_path)
     run = grpokit.trainer.build.build_run(recipe)
@@ -140,6 +144,7 @@ def test_backend_auto_steps_aside_and_cpu_refuses(tiny_model_dir, tmp_path, caps
 # -- checkpoints ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_checkpoint_holds_the_adapter_and_resumes_exactly(tiny_model_dir, tmp_path):
     """Two steps in one go == one step, a checkpoint, and a fresh build resuming from it: adapter
     weights and optimizer moments bit for bit, same metrics."""
@@ -175,6 +180,7 @@ def test_checkpoint_holds_the_adapter_and_resumes_exactly(tiny_model_dir, tmp_pa
     assert [(m["loss"], m["kl"]) for m in m_full] == [(m["loss"], m["kl"]) for m in m_split]
 
 
+@pytest.mark.slow
 def test_a_checkpoint_and_a_model_of_the_other_kind_do_not_mix(tiny_model_dir, tmp_path):
     lora_out, full_out = tmp_path / "lora", tmp_path / "full"
     trained_run(tiny_model_dir, lora_out)
@@ -195,6 +201,7 @@ def test_a_checkpoint_and_a_model_of_the_other_kind_do_not_mix(tiny_model_dir, t
 # -- export --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing:FutureWarning")  # peft's own question
 def test_merged_export_gives_the_adapted_logits(tiny_model_dir, tmp_path, capsys):
     recipe, run = trained_run(tiny_model_dir, tmp_path / "run")
@@ -242,6 +249,7 @@ def test_merged_export_gives_the_adapted_logits(tiny_model_dir, tmp_path, capsys
     assert "exists and is not an empty folder" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_export_of_a_full_checkpoint_copies_the_model(tiny_model_dir, tmp_path):
     train(tiny_recipe(tiny_model_dir, tmp_path / "run", train={"max_steps": 1}, algo={"beta": 0.0}), progress=False)
     assert main(["export", str(tmp_path / "run" / "checkpoint-1"), str(tmp_path / "out"), "--merge"]) == 0
@@ -255,6 +263,7 @@ def test_export_of_a_full_checkpoint_copies_the_model(tiny_model_dir, tmp_path):
 # -- PPO's value model -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_value_model_of_a_lora_policy_is_a_merged_decoder_copy(tiny_model_dir, tmp_path):
     from grpokit.estimators.value import ValueModel
 
@@ -280,6 +289,7 @@ def test_value_model_of_a_lora_policy_is_a_merged_decoder_copy(tiny_model_dir, t
     assert torch.equal(batch_logprobs(run.model, exp, temperature=1.0, micro_batch_size=4), before)
 
 
+@pytest.mark.slow
 def test_ppo_with_lora_takes_pi_ref_from_the_disabled_adapters(tiny_model_dir, tmp_path):
     sections = {
         "algo": {"estimator": "ppo", "beta": 0.1, "kl_in_reward": True},
@@ -298,6 +308,7 @@ def test_ppo_with_lora_takes_pi_ref_from_the_disabled_adapters(tiny_model_dir, t
 # -- dropout -------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_adapter_dropout_acts_in_the_gradient_passes_only(tiny_model_dir, tmp_path):
     recipe, run = trained_run(tiny_model_dir, tmp_path, lora={**LORA, "dropout": 0.5})
     drops = [m for n, m in run.model.named_modules() if isinstance(m, torch.nn.Dropout) and "lora_dropout" in n]
@@ -314,6 +325,7 @@ def test_adapter_dropout_acts_in_the_gradient_passes_only(tiny_model_dir, tmp_pa
     assert not any(m.training for m in drops)
 
 
+@pytest.mark.slow
 def test_adapter_dropout_with_gradient_checkpointing_gives_the_same_gradients(tiny_model_dir, tmp_path):
     """The dropout masks a checkpointed layer redraws in backward are those of the forward."""
     grads = []
@@ -397,6 +409,7 @@ def test_lora_without_peft_names_the_extra_before_the_model_loads(tiny_model_dir
         grpokit.trainer.build.build_run(lora_recipe(tiny_model_dir, tmp_path))
 
 
+@pytest.mark.slow
 def test_merged_state_dict_is_the_merged_model_out_of_place(tiny_model_dir, tmp_path):
     """What the vLLM engine loads for a LoRA policy: the plain model's keys, the adapted weights
     equal to peft's merge (within 1e-6), the training model untouched (adapters kept, unmerged)."""
@@ -422,6 +435,7 @@ def _modes(folder) -> dict[str, int]:
     return {f.name: f.stat().st_mode & 0o777 for f in folder.iterdir()}
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing:FutureWarning")  # peft's own question
 def test_lora_outputs_honour_the_umask_name_the_users_base_and_evaluate_as_any_model(
     tiny_model_dir, tmp_path, monkeypatch, capsys

@@ -20,10 +20,10 @@ def test_gspo_token_with_the_adaptive_entropy_bonus_trains_logs_and_checkpoints(
     seen = []
     real = algo.policy_loss
 
-    def spy(logp, old_logp, adv, mask, **kw):
-        seen.append({k: kw[k] for k in ("importance_level", "surrogate", "entropy_coef")})
+    def spy(logp, old_logp, adv, mask, config, **kw):
+        seen.append({k: getattr(config, k) for k in ("importance_level", "surrogate", "entropy_coef")})
         seen[-1]["entropy_grad"] = kw["entropy"] is not None and kw["entropy"].requires_grad
-        return real(logp, old_logp, adv, mask, **kw)
+        return real(logp, old_logp, adv, mask, config, **kw)
 
     monkeypatch.setattr(algo, "policy_loss", spy)
     recipe = tiny_recipe(
@@ -67,9 +67,9 @@ def test_other_variants_reach_the_loss_and_train_finite(tiny_model_dir, tmp_path
     seen = []
     real = algo.policy_loss
 
-    def spy(*a, **kw):
-        seen.append({k: kw[k] for k in forwarded})
-        return real(*a, **kw)
+    def spy(logp, old_logp, adv, mask, config, **kw):
+        seen.append({k: getattr(config, k) for k in forwarded})
+        return real(logp, old_logp, adv, mask, config, **kw)
 
     monkeypatch.setattr(algo, "policy_loss", spy)
     recipe = tiny_recipe(tiny_model_dir, tmp_path, algo=keys, train={"num_iterations": 2, "max_steps": 1})

@@ -52,6 +52,7 @@ def test_a_fresh_run_replaces_a_non_utf8_metrics_file(tmp_path):
 # -- samples.jsonl and the step warnings say what happened ---------------------------------------
 
 
+@pytest.mark.slow
 def test_samples_show_the_prompt_the_model_saw_and_each_advantage(tiny_model_dir, tmp_path):
     from grpokit.trainer.loop import train
     from helpers import tiny_recipe
@@ -73,6 +74,7 @@ def test_samples_show_the_prompt_the_model_saw_and_each_advantage(tiny_model_dir
         assert a["advantage"] == pytest.approx(want, rel=1e-5) and b["advantage"] == pytest.approx(-want, rel=1e-5)
 
 
+@pytest.mark.slow
 def test_samples_show_each_reward_functions_own_value(tiny_model_dir, tmp_path):
     """samples.jsonl gives each function's value before its weight, labelled as its metric, beside
     the weighted total (TRL users read rewards per function)."""

@@ -121,6 +121,7 @@ def test_read_evals_takes_the_run_folders_results_up_to_the_step(tmp_path):
     assert "None yet" in model_card({}, 0, [], lora=False)
 
 
+@pytest.mark.slow
 def test_a_tiny_runs_checkpoints_carry_the_card_with_the_evaluations_so_far(tiny_model_dir, tmp_path):
     recipe = tiny_recipe(
         tiny_model_dir,
@@ -176,6 +177,7 @@ def test_a_write_that_fails_before_the_rename_leaves_no_card(tmp_path, make_tiny
     assert [p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("README.md")] == ["checkpoint-1/README.md"]
 
 
+@pytest.mark.slow
 def test_export_carries_the_card(tiny_model_dir, tmp_path):
     """A full checkpoint's card is copied; a LoRA adapter's too; ``--merge`` writes a full model's card."""
     train(tiny_recipe(tiny_model_dir, tmp_path / "full", train={"max_steps": 1}, algo={"beta": 0.0}), progress=False)

@@ -125,6 +125,7 @@ def test_eos_token_ids_model_none_and_empty():
         models.eos_token_ids(None, SimpleNamespace(eos_token_id=None))
 
 
+@pytest.mark.slow
 def test_pad_token_chosen_when_missing(tmp_path, smollm2_tokenizer):
     tok_dir = tmp_path / "tok"
     smollm2_tokenizer.save_pretrained(tok_dir)

@@ -21,6 +21,7 @@ from helpers import tiny_recipe
 ENV = {"env": "fake_envs:StopAtE", "max_turns": 3, "max_new_tokens": 6}
 
 
+@pytest.mark.slow
 def test_a_run_with_an_environment_logs_turns_and_writes_them(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
     train(tiny_recipe(tiny_model_dir, out, rollout=ENV), progress=False)
@@ -37,6 +38,7 @@ def test_a_run_with_an_environment_logs_turns_and_writes_them(tiny_model_dir, tm
     assert env_turns and all(x == OBS.strip() or OBS.strip() in x for x in env_turns)
 
 
+@pytest.mark.slow
 def test_a_run_with_an_environment_resumes_exactly(tiny_model_dir, tmp_path):
     full, split = tmp_path / "full", tmp_path / "split"
     train(tiny_recipe(tiny_model_dir, full, rollout=ENV, train={"max_steps": 2}), progress=False)
@@ -88,6 +90,7 @@ def test_the_recipe_refuses_what_multi_turn_does_not_run_with(tiny_model_dir, tm
         tiny_recipe(tiny_model_dir, tmp_path, rollout={**ENV, **rollout}, algo=algo)
 
 
+@pytest.mark.slow
 def test_the_run_builds_the_environments_engine_for_training_and_evaluation(tiny_model_dir, tmp_path):
     from grpokit.rollout.multiturn import MultiTurnEngine
 
@@ -123,6 +126,7 @@ def test_grpokit_eval_uses_the_recipes_environment(tiny_model_dir, tmp_path, cap
     assert main([*bad, "--output", str(out)]) == 2 and "rollout.env_options do not fit" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_process_supervision_with_turns_as_steps(tiny_model, smollm2_tokenizer, tiny_model_dir, tmp_path):
     """``algo.step_rule=turns``: each model turn is a step ending on its last token, the step reward
     sees the turns' texts, and a run with it trains."""
@@ -163,6 +167,7 @@ def test_process_supervision_with_turns_as_steps(tiny_model, smollm2_tokenizer, 
         assert m["step_count_mean"] == pytest.approx(m["env/turns"]) and math.isfinite(m["loss"])
 
 
+@pytest.mark.slow
 def test_dynamic_sampling_refills_groups_with_multi_turn_rows(tiny_model_dir, tmp_path, monkeypatch):
     """DAPO's refill rounds sample multi-turn rows too, and the rows trained on keep their
     attention masks (environment tokens attended to, out of completion_mask)."""

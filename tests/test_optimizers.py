@@ -74,6 +74,7 @@ def test_optimizer_recipe_errors_name_the_key(raw, key):
         recipe_from_dict(raw)
 
 
+@pytest.mark.slow
 def test_bf16_run_checkpoints_and_resumes_the_sr_optimizer(tiny_model_dir, tmp_path):
     sections = {
         "model": {"dtype": "bfloat16"},

@@ -72,8 +72,8 @@ def _loss_and_grads(model, batch, adv, ref_logp, **kw):
         logp.detach(),
         adv,
         batch.completion_mask,
+        algo.LossConfig(beta=0.04),
         ref_logp=ref_logp,
-        beta=0.04,
         num_sequences=len(batch),
         num_tokens=int(batch.completion_mask.sum()),
     )

@@ -54,6 +54,7 @@ def test_value_model_reads_the_hidden_state_before_each_token(tiny_model):
     assert all(p.requires_grad for p in critic.parameters())
 
 
+@pytest.mark.slow
 def test_critic_warmup_leaves_the_actor_bit_for_bit(tiny_model_dir, tmp_path):
     recipe = tiny_recipe(tiny_model_dir, tmp_path, **sections(train={"critic_warmup_steps": 2}))
     run = grpokit.trainer.build.build_run(recipe)
@@ -69,6 +70,7 @@ def test_critic_warmup_leaves_the_actor_bit_for_bit(tiny_model_dir, tmp_path):
     assert all(math.isfinite(m["value_loss"]) and m["value_loss"] > 0 for m in lines)
 
 
+@pytest.mark.slow
 def test_two_ppo_steps_train_both_models(tiny_model_dir, tmp_path):
     recipe = tiny_recipe(tiny_model_dir, tmp_path, **sections(algo={"beta": 0.04, "kl_in_reward": True}))
     run = grpokit.trainer.build.build_run(recipe)
@@ -84,6 +86,7 @@ def test_two_ppo_steps_train_both_models(tiny_model_dir, tmp_path):
     assert lines[1]["value_mean"] != 0.0  # the second step's values come from a trained value model
 
 
+@pytest.mark.slow
 def test_ppo_advantages_are_whitened_gae_of_the_rewards(tiny_model_dir, tmp_path):
     recipe = tiny_recipe(tiny_model_dir, tmp_path, **sections())
     run = grpokit.trainer.build.build_run(recipe)
@@ -101,6 +104,7 @@ def test_ppo_advantages_are_whitened_gae_of_the_rewards(tiny_model_dir, tmp_path
     assert exp.old_logprobs is not None and exp.old_logprobs.shape == mask.shape
 
 
+@pytest.mark.slow
 def test_value_loss_falls_on_a_fixed_batch(tiny_model_dir, tmp_path):
     recipe = tiny_recipe(tiny_model_dir, tmp_path, **sections(algo={"value_clip_eps": 10.0}))
     run = grpokit.trainer.build.build_run(recipe)
@@ -112,6 +116,7 @@ def test_value_loss_falls_on_a_fixed_batch(tiny_model_dir, tmp_path):
     assert losses[-1] < 0.5 * losses[0], losses
 
 
+@pytest.mark.slow
 def test_ppo_checkpoint_resumes_exactly(tiny_model_dir, tmp_path):
     """Two steps in one go equal one step, a checkpoint, and a second process resuming from it:
     policy weights and value model bit for bit."""
@@ -136,6 +141,7 @@ def test_ppo_checkpoint_resumes_exactly(tiny_model_dir, tmp_path):
     assert [m["value_loss"] for m in m_full] == [m["value_loss"] for m in m_split]
 
 
+@pytest.mark.slow
 def test_a_grpo_checkpoint_does_not_resume_a_ppo_run(tiny_model_dir, tmp_path):
     train(tiny_recipe(tiny_model_dir, tmp_path, train={"max_steps": 1, "save_steps": 1}), progress=False)
     with pytest.raises(ValueError, match="holds no value model"):
@@ -153,6 +159,7 @@ def test_bad_ppo_keys(tiny_model_dir, tmp_path, key, value, message):
         tiny_recipe(tiny_model_dir, tmp_path, algo={"estimator": "ppo", key: value})
 
 
+@pytest.mark.slow
 def test_ppo_with_an_environment_reads_its_tokens_and_skips_them_in_gae(tiny_model_dir, tmp_path):
     """A multi-turn row under PPO: the critic attends to the environment's tokens (each model
     token's value equals a forward over the row as one plain sequence), they get no value and no

@@ -173,11 +173,11 @@ def test_policy_loss_finite_for_finite_inputs(n, t, data):
     mask = torch.tensor(data.draw(st.lists(st.lists(st.booleans(), min_size=t, max_size=t), min_size=n, max_size=n)))
     agg = data.draw(st.sampled_from(algo.AGGREGATIONS))
     loss, stats = algo.policy_loss(
-        logp, old, adv, mask, ref_logp=old, beta=0.04, aggregation=agg, max_completion_length=t
+        logp, old, adv, mask, algo.LossConfig(beta=0.04, aggregation=agg, max_completion_length=t), ref_logp=old
     )
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(logp.grad).all()
-    assert all(torch.isfinite(v).all() for v in stats.values())
+    assert all(torch.isfinite(v).all() for v in stats.as_dict().values())
     assert (algo.kl_penalty(logp.detach(), old, "k3") >= -1e-6).all()  # >= 0 up to float32 rounding
 
 
@@ -206,11 +206,10 @@ def token_batch(draw, max_n=3, max_t=5):
 
 def _policy(logp, old, ref, adv, mask, agg):
     logp = logp.clone().requires_grad_()
-    loss, st_ = algo.policy_loss(
-        logp, old, adv, mask, ref_logp=ref, beta=0.04, aggregation=agg, max_completion_length=mask.shape[1]
-    )
+    config = algo.LossConfig(beta=0.04, aggregation=agg, max_completion_length=mask.shape[1])
+    loss, st_ = algo.policy_loss(logp, old, adv, mask, config, ref_logp=ref)
     loss.backward()
-    return loss.detach(), st_, logp.grad
+    return loss.detach(), st_.as_dict(), logp.grad
 
 
 @SETTINGS

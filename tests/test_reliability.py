@@ -79,7 +79,7 @@ def _steps(path: Path) -> list[int]:
 # -- exact resume -------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_sigkill_then_resume_matches_uninterrupted_run(tiny_model_dir, tmp_path):
     """Kill -9 a CLI run right after checkpoint-2 is visible, resume it with train.resume=auto,
     and get the same rewards (exactly) and losses as a run that was never interrupted."""
@@ -116,6 +116,7 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tiny_model_dir, tmp_path)
         torch.testing.assert_close(wb[k], wa[k], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_resume_drops_torn_and_later_metric_lines(tiny_model_dir, tmp_path):
     """A metrics line of a step after the checkpoint, or one half-written by a kill, is dropped."""
     sections = {"train": {"max_steps": 2, "save_steps": 1}, "algo": {"beta": 0.0}}
@@ -133,7 +134,7 @@ def test_resume_drops_torn_and_later_metric_lines(tiny_model_dir, tmp_path):
 # -- SIGTERM ------------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_sigterm_stops_at_step_boundary_with_checkpoint(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
     raw = tiny_recipe_dict(tiny_model_dir, out, train={"max_steps": 200, "save_steps": 0}, algo={"beta": 0.0})
@@ -192,6 +193,7 @@ def test_a_signal_finishes_the_step_checkpoints_and_exits_128_plus_its_number(
     assert (summary["stopped_at"], summary["stop_signal"]) == (2, sig)
 
 
+@pytest.mark.slow
 def test_a_signal_stopping_trainer_train_says_to_call_it_again(tiny_model_dir, tmp_path, capsys, monkeypatch):
     """From Python the stop line says what continues the run there (not "run the same command"), and
     calling train() again does."""
@@ -238,6 +240,7 @@ def test_a_second_signal_stops_at_once_with_one_line(tiny_model_dir, tmp_path, c
 # -- a finished run -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_rerunning_a_finished_run_loads_nothing_and_writes_nothing(tiny_model_dir, tmp_path, capsys, monkeypatch):
     out = tmp_path / "run"
     recipe = write_recipe(
@@ -265,6 +268,7 @@ def _run(tiny_model_dir, out, **sections):
     return train(tiny_recipe(tiny_model_dir, out, **sections), progress=False)
 
 
+@pytest.mark.slow
 def test_raising_reward_stops_the_run_naming_function_row_and_error(tiny_model_dir, tmp_path):
     with pytest.raises(RuntimeError) as e:
         _run(tiny_model_dir, tmp_path, rewards={"functions": ["fake_rewards:raising_reward"]})
@@ -274,6 +278,7 @@ def test_raising_reward_stops_the_run_naming_function_row_and_error(tiny_model_d
     assert not list(tmp_path.glob("checkpoint-*"))
 
 
+@pytest.mark.slow
 def test_raising_reward_with_on_error_none_scores_none_and_counts(tiny_model_dir, tmp_path):
     _run(tiny_model_dir, tmp_path, rewards={"functions": ["fake_rewards:raising_reward"], "on_error": "none"})
     lines = read_metrics(tmp_path / "metrics.jsonl")
@@ -286,6 +291,7 @@ def test_raising_reward_with_on_error_none_scores_none_and_counts(tiny_model_dir
     assert rewards.count(None) == 2
 
 
+@pytest.mark.slow
 def test_hanging_reward_is_cut_off_by_the_timeout(tiny_model_dir, tmp_path):
     t0 = time.perf_counter()
     with pytest.raises(RuntimeError, match=r"hanging_reward.*row 1.*timed out after 0.5 s"):
@@ -302,6 +308,7 @@ def test_hanging_reward_is_cut_off_by_the_timeout(tiny_model_dir, tmp_path):
     assert time.perf_counter() - t0 < 30
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fn, frac", [("nan_reward", 0.5), ("inf_reward", 0.125)])
 def test_unscorable_rewards_get_zero_advantage(tiny_model_dir, tmp_path, monkeypatch, fn, frac):
     seen = []
@@ -374,6 +381,7 @@ def test_non_finite_loss_skips_updates_then_stops(tiny_model_dir, tmp_path, monk
             assert torch.isfinite(v).all(), (ckpt.name, k)
 
 
+@pytest.mark.slow
 def test_one_non_finite_grad_norm_skips_one_update_and_continues(tiny_model_dir, tmp_path, monkeypatch):
     seen = _capture_setup(monkeypatch)
     real = torch.nn.utils.clip_grad_norm_
@@ -505,6 +513,7 @@ def test_bad_input_fails_before_the_model_loads(tiny_model_dir, tmp_path, capsys
 # -- safety -------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_remote_code_is_off_and_checkpoints_are_safetensors(tiny_model_dir, tmp_path, monkeypatch):
     seen = []
     real_model, real_tok = grpokit.models.loading.load_model, grpokit.models.loading.load_tokenizer

@@ -97,6 +97,7 @@ def test_recipe_accepts_the_off_values_and_a_temperature():
     assert (r.rollout.top_k, r.rollout.top_p, r.rollout.min_p, r.rollout.temperature) == (0, 1.0, 0.0, 0.7)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "rollout",
     [

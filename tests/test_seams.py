@@ -79,19 +79,17 @@ def test_grpo_loss_is_policy_loss_with_the_recipe(tmp_path):
         mb.old_logprobs,
         mb.advantages,
         mask,
+        algo.LossConfig(
+            beta=0.1, clip_eps_low=0.2, clip_eps_high=0.28, aggregation="token_mean", max_completion_length=3
+        ),
         ref_logp=mb.ref_logprobs,
-        beta=0.1,
-        clip_eps_low=0.2,
-        clip_eps_high=0.28,
-        aggregation="token_mean",
-        max_completion_length=3,
         num_sequences=8,
         num_tokens=int(mask.sum()),
     )
     torch.testing.assert_close(got, want)
     # without old log-probs (μ = 1) the ratio is 1 by value
     _, st = grpo.loss(logp, mb.replace(old_logprobs=None), mask, num_sequences=8, num_tokens=int(mask.sum()))
-    assert st["ratio_mean"].item() == pytest.approx(1.0)
+    assert st.ratio_mean.item() == pytest.approx(1.0)
 
 
 def test_unknown_estimator_is_named():

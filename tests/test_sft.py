@@ -84,6 +84,7 @@ def test_completion_rows_leaves_out_rows_without_the_field_and_refuses_a_templat
         completion_rows(ROWS, "{solution}")
 
 
+@pytest.mark.slow
 def test_run_sft_learns_the_completions_and_writes_a_loadable_model(tiny_model_dir, smollm2_tokenizer, tmp_path):
     tok = smollm2_tokenizer
     enc = encode_rows(tok, completion_rows(ROWS, "{equation}")[0], prompt_template=TEMPLATE)
@@ -104,6 +105,7 @@ def test_run_sft_learns_the_completions_and_writes_a_loadable_model(tiny_model_d
         run_sft(model, tok, enc, out, max_steps=1)
 
 
+@pytest.mark.slow
 def test_cli_sft_leaves_out_heldout_questions_and_names_bad_input(tiny_model_dir, tmp_path, capsys):
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))

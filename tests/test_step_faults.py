@@ -23,6 +23,7 @@ def _run(model_dir, out, **sections):
 # -- the logged learning rate is the one each update used ------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "mu, warmup, expected",
     [
@@ -42,6 +43,7 @@ def test_logged_lr_is_the_rate_the_update_used(tiny_model_dir, tmp_path, mu, war
     assert [m["lr"] for m in lines] == pytest.approx([f * lr for f in expected], rel=1e-12)
 
 
+@pytest.mark.slow
 def test_the_rate_the_optimizer_used_is_what_was_logged(tiny_model_dir, tmp_path, monkeypatch):
     used = []
     real = torch.optim.AdamW.step
@@ -58,6 +60,7 @@ def test_the_rate_the_optimizer_used_is_what_was_logged(tiny_model_dir, tmp_path
 # -- a step that carries no signal is said -----------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_all_truncated_warns_naming_max_new_tokens(tiny_model_dir, tmp_path):
     # a random tiny model never samples EOS in 8 tokens: every completion is cut
     lines, said = _run(tiny_model_dir, tmp_path, train={"max_steps": 3})
@@ -71,6 +74,7 @@ def test_all_truncated_warns_naming_max_new_tokens(tiny_model_dir, tmp_path):
     ]
 
 
+@pytest.mark.slow
 def test_constant_rewards_warn_no_learning_signal(tiny_model_dir, tmp_path):
     lines, said = _run(
         tiny_model_dir,
@@ -90,6 +94,7 @@ def test_constant_rewards_warn_no_learning_signal(tiny_model_dir, tmp_path):
     assert [m["zero_grad_updates"] for m in lines] == [1, 1]
 
 
+@pytest.mark.slow
 def test_all_unscorable_warns_no_learning_signal(tiny_model_dir, tmp_path):
     lines, said = _run(
         tiny_model_dir,
@@ -102,6 +107,7 @@ def test_all_unscorable_warns_no_learning_signal(tiny_model_dir, tmp_path):
     assert lines[0]["reward_failures"] == 1
 
 
+@pytest.mark.slow
 def test_a_step_with_signal_says_nothing_of_it(tiny_model_dir, tmp_path):
     _, said = _run(tiny_model_dir, tmp_path, train={"max_steps": 1})
     assert not [w for w in said if "no learning signal" in str(w.message)]
@@ -121,6 +127,7 @@ def short_context_dir(tmp_path_factory, smollm2_tokenizer):
     return str(path)
 
 
+@pytest.mark.slow
 def test_prompts_that_cannot_fit_the_context_are_refused_before_training(short_context_dir, tmp_path):
     with pytest.raises(
         ValueError,
@@ -158,6 +165,7 @@ def test_prompts_over_the_context_are_skipped_and_counted(
     assert f"{over} prompts of mawps/singleop skipped: longer than {room} tokens" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_eval_prompts_that_cannot_fit_are_refused_before_training(tiny_model_dir, tmp_path):
     # training prompts fit the tiny model's 512 positions with 8 new tokens; eval's 500 leave 12
     recipe = tiny_recipe(
@@ -175,6 +183,7 @@ def test_eval_prompts_that_cannot_fit_are_refused_before_training(tiny_model_dir
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("always::grpokit.metrics.RunWarning")
 def test_cli_says_the_warning_in_one_line(tiny_model_dir, tmp_path, capsys):
     from grpokit.cli.main import main
@@ -186,6 +195,7 @@ def test_cli_says_the_warning_in_one_line(tiny_model_dir, tmp_path, capsys):
     assert "[grpokit] warning: step 1: 100% of the completions reached rollout.max_new_tokens=8" in err
 
 
+@pytest.mark.slow
 def test_rewards_equal_up_to_rounding_are_a_constant_group_in_the_loop(tiny_model_dir, tmp_path):
     lines, said = _run(
         tiny_model_dir,
@@ -198,6 +208,7 @@ def test_rewards_equal_up_to_rounding_are_a_constant_group_in_the_loop(tiny_mode
     assert any("no learning signal" in str(w.message) for w in said)
 
 
+@pytest.mark.slow
 def test_a_damaged_checkpoint_weight_file_is_a_one_line_error(tiny_model_dir, tmp_path):
     train(tiny_recipe(tiny_model_dir, tmp_path, train={"max_steps": 1}), progress=False)
     (weights,) = (tmp_path / "checkpoint-1").glob("*.safetensors")
@@ -206,6 +217,7 @@ def test_a_damaged_checkpoint_weight_file_is_a_one_line_error(tiny_model_dir, tm
         train(tiny_recipe(tiny_model_dir, tmp_path, train={"max_steps": 2}), progress=False)
 
 
+@pytest.mark.slow
 def test_an_eval_whose_answers_are_cut_says_so(tiny_model_dir, tmp_path):
     _, said = _run(
         tiny_model_dir,
@@ -222,6 +234,7 @@ def test_an_eval_whose_answers_are_cut_says_so(tiny_model_dir, tmp_path):
     ]
 
 
+@pytest.mark.slow
 def test_periodic_held_out_eval_is_logged_with_training_minutes(tiny_model_dir, tmp_path):
     lines, _ = _run(
         tiny_model_dir,
@@ -264,6 +277,7 @@ def test_held_out_rows_overlapping_training_rows_are_refused(tiny_model_dir, tmp
         )
 
 
+@pytest.mark.slow
 def test_generated_held_out_set_is_seed_separated_and_deduplicated(tiny_model_dir, tmp_path, monkeypatch):
     import grpokit.eval.evaluate
     import grpokit.trainer.build
@@ -303,6 +317,7 @@ def test_eval_scorer_that_does_not_match_the_data_is_refused_before_any_model_lo
         HeldOutEval(recipe, [])
 
 
+@pytest.mark.slow
 def test_the_after_eval_reuses_the_last_steps_periodic_eval(tiny_model_dir, tmp_path, monkeypatch):
     import grpokit.eval.evaluate
 

@@ -12,6 +12,7 @@ import pytest
 from grpokit.utils import threads
 
 
+@pytest.mark.serial
 def test_busy_cores_sees_a_spinning_process_and_not_this_one():
     import threading
 
@@ -90,6 +91,7 @@ def test_the_cgroup_quota_caps_the_usable_cores(monkeypatch):
     assert threads.usable_cores() == 1
 
 
+@pytest.mark.e2e
 def test_a_run_says_its_choice_first_and_sets_torch(tiny_model_dir, tmp_path):
     """In a fresh process (the wait policy must be set before torch loads): ``grpokit train`` with
     GRPOKIT_THREADS=1 sets torch's count and the policy, says so in its first line and records

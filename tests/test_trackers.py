@@ -226,6 +226,7 @@ def wandb_env(monkeypatch):
     monkeypatch.setenv("WANDB_DISABLE_GIT", "true")
 
 
+@pytest.mark.slow
 def test_wandb_writes_an_offline_run_with_the_metric_names_values_and_steps(tmp_path, wandb_env):
     _fake_run(tmp_path, ["wandb"], image=_png(tmp_path / "curves.png"))
     history, config, ids = _wandb_history(tmp_path)
@@ -258,6 +259,7 @@ def mlflow_env(monkeypatch):
         monkeypatch.delenv(var, raising=False)
 
 
+@pytest.mark.slow
 def test_mlflow_writes_a_local_store_with_the_metric_names_values_and_steps(tmp_path, mlflow_env):
     _fake_run(tmp_path, ["mlflow"], image=_png(tmp_path / "curves.png"))
     client = _mlflow_client(tmp_path)
@@ -280,6 +282,7 @@ def test_mlflow_writes_a_local_store_with_the_metric_names_values_and_steps(tmp_
     assert table == ["samples/step_000002.json"]
 
 
+@pytest.mark.slow
 def test_mlflow_resumed_run_continues_the_same_run(tmp_path, mlflow_env):
     _fake_run(tmp_path, ["mlflow"], lines=LINES[:2])
     first = json.loads((tmp_path / "tracker_runs.json").read_text())["mlflow"]
@@ -334,6 +337,7 @@ def test_trackio_resumed_run_continues_the_run_of_that_name(tmp_path):
 # ---- failures ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_tracker_that_raises_is_warned_about_once_and_dropped_while_the_run_goes_on(
     tmp_path, monkeypatch, mlflow_env
 ):
@@ -432,6 +436,7 @@ def test_the_trackers_module_imports_no_tracker_library_and_no_torch():
 # ---- through the training loop -------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_tiny_training_run_reports_to_wandb_offline(tiny_model_dir, tmp_path, wandb_env):
     import grpokit.trainer.build
     from grpokit.trainer.loop import train

@@ -34,6 +34,7 @@ def _initial_state(model_dir):
     return {k: v.clone() for k, v in AutoModelForCausalLM.from_pretrained(model_dir).state_dict().items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("beta", [0.04, 0.0])
 def test_two_steps_train_log_and_checkpoint(tiny_model_dir, tmp_path, monkeypatch, beta):
     recipe = tiny_recipe(tiny_model_dir, tmp_path, algo={"beta": beta})
@@ -83,6 +84,7 @@ def test_two_steps_train_log_and_checkpoint(tiny_model_dir, tmp_path, monkeypatc
         torch.testing.assert_close(reloaded[k], trained[k], rtol=0, atol=0)
 
 
+@pytest.mark.slow
 def test_num_iterations_two_uses_old_logprobs(tiny_model_dir, tmp_path, monkeypatch):
     """μ = 2: π_old log-probs computed once before the first update; the first pass's ratio is 1
     (π_θ = π_old there), the second pass's is not (the first update moved π_θ)."""
@@ -93,11 +95,10 @@ def test_num_iterations_two_uses_old_logprobs(tiny_model_dir, tmp_path, monkeypa
         calls.append(
             {"old_is_detached_logp": old_logp.data_ptr() == logp.data_ptr(), "requires_grad": old_logp.requires_grad}
         )
-        loss, st = real(logp, old_logp, *a, **kw)
-        calls[-1].update(
-            ratio=st["ratio_mean"].item(), low=st["clip_frac_low"].item(), high=st["clip_frac_high"].item()
-        )
-        return loss, st
+        out = real(logp, old_logp, *a, **kw)
+        st = out.stats
+        calls[-1].update(ratio=st.ratio_mean.item(), low=st.clip_frac_low.item(), high=st.clip_frac_high.item())
+        return out
 
     monkeypatch.setattr(algo, "policy_loss", spy)
     recipe = tiny_recipe(tiny_model_dir, tmp_path, train={"num_iterations": 2, "max_steps": 1, "micro_batch_size": 2})
@@ -115,6 +116,7 @@ def test_num_iterations_two_uses_old_logprobs(tiny_model_dir, tmp_path, monkeypa
     assert math.isfinite(m["loss"]) and m["skipped_updates"] == 0
 
 
+@pytest.mark.slow
 def test_process_supervision_one_step(tiny_model_dir, tmp_path, monkeypatch):
     recipe = tiny_recipe(
         tiny_model_dir,
@@ -138,6 +140,7 @@ def test_process_supervision_one_step(tiny_model_dir, tmp_path, monkeypatch):
     assert any(not torch.equal(init[k], v) for k, v in s.model.state_dict().items())
 
 
+@pytest.mark.slow
 def test_sampling_params_reach_generate(tiny_model_dir, tmp_path, monkeypatch):
     """The recipe's rollout section is what ``model.generate`` samples with: temperature only here
     (the truncating warpers are replayed: tests/rollout/test_sampling_replay.py)."""
@@ -185,6 +188,7 @@ def test_sampling_params_reach_generate(tiny_model_dir, tmp_path, monkeypatch):
     assert m["completion_len_mean"] <= 5
 
 
+@pytest.mark.slow
 def test_keeping_mlp_activations_trains_the_same_weights(tiny_model_dir, tmp_path, monkeypatch):
     """``model.recompute_mlp=false`` keeps gate(x), up(x) instead of recomputing them: the same
     backward ops on the same values, so one step gives the default's weights bit for bit."""

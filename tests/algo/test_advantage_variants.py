@@ -439,11 +439,11 @@ def test_an_overlong_penalty_name_clash_is_refused():
 def test_the_recipe_choices_are_the_algo_tables():
     import dataclasses
 
-    from grpokit.config import AlgoConfig
+    from grpokit.config import AlgoConfig, choices_of
     from grpokit.config.checks import BASELINE_SCALES
 
     field = {f.name: f for f in dataclasses.fields(AlgoConfig)}["advantage_baseline"]
-    assert field.metadata["choices"] == algo.BASELINES
+    assert choices_of(field) == algo.BASELINES
     assert {k: v[0] for k, v in BASELINE_SCALES.items()} == algo.BASELINE_SCALES
 
 

@@ -197,13 +197,15 @@ def test_policy_loss(seed, aggregation, kind, beta, token_level):
         old,
         adv,
         mask,
+        algo.LossConfig(
+            beta=beta,
+            clip_eps_low=0.2,
+            clip_eps_high=0.28,
+            kl_estimator=kind,
+            aggregation=aggregation,
+            max_completion_length=t,
+        ),
         ref_logp=refl,
-        beta=beta,
-        clip_eps_low=0.2,
-        clip_eps_high=0.28,
-        kl_estimator=kind,
-        aggregation=aggregation,
-        max_completion_length=t,
     )
     want = ref.policy_loss(
         logp.tolist(),

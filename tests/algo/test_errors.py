@@ -33,18 +33,22 @@ def test_policy_loss_shapes_named():
 def test_beta_needs_reference():
     with pytest.raises(ValueError, match="needs ref_logp"):
         algo.policy_loss(
-            torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1), torch.ones(1, 1, dtype=torch.bool), beta=0.1
+            torch.zeros(1, 1),
+            torch.zeros(1, 1),
+            torch.zeros(1),
+            torch.ones(1, 1, dtype=torch.bool),
+            algo.LossConfig(beta=0.1),
         )
 
 
 def test_negative_coefficients_and_unknown_names():
     args = (torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1), torch.ones(1, 1, dtype=torch.bool))
     with pytest.raises(ValueError, match="must be >= 0"):
-        algo.policy_loss(*args, clip_eps_low=-0.1)
+        algo.policy_loss(*args, algo.LossConfig(clip_eps_low=-0.1))
     with pytest.raises(ValueError, match="aggregation must be one of"):
-        algo.policy_loss(*args, aggregation="mean")
+        algo.policy_loss(*args, algo.LossConfig(aggregation="mean"))
     with pytest.raises(ValueError, match="needs max_completion_length"):
-        algo.policy_loss(*args, aggregation="seq_mean_token_sum_norm")
+        algo.policy_loss(*args, algo.LossConfig(aggregation="seq_mean_token_sum_norm"))
     with pytest.raises(ValueError, match="kind must be one of"):
         algo.kl_penalty(torch.zeros(1), torch.zeros(1), "k4")
 

@@ -13,6 +13,7 @@ import math
 
 import pytest
 import torch
+from flat_loss import flat_policy_loss
 
 from grpokit import algo
 from grpokit.algo.ppo import masked_whiten, token_rewards, value_loss
@@ -24,7 +25,7 @@ MASK = torch.tensor([[True, False, True, True], [True, True, True, False]])
 
 def _loss_and_grad(logp, old, adv, mask, **kw):
     logp = logp.clone().requires_grad_()
-    loss, stats = algo.policy_loss(logp, old, adv, mask, **kw)
+    loss, stats = flat_policy_loss(logp, old, adv, mask, **kw)
     loss.backward()
     return loss.detach(), {k: v.detach() for k, v in stats.items()}, logp.grad
 
@@ -289,6 +290,7 @@ def test_ppo_advantages_ignore_values_and_log_probs_at_masked_tokens(monkeypatch
     from types import SimpleNamespace
 
     import grpokit.estimators.ppo as ppo_mod
+    from grpokit.config import AlgoConfig
 
     gen = torch.Generator().manual_seed(5)
     clean = {
@@ -301,7 +303,7 @@ def test_ppo_advantages_ignore_values_and_log_probs_at_masked_tokens(monkeypatch
         t = {k: x.clone() for k, x in clean.items()}
         for k, x in enumerate(t.values()):
             x[~MASK] = (k + 1) * poison
-        cfg = SimpleNamespace(beta=0.1, kl_in_reward=True, gamma=1.0, lam=0.95, whiten_advantages=True)
+        cfg = AlgoConfig(beta=0.1, kl_in_reward=True, gamma=1.0, lam=0.95, whiten_advantages=True)
         p = ppo_mod.PPO(cfg, max_completion_length=4)
         p.logprobs = SimpleNamespace(policy=lambda exp: t["old"], reference=lambda exp: t["ref"])
         p.micro_batch_size, p.autocast_bf16 = 2, False

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from grpokit.algo import kl_penalty, policy_loss, token_logprobs
+from grpokit.algo import LossConfig, kl_penalty, policy_loss, token_logprobs
 
 f64 = torch.float64
 
@@ -34,8 +34,8 @@ def test_clipped_side_has_zero_gradient_and_is_counted():
     loss.backward()
     assert logp.grad[0, 0] == 0 and logp.grad[0, 1] == 0
     assert logp.grad[0, 2].item() == pytest.approx(-1.1 / 3)
-    assert st["clip_frac_high"].item() == pytest.approx(1 / 3)
-    assert st["clip_frac_low"].item() == pytest.approx(1 / 3)
+    assert st.clip_frac_high.item() == pytest.approx(1 / 3)
+    assert st.clip_frac_low.item() == pytest.approx(1 / 3)
 
 
 def test_a_token_with_zero_advantage_is_never_counted_as_clipped():
@@ -44,8 +44,8 @@ def test_a_token_with_zero_advantage_is_never_counted_as_clipped():
     logp = torch.log(torch.tensor([[0.5, 1.5, 0.5, 1.0]], dtype=f64))
     adv = torch.tensor([[0.0, 0.0, -1.0, 1.0]], dtype=f64)
     _, st = policy_loss(logp, torch.zeros(1, 4, dtype=f64), adv, torch.ones(1, 4, dtype=torch.bool))
-    assert st["clip_frac_low"].item() == pytest.approx(1 / 4)
-    assert st["clip_frac_high"].item() == 0.0
+    assert st.clip_frac_low.item() == pytest.approx(1 / 4)
+    assert st.clip_frac_high.item() == 0.0
 
 
 def test_masked_tokens_get_zero_gradient_and_no_nan():
@@ -59,10 +59,8 @@ def test_masked_tokens_get_zero_gradient_and_no_nan():
             logp.detach() + 0.1,
             torch.tensor([1.0, 5.0, -1.0], dtype=f64),
             mask,
+            LossConfig(beta=0.1, aggregation=agg, max_completion_length=4),
             ref_logp=ref,
-            beta=0.1,
-            aggregation=agg,
-            max_completion_length=4,
         )
         loss.backward()
         assert torch.isfinite(loss) and torch.isfinite(logp.grad).all()
@@ -74,7 +72,7 @@ def test_all_empty_batch_is_finite_zero():
     logp = torch.zeros(2, 3, requires_grad=True)
     loss, st = policy_loss(logp, logp.detach(), torch.ones(2), torch.zeros(2, 3, dtype=torch.bool))
     loss.backward()
-    assert loss.item() == 0.0 and torch.isfinite(torch.stack(list(st.values()))).all()
+    assert loss.item() == 0.0 and torch.isfinite(torch.stack(list(st.as_dict().values()))).all()
 
 
 @pytest.mark.parametrize("aggregation", ["seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm"])
@@ -90,7 +88,7 @@ def test_micro_batches_sum_to_full_batch(aggregation, splits):
     w0 = torch.randn(d, v, generator=gen, dtype=f64)
     old = token_logprobs(x @ w0, ids).double() + 0.05 * torch.randn(n, t, generator=gen, dtype=f64)
     ref = old - 0.1
-    kw = dict(beta=0.04, aggregation=aggregation, max_completion_length=t)
+    config = LossConfig(beta=0.04, aggregation=aggregation, max_completion_length=t)
 
     def run(chunks):
         w = w0.clone().requires_grad_()
@@ -98,7 +96,7 @@ def test_micro_batches_sum_to_full_batch(aggregation, splits):
         for sl in chunks:
             logp = token_logprobs(x[sl] @ w, ids[sl]).double()
             loss, _ = policy_loss(
-                logp, old[sl], adv[sl], mask[sl], ref_logp=ref[sl], num_sequences=n, num_tokens=int(mask.sum()), **kw
+                logp, old[sl], adv[sl], mask[sl], config, ref_logp=ref[sl], num_sequences=n, num_tokens=int(mask.sum())
             )
             loss.backward()
             total += loss.item()

@@ -11,11 +11,12 @@ import math
 
 import pytest
 import torch
+from flat_loss import flat_policy_loss
 
 import reference as ref
 from grpokit import algo
 from grpokit.algo.surrogates import IMPORTANCE_LEVELS, IS_CORRECTIONS, SURROGATES
-from grpokit.config import AlgoConfig, RecipeError, recipe_from_dict
+from grpokit.config import AlgoConfig, RecipeError, choices_of, recipe_from_dict
 from grpokit.config.loading import help_text
 from grpokit.estimators.base import GRPO
 from grpokit.experience import Experience
@@ -27,7 +28,7 @@ LN2 = math.log(2.0)
 
 def _loss_grad(logp, old, adv, mask, **kw):
     x = logp.clone().requires_grad_()
-    loss, st = algo.policy_loss(x, old, adv, mask, **kw)
+    loss, st = flat_policy_loss(x, old, adv, mask, **kw)
     loss.backward()
     return loss.detach(), {k: v.detach() for k, v in st.items()}, x.grad
 
@@ -86,7 +87,7 @@ def test_gspo_gradient_is_one_value_per_sequence_up_to_its_length():
 def test_sequence_level_refuses_per_token_advantages():
     lr, old, mask = _gspo_case()
     with pytest.raises(ValueError, match="importance_level 'sequence' needs one advantage per sequence"):
-        algo.policy_loss(lr, old, torch.ones(2, 4, dtype=f64), mask, importance_level="sequence")
+        flat_policy_loss(lr, old, torch.ones(2, 4, dtype=f64), mask, importance_level="sequence")
 
 
 # -- GSPO-token (importance_level=sequence_token) -----------------------------------------------------
@@ -248,7 +249,7 @@ def test_entropy_bonus_hand_computed_and_micro_batched():
     logp, mask = torch.zeros(2, 3, dtype=f64), torch.tensor([[1, 1, 0], [1, 1, 1]], dtype=torch.bool)
     adv = torch.tensor([1.0, -1.0], dtype=f64)
     h = torch.tensor([[1.0, 3.0, NAN], [2.0, 0.5, 0.5]], dtype=f64, requires_grad=True)
-    loss, _ = algo.policy_loss(logp, logp, adv, mask, entropy=h, entropy_coef=0.1)
+    loss, _ = flat_policy_loss(logp, logp, adv, mask, entropy=h, entropy_coef=0.1)
     # surrogate on-policy: (-1 + 1) / 2 = 0; H = (1 + 3 + 2 + 0.5 + 0.5) / 5 = 1.4; loss 0 - 0.1·1.4 = -0.14
     assert loss.item() == pytest.approx(-0.14, abs=1e-12)
     loss.backward()
@@ -256,14 +257,14 @@ def test_entropy_bonus_hand_computed_and_micro_batched():
     torch.testing.assert_close(h.grad, torch.where(mask, -0.02, 0.0).to(f64))
     # micro-batches normalized by the whole batch's token count sum to the same loss
     parts = [
-        algo.policy_loss(
+        flat_policy_loss(
             logp[sl], logp[sl], adv[sl], mask[sl], entropy=h[sl], entropy_coef=0.1, num_sequences=2, num_tokens=5
         )[0]
         for sl in (slice(0, 1), slice(1, 2))
     ]
     assert sum(p.item() for p in parts) == pytest.approx(-0.14, abs=1e-12)
     with pytest.raises(ValueError, match="entropy_coef=0.1 > 0 needs entropy"):
-        algo.policy_loss(logp, logp, adv, mask, entropy_coef=0.1)
+        flat_policy_loss(logp, logp, adv, mask, entropy_coef=0.1)
 
 
 def test_differentiable_entropy_equals_the_logged_one_and_its_gradient_is_exact():
@@ -404,7 +405,7 @@ def test_micro_batches_sum_to_the_full_batch(kw):
         x = logp.clone().requires_grad_()
         total = 0.0
         for sl in chunks:
-            loss, _ = algo.policy_loss(
+            loss, _ = flat_policy_loss(
                 x[sl],
                 old[sl],
                 adv[sl],
@@ -513,7 +514,7 @@ def test_a_row_with_zero_advantages_and_an_overflowing_ratio_adds_exactly_nothin
 def test_errors_name_the_argument(kw, match):
     lp = torch.zeros(1, 2)
     with pytest.raises(ValueError, match=match):
-        algo.policy_loss(lp, lp, torch.ones(1), torch.ones(1, 2).bool(), sampler_logp=lp, **kw)
+        flat_policy_loss(lp, lp, torch.ones(1), torch.ones(1, 2).bool(), sampler_logp=lp, **kw)
 
 
 # -- through the algorithm seam: the recipe keys reach policy_loss -----------------------------------------
@@ -557,8 +558,9 @@ def test_grpo_loss_passes_the_recipe_keys_to_policy_loss(keys, args):
     mask = mb.completion_mask
     grpo = GRPO(a, 3)
     assert grpo.needs_entropy == ("entropy_coef" in keys)
-    got, st = grpo.loss(logp, mb, mask, num_sequences=4, num_tokens=int(mask.sum()), entropy=ent)
-    want, want_st = algo.policy_loss(
+    got, stats = grpo.loss(logp, mb, mask, num_sequences=4, num_tokens=int(mask.sum()), entropy=ent)
+    st = stats.as_dict()
+    want, want_st = flat_policy_loss(
         logp,
         mb.old_logprobs,
         mb.advantages,
@@ -574,7 +576,7 @@ def test_grpo_loss_passes_the_recipe_keys_to_policy_loss(keys, args):
         **args,
     )
     torch.testing.assert_close(got, want)
-    plain, _ = algo.policy_loss(logp, mb.old_logprobs, mb.advantages, mask, max_completion_length=3)
+    plain, _ = flat_policy_loss(logp, mb.old_logprobs, mb.advantages, mask, max_completion_length=3)
     assert got.item() != pytest.approx(plain.item())  # the key changed the loss
     assert set(want_st) <= set(st)
     if grpo.needs_entropy:
@@ -589,12 +591,14 @@ def test_adaptive_entropy_coefficient_moves_toward_the_target_and_is_checkpointe
     assert grpo.needs_entropy and grpo.state_dict() == {}
     ent = torch.full(logp.shape, 0.6)
     ent[1, 2] = NAN  # masked: not part of H
-    _, st = grpo.loss(logp, mb, mask, num_sequences=4, num_tokens=int(mask.sum()), entropy=ent)
+    st = grpo.loss(logp, mb, mask, num_sequences=4, num_tokens=int(mask.sum()), entropy=ent).stats.as_dict()
     assert st["entropy_coef"].item() == 0.0
     grpo.update_auxiliary(mb, mask, None)
     # H = 0.6 below the target 1.0: coef = max(0, 0 + 0.5·(1.0 - 0.6)) = 0.2
     assert grpo.entropy_coef == pytest.approx(0.2) and grpo.state_dict() == {"entropy_coef": pytest.approx(0.2)}
-    _, st = grpo.loss(logp, mb, mask, num_sequences=4, num_tokens=int(mask.sum()), entropy=torch.full(logp.shape, 2.0))
+    st = grpo.loss(
+        logp, mb, mask, num_sequences=4, num_tokens=int(mask.sum()), entropy=torch.full(logp.shape, 2.0)
+    ).stats.as_dict()
     assert st["entropy_coef"].item() == pytest.approx(0.2)
     grpo.update_auxiliary(mb, mask, None)
     # H = 2.0 above: 0.2 + 0.5·(1.0 - 2.0) = -0.3 -> max(0, ·) = 0
@@ -611,7 +615,9 @@ def test_defaults_leave_grpo_as_it_was():
     grpo = GRPO(AlgoConfig(), 3)
     mb, logp, _ = _micro_batch()
     assert not grpo.needs_entropy
-    _, st = grpo.loss(logp, mb.replace(ref_logprobs=logp - 0.1), mb.completion_mask, num_sequences=4, num_tokens=11)
+    st = grpo.loss(
+        logp, mb.replace(ref_logprobs=logp - 0.1), mb.completion_mask, num_sequences=4, num_tokens=11
+    ).stats.as_dict()
     assert set(st) == {"clip_frac_low", "clip_frac_high", "kl", "ratio_mean", "num_tokens"}
 
 
@@ -671,6 +677,6 @@ def test_valid_variant_recipes_load():
 
 def test_schema_choices_are_the_algo_names():
     fields = AlgoConfig.__dataclass_fields__
-    assert fields["importance_level"].metadata["choices"] == IMPORTANCE_LEVELS
-    assert fields["policy_loss"].metadata["choices"] == SURROGATES
-    assert fields["is_correction"].metadata["choices"] == IS_CORRECTIONS
+    assert choices_of(fields["importance_level"]) == IMPORTANCE_LEVELS
+    assert choices_of(fields["policy_loss"]) == SURROGATES
+    assert choices_of(fields["is_correction"]) == IS_CORRECTIONS

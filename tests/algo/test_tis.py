@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from grpokit import algo
+from grpokit.algo import LossConfig
 from grpokit.config import AlgoConfig, RecipeError, recipe_from_dict
 from grpokit.estimators.base import GRPO
 from grpokit.experience import Experience
@@ -25,7 +26,8 @@ def _case():
 
 def test_weights_hand_computed():
     logp, sampler, adv, mask = _case()
-    loss, st = algo.policy_loss(logp, logp.detach(), adv, mask, sampler_logp=sampler, tis_cap=1.5)
+    loss, st = algo.policy_loss(logp, logp.detach(), adv, mask, LossConfig(tis_cap=1.5), sampler_logp=sampler)
+    st = st.as_dict()
     # per token -w·r·A with r = 1: [-0.5, -1, -1.5]; seq_mean_token_mean: the mean, -1
     assert loss.item() == pytest.approx(-1.0)
     loss.backward()
@@ -36,20 +38,23 @@ def test_weights_hand_computed():
 def test_off_by_default_and_kl_not_weighted():
     logp, sampler, adv, mask = _case()
     plain, st = algo.policy_loss(logp, logp.detach(), adv, mask)
+    st = st.as_dict()
     assert plain.item() == pytest.approx(-1.0) and "tis_weight_mean" not in st  # w = 1 everywhere
     ref = torch.full((1, 3), -0.3)
     zero = torch.zeros(1)  # no surrogate term: what is left is β·KL, the same with and without weights
-    a, _ = algo.policy_loss(logp, logp.detach(), zero, mask, ref_logp=ref, beta=0.5, sampler_logp=sampler, tis_cap=1.5)
-    b, _ = algo.policy_loss(logp, logp.detach(), zero, mask, ref_logp=ref, beta=0.5)
+    a, _ = algo.policy_loss(
+        logp, logp.detach(), zero, mask, LossConfig(beta=0.5, tis_cap=1.5), ref_logp=ref, sampler_logp=sampler
+    )
+    b, _ = algo.policy_loss(logp, logp.detach(), zero, mask, LossConfig(beta=0.5), ref_logp=ref)
     assert a.item() == pytest.approx(b.item()) and a.item() > 0
 
 
 def test_errors():
     logp, sampler, adv, mask = _case()
     with pytest.raises(ValueError, match="tis_cap=2.0 > 0 needs sampler_logp"):
-        algo.policy_loss(logp, logp.detach(), adv, mask, tis_cap=2.0)
+        algo.policy_loss(logp, logp.detach(), adv, mask, LossConfig(tis_cap=2.0))
     with pytest.raises(ValueError, match="tis_cap must be >= 0"):
-        algo.policy_loss(logp, logp.detach(), adv, mask, sampler_logp=sampler, tis_cap=-1.0)
+        algo.policy_loss(logp, logp.detach(), adv, mask, LossConfig(tis_cap=-1.0), sampler_logp=sampler)
 
 
 def test_grpo_loss_passes_the_sampler_logprobs():
@@ -64,7 +69,7 @@ def test_grpo_loss_passes_the_sampler_logprobs():
         sampler_logprobs=sampler,
     )
     loss, st = GRPO(AlgoConfig(tis_cap=1.5, beta=0.0), 3).loss(logp, mb, mask, num_sequences=1, num_tokens=3)
-    assert loss.item() == pytest.approx(-1.0) and st["tis_capped_frac"].item() == pytest.approx(1 / 3)
+    assert loss.item() == pytest.approx(-1.0) and st.tis_capped_frac.item() == pytest.approx(1 / 3)
 
 
 def test_recipe_needs_an_engine_with_sampler_logprobs():

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from grpokit.algo import (
+    LossConfig,
     aggregate_loss,
     completion_terminated,
     group_advantages,
@@ -64,7 +65,7 @@ def _aggregation_setup():
 )
 def test_loss_aggregation(mode, key):
     logp, mask, adv = _aggregation_setup()
-    loss, _ = policy_loss(logp, logp.detach(), adv, mask, aggregation=mode, max_completion_length=8)
+    loss, _ = policy_loss(logp, logp.detach(), adv, mask, LossConfig(aggregation=mode, max_completion_length=8))
     assert loss.item() == pytest.approx(V["loss_aggregation"][key], abs=1e-12)
     per_token = -adv[:, None].expand(2, 4)
     direct = aggregate_loss(per_token, mask, mode, max_completion_length=8)
@@ -80,8 +81,7 @@ def test_clipped_surrogate(case):
         old,
         torch.tensor([case["advantage"]], dtype=f64),
         torch.ones(1, 1, dtype=torch.bool),
-        clip_eps_low=case["eps_low"],
-        clip_eps_high=case["eps_high"],
+        LossConfig(clip_eps_low=case["eps_low"], clip_eps_high=case["eps_high"]),
     )
     loss.backward()
     assert loss.item() == pytest.approx(case["per_token_loss"], abs=1e-12)

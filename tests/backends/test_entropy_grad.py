@@ -58,7 +58,9 @@ def test_plain_and_cpu_backends_give_the_same_loss_and_gradients_with_the_bonus(
         m.zero_grad(set_to_none=True)
         logp, ent = completion_logprobs(m, batch, temperature=0.7, entropy_grad=True)
         assert ent is not None and ent.requires_grad
-        loss, _ = algo.policy_loss(logp, logp.detach(), adv, batch.completion_mask, entropy=ent, entropy_coef=0.5)
+        loss, _ = algo.policy_loss(
+            logp, logp.detach(), adv, batch.completion_mask, algo.LossConfig(entropy_coef=0.5), entropy=ent
+        )
         loss.backward()
         return loss.detach(), {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
 

@@ -79,6 +79,7 @@ def test_errors_are_texts_for_the_model(text, message):
     assert out.startswith("error: ") and message in out
 
 
+@pytest.mark.slow
 @given(st.text(max_size=60))
 def test_any_text_gives_a_text(text):
     out = calculate(text)

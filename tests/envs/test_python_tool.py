@@ -49,6 +49,7 @@ def test_output_errors_and_a_clean_start(sandbox):
     }  # cleared environment
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sandbox", MODES)
 def test_each_limit_stops_the_code(sandbox):
     t0 = time.perf_counter()
@@ -65,6 +66,7 @@ def test_each_limit_stops_the_code(sandbox):
     assert out == "y" * 100 + "\nerror: output cut at 100 bytes" and counts["tool_errors"] == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sandbox", MODES)
 def test_a_forked_process_does_not_outlive_the_call(sandbox):
     code = "import os, time\npid = os.fork()\nif pid == 0:\n    time.sleep(60)\nelse:\n    print(pid, os.getpid())"
@@ -123,6 +125,7 @@ def test_error_texts_are_cut_and_the_equals_scan_is_linear():
     assert obs.text == " 5" and time.perf_counter() - t0 < 1.0
 
 
+@pytest.mark.slow
 def test_the_python_tool_in_the_tools_environment():
     env = ToolEnv(tools=["calculator", "python"], python={"cpu_s": 1, "wall_s": 3})
     assert env.stop_strings == ["</calc>", "</python>"]

@@ -136,6 +136,7 @@ def test_memory_limit_holds_for_the_whole_call(sandbox):
     assert "held" not in out and out.endswith("error: memory limit (300 MiB)")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sandbox", MODES)
 def test_disk_limit_holds_for_the_whole_call(sandbox):
     # 40 files of 1 MiB (each under file_mb) against 8 MiB for the call
@@ -152,6 +153,7 @@ def test_disk_limit_holds_for_the_whole_call(sandbox):
     assert ("refused OSError" in out and "written 8" in out) or out.endswith("error: disk limit (8 MiB)")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sandbox", MODES)
 def test_process_limit_holds_for_the_whole_call(sandbox):
     code = (

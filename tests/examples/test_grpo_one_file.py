@@ -117,6 +117,7 @@ def early_eos_model_dir(tmp_path, make_tiny_model, smollm2_tokenizer) -> str:
     return str(tmp_path / "early_eos")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mu, early_eos", [(1, False), (2, False), (2, True)], ids=["mu1", "mu2", "mu2-early-eos"])
 def test_one_file_step_equals_run_step_bit_for_bit(tiny_model_dir, tmp_path, mu, early_eos, request):
     model_dir = request.getfixturevalue("early_eos_model_dir") if early_eos else tiny_model_dir

@@ -45,6 +45,7 @@ def _recipe(tiny_model_dir, tmp_path, **prm):
     return write_recipe(tmp_path / "r.yaml", raw), raw
 
 
+@pytest.mark.slow
 def test_label_resumes_and_refuses_other_settings(tiny_model_dir, tmp_path, capsys):
     path, raw = _recipe(tiny_model_dir, tmp_path)
     assert main(["prm", "label", str(path)]) == 0
@@ -82,6 +83,7 @@ def test_label_leaves_out_the_held_out_problems(tiny_model_dir, tmp_path, capsys
     assert questions == [rows[0]["prompt"], rows[2]["prompt"]]
 
 
+@pytest.mark.slow
 def test_train_writes_a_prm_that_a_grpo_step_scores_with(tiny_model_dir, tmp_path, capsys, monkeypatch):
     path, raw = _recipe(tiny_model_dir, tmp_path, problems=4)
     assert main(["prm", "label", str(path)]) == 0

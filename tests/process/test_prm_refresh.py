@@ -58,6 +58,7 @@ def _run(recipe):
     return parts
 
 
+@pytest.mark.slow
 def test_refresh_retrains_the_prm_replays_and_sets_the_reference(tiny_model_dir, prm_dir, tmp_path):
     out = tmp_path / "run"
     parts = _run(_recipe(tiny_model_dir, prm_dir, out, max_steps=3))
@@ -83,6 +84,7 @@ def test_refresh_retrains_the_prm_replays_and_sets_the_reference(tiny_model_dir,
     assert any(not torch.equal(policy[k], ref[k]) for k in after_2)  # step 3 moved the policy on
 
 
+@pytest.mark.slow
 def test_resume_repeats_the_refresh_exactly(tiny_model_dir, prm_dir, tmp_path):
     whole = tmp_path / "whole"
     a = _run(_recipe(tiny_model_dir, prm_dir, whole, max_steps=3))
@@ -110,6 +112,7 @@ def test_keep_lines(tmp_path):
     _keep_lines(tmp_path / "absent.jsonl", 0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "change, message",
     [

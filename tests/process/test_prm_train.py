@@ -143,6 +143,7 @@ def _pattern_records(n_problems=24):
     return recs
 
 
+@pytest.mark.slow
 def test_a_tiny_model_learns_step_labels_and_loads_back(tmp_path, make_tiny_model, smollm2_tokenizer):
     tok = smollm2_tokenizer
     model = make_tiny_model(seed=3)
@@ -193,6 +194,7 @@ def test_load_prm_refuses_a_folder_without_its_info(tmp_path):
         load_prm(tmp_path)
 
 
+@pytest.mark.slow
 def test_recipe_names_a_trained_prm(tmp_path, make_tiny_model, smollm2_tokenizer):
     """``algo.process_reward: prm:FOLDER`` scores steps as the loaded folder does, in a thread."""
     from grpokit.process.wiring import resolve_process_reward

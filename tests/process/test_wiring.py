@@ -19,6 +19,7 @@ import torch
 
 from fake_rewards import BAD_ROW, FAIL_MARK, process_length_reward, raising_process_reward
 from grpokit import algo
+from grpokit.config import AlgoConfig
 from grpokit.estimators.base import GRPO
 from grpokit.experience import Experience
 from grpokit.metrics import read_metrics
@@ -62,7 +63,7 @@ def _advantages(s, rollout):
     n, t = rollout.completion_ids.shape
     exp = _grouped(rollout)
     exp.step_rewards, exp.step_ends, metrics = s.score(exp, ["q"] * n, {})
-    a = SimpleNamespace(advantage_eps=1e-4, process_advantage="sum", beta=0.0)
+    a = AlgoConfig(advantage_eps=1e-4, process_advantage="sum", beta=0.0)
     return GRPO(a, t).advantages(exp), metrics
 
 
@@ -120,6 +121,7 @@ def test_wrong_length_row_is_named(smollm2_tokenizer, rollout):
         _advantages(s, rollout)
 
 
+@pytest.mark.slow
 def test_training_step_survives_a_failing_process_reward_row(tiny_model_dir, tmp_path):
     """The whole loop, rewards.on_error=none: the failed row is logged as unscorable, the step trains."""
     from grpokit.trainer.loop import train

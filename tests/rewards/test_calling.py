@@ -227,6 +227,7 @@ def test_train_refuses_a_wrong_signature_before_any_model_loads(
     assert "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_one_step_with_an_async_reward_and_a_trl_reward_from_a_file(tiny_model_dir, tmp_path, monkeypatch):
     """Both kinds end to end (in reward workers), the TRL one named by its path in the working
     directory: every sample's reward is length / 100 (async) + 0.5 (TRL, given prompts= and answer=)."""

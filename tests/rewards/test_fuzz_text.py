@@ -164,6 +164,7 @@ def _warm_math_verify():
 
 
 # ---- the step verifier --------------------------------------------------------------------------
+@pytest.mark.slow
 @FUZZ
 @given(any_text)
 @example("* 4 = 20")  # AttributeError: a leading "*" looked at the token before it (there is none)
@@ -354,6 +355,7 @@ def test_answer_parsers_total(text):
     assert value is None or isinstance(value, Fraction)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(any_text, st.one_of(st.sampled_from(["42", "\\frac{1}{2}", "x^2", "1,000", "\\text{(C)}"]), any_text))
 @example("\\boxed{0.5}", "1" * 400)  # OverflowError: the tolerance was a float times a Fraction

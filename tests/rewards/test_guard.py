@@ -39,6 +39,7 @@ def test_math_check_on_a_tower_of_exponents_returns_within_the_timeout():
     assert dt < 2 * 2 + 3  # batch call + row retry, each cut at 2 s, plus worker starts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("on_error", ["none", "raise"])
 def test_a_call_holding_the_gil_is_cut_off(on_error):
     guard = GuardedReward("hog", fr.gil_holding_reward, timeout_s=0.5, on_error=on_error)

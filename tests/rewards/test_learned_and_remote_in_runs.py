@@ -80,6 +80,7 @@ def test_an_unloadable_rm_names_the_key(tiny_model_dir, tmp_path):
         grpokit.trainer.build.build_rewards(recipe)
 
 
+@pytest.mark.slow
 def test_two_steps_with_an_rm_a_server_and_a_rule(tiny_model_dir, tmp_path, rm_dir, server, smollm2_tokenizer):
     """Every logged reward is the weighted sum of the three functions' values for that completion,
     recomputed here from the samples: the RM independently (one unpadded row through the model),

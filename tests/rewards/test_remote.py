@@ -128,6 +128,7 @@ def test_4xx_is_not_retried(serve):
     assert len(server.requests) == 1
 
 
+@pytest.mark.slow
 def test_a_slow_server_never_holds_the_call_past_the_timeout(serve):
     server = serve((200, length_scores, 3.0))
     start = time.monotonic()

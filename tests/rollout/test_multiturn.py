@@ -378,6 +378,7 @@ class _SlowEnv(StubEnv):
         return Episode()
 
 
+@pytest.mark.slow
 def test_an_environment_with_parallel_steps_answers_a_rounds_rows_together(tiny_model, smollm2_tokenizer):
     """parallel_steps: a round's episodes step in threads, at once; the transcripts are those of the
     episodes stepping one after another."""
@@ -413,6 +414,7 @@ class _OneSlowEnv(StubEnv):
         return Episode()
 
 
+@pytest.mark.slow
 def test_a_slow_answer_holds_its_own_row_alone_with_continuous_overlap(tiny_model, smollm2_tokenizer):
     """turn_batching="continuous_overlap": a parallel_steps environment answers while the loop decodes
     the other rows (a row waiting on a slow call feeds nothing and resumes when its answer is ready);

@@ -117,6 +117,7 @@ def test_sample_inverse_cdf_errors_name_the_problem():
         SamplingParams(sampler="gumbel")
 
 
+@pytest.mark.slow
 def test_generate_samples_the_models_next_token_distribution(tiny_model, smollm2_tokenizer):
     """3000 one-token completions of one prompt: the 5 likeliest first tokens come up as often as
     softmax(model logits / T) says, for both samplers."""

@@ -300,6 +300,7 @@ def test_a_lora_policy_samples_with_its_adapters_merged_out_of_place(fake_vllm, 
     assert is_peft_model(model) and not any(getattr(m, "merged", False) for m in model.modules())
 
 
+@pytest.mark.slow
 def test_the_loop_logs_the_gap_and_syncs_after_each_update_and_on_resume(fake_vllm, tiny_model_dir, tmp_path):
     import grpokit.trainer.build
     from grpokit.metrics import read_metrics

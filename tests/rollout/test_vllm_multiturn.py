@@ -100,6 +100,7 @@ def test_a_rows_turns_depend_on_its_seed_alone(fake_vllm, tiny_model, smollm2_to
     assert not torch.equal(engine.generate(PROMPTS, G, p, 12, rows=_rows()).completion_ids, whole.completion_ids)
 
 
+@pytest.mark.slow
 def test_stop_token_ids_are_the_tokens_holding_a_stop_string(smollm2_tokenizer):
     tok = smollm2_tokenizer
     ids = vm.stop_token_ids(tok, ["="])
@@ -124,6 +125,7 @@ def test_bad_settings_are_refused(fake_vllm, tiny_model, smollm2_tokenizer):
         engine.generate(PROMPTS, G, SamplingParams(top_k=5), 0, rows=_rows())
 
 
+@pytest.mark.slow
 def test_a_run_trains_with_the_vllm_engine_and_an_environment(fake_vllm, tiny_model_dir, tmp_path):
     import grpokit.trainer.build
     from grpokit.metrics import read_metrics

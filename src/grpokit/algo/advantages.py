@@ -14,7 +14,9 @@ import torch
 
 from ._checks import check_dim, check_group_size, check_same_shape
 from ._stats import pooled_stats, rounding_eps, row_scales, saturate, varies
+from .catalog import ADVANTAGE_BASELINES, BASELINE_SCALES, register_advantage_baseline
 
+#: the ``scale`` values of :func:`group_advantages`
 SCALES = ("group", "batch", "none")
 
 
@@ -129,19 +131,6 @@ def group_advantages(
     return saturate(adv.reshape(-1), out_dtype)
 
 
-BASELINES = ("group", "rloo", "reinforce_pp")
-"""The ``baseline`` values of :func:`outcome_advantages` (``algo.advantage_baseline``)."""
-
-BASELINE_SCALES: dict[str, tuple[str, ...]] = {
-    "group": SCALES,
-    "rloo": ("none",),
-    "reinforce_pp": ("batch", "none"),
-}
-"""The ``scale`` values each baseline takes (``algo.advantage_scale``): RLOO is unscaled (with a std
-it is the group-mean baseline times ``k/(k−1)``); REINFORCE++ scales by the batch's token std, or
-not at all (OpenRLHF's ``--no_std_norm``); a group std is GRPO's."""
-
-
 def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     """Leave-one-out baseline (RLOO, Ahmadian et al. 2024, arXiv 2402.14740, the RLOO estimator): each
     reward minus the mean of the *other* scorable rewards of its group, unscaled.
@@ -254,6 +243,46 @@ def reinforce_pp_advantages(
     return saturate(torch.where(signal, adv, torch.zeros_like(adv)).reshape(-1), out_dtype)
 
 
+# -- the outcome baselines (``algo.advantage_baseline``), registered with the scales each takes ------------
+
+
+@register_advantage_baseline("group", scales=SCALES)
+def group_baseline(
+    rewards: torch.Tensor, group_size: int, *, scale: str, eps: float, lengths: torch.Tensor | None
+) -> torch.Tensor:
+    """``baseline="group"``: :func:`group_advantages` (GRPO; ``lengths`` unused)."""
+    return group_advantages(rewards, group_size, scale=scale, eps=eps)
+
+
+@register_advantage_baseline("rloo", scales=("none",))
+def rloo_baseline(
+    rewards: torch.Tensor, group_size: int, *, scale: str, eps: float, lengths: torch.Tensor | None
+) -> torch.Tensor:
+    """``baseline="rloo"``: :func:`rloo_advantages`, unscaled (with a std it is the group-mean
+    baseline times ``k/(k−1)``)."""
+    return rloo_advantages(rewards, group_size)
+
+
+@register_advantage_baseline("reinforce_pp", scales=("batch", "none"))
+def reinforce_pp_baseline(
+    rewards: torch.Tensor, group_size: int, *, scale: str, eps: float, lengths: torch.Tensor | None
+) -> torch.Tensor:
+    """``baseline="reinforce_pp"``: :func:`reinforce_pp_advantages`, scaled by the batch's token std
+    or not at all (OpenRLHF's ``--no_std_norm``).
+
+    Raises:
+        ValueError: no ``lengths``.
+    """
+    if lengths is None:
+        raise ValueError("outcome_advantages: baseline 'reinforce_pp' needs lengths (counted tokens per completion)")
+    return reinforce_pp_advantages(rewards, group_size, lengths, scale=scale, eps=eps)
+
+
+BASELINES = ADVANTAGE_BASELINES.names()
+"""The built-in ``baseline`` values of :func:`outcome_advantages` (``algo.advantage_baseline``; the
+registry, with any name added later: :data:`grpokit.algo.catalog.ADVANTAGE_BASELINES`)."""
+
+
 def outcome_advantages(
     rewards: torch.Tensor,
     group_size: int,
@@ -263,10 +292,13 @@ def outcome_advantages(
     eps: float = 1e-4,
     lengths: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Outcome advantages with the baseline ``algo.advantage_baseline`` names (the one place that
-    chooses): ``group`` = :func:`group_advantages` (``scale`` group/batch/none), ``rloo`` =
-    :func:`rloo_advantages` (``scale`` none), ``reinforce_pp`` = :func:`reinforce_pp_advantages`
-    (``scale`` batch/none; needs ``lengths``). Shapes, dtypes and edge cases: those functions'.
+    """Outcome advantages with the baseline ``algo.advantage_baseline`` names, looked up in
+    :data:`grpokit.algo.catalog.ADVANTAGE_BASELINES`: ``group`` = :func:`group_advantages` (``scale``
+    group/batch/none), ``rloo`` = :func:`rloo_advantages` (``scale`` none), ``reinforce_pp`` =
+    :func:`reinforce_pp_advantages` (``scale`` batch/none; needs ``lengths``). The scales each
+    takes: :data:`grpokit.algo.catalog.BASELINE_SCALES` (RLOO is unscaled; REINFORCE++ scales by the
+    batch's token std, or not at all; a group std is GRPO's). Shapes, dtypes and edge cases: those
+    functions'.
 
     Raises:
         ValueError: unknown ``baseline``, a ``scale`` the baseline does not take
@@ -278,19 +310,12 @@ def outcome_advantages(
         >>> outcome_advantages(r, 4, baseline="rloo", scale="none").tolist()[:2]
         [1.0, -0.3333333432674408]
     """
-    if baseline not in BASELINE_SCALES:
-        raise ValueError(f"outcome_advantages: baseline must be one of {BASELINES}, got {baseline!r}")
+    estimate = ADVANTAGE_BASELINES.lookup(baseline, "outcome_advantages")
     if scale not in BASELINE_SCALES[baseline]:
         raise ValueError(
             f"outcome_advantages: baseline {baseline!r} takes scale {BASELINE_SCALES[baseline]}, got {scale!r}"
         )
-    if baseline == "group":
-        return group_advantages(rewards, group_size, scale=scale, eps=eps)
-    if baseline == "rloo":
-        return rloo_advantages(rewards, group_size)
-    if lengths is None:
-        raise ValueError("outcome_advantages: baseline 'reinforce_pp' needs lengths (counted tokens per completion)")
-    return reinforce_pp_advantages(rewards, group_size, lengths, scale=scale, eps=eps)
+    return estimate(rewards, group_size, scale=scale, eps=eps, lengths=lengths)
 
 
 def gae_advantages(

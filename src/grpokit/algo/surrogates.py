@@ -3,14 +3,18 @@ chosen by a recipe key (docs/loss_variants.md), never by the training loop:
 
 - the importance ratio of a token (``algo.importance_level``): its own ``π_θ/π_old`` (PPO, GRPO), its
   sequence's length-normalized ratio (GSPO), or that value with the token's own gradient
-  (GSPO-token) — :func:`importance_log_ratio`;
+  (GSPO-token) — :func:`token_ratio`, :func:`sequence_ratio`, :func:`sequence_token_ratio`;
 - the surrogate (``algo.policy_loss``): the clipped one, optionally bounded for ``A < 0`` by dual clip
-  (``algo.dual_clip_c``) or TRL's ``δ`` (``algo.delta``) — :func:`clipped_objective`; or CISPO's
-  clipped, detached weight on ``log π_θ`` — :func:`cispo_objective`;
+  (``algo.dual_clip_c``) or TRL's ``δ`` (``algo.delta``) — :func:`clip_surrogate` on
+  :func:`clipped_objective`; or CISPO's clipped, detached weight on ``log π_θ`` —
+  :func:`cispo_surrogate` on :func:`cispo_objective`;
 - the sampler correction (``algo.is_correction``, with ``C = algo.tis_cap``): truncated (TIS) or
   masked (MIS, per token or per sequence) importance weights ``π_old/π_sampler`` —
-  :func:`sampler_weights`;
+  :func:`truncated_weights`, :func:`masked_token_weights`, :func:`masked_sequence_weights`;
 - the entropy bonus (``algo.entropy_coef``) — :func:`entropy_bonus`.
+
+Each variant is registered under its recipe name in :mod:`grpokit.algo.catalog` (the decorators
+below), where :func:`grpokit.algo.policy_loss` looks it up.
 
 Shapes: ``(N, T)`` with ``completion_mask`` bool, True = the token counts. Every function selects
 masked entries out (``torch.where``) before any ``exp`` or product.
@@ -19,15 +23,23 @@ masked entries out (``torch.where``) before any ``exp`` or product.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
-#: ``algo.importance_level``
-IMPORTANCE_LEVELS = ("token", "sequence", "sequence_token")
-#: ``algo.policy_loss``
-SURROGATES = ("clip", "cispo")
-#: ``algo.is_correction``
-IS_CORRECTIONS = ("tis", "mis_token", "mis_sequence")
+from .catalog import IMPORTANCE_LEVELS as IMPORTANCE_LEVEL_REGISTRY
+from .catalog import (
+    SAMPLER_CORRECTIONS,
+    Correction,
+    ImportanceRatio,
+    register_importance_level,
+    register_sampler_correction,
+    register_surrogate,
+)
+from .catalog import SURROGATES as SURROGATE_REGISTRY
+
+if TYPE_CHECKING:
+    from .loss_types import LossConfig
 
 
 def sequence_log_ratio(log_ratio: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
@@ -45,40 +57,81 @@ def sequence_log_ratio(log_ratio: torch.Tensor, completion_mask: torch.Tensor) -
     return total / keep.sum(-1).clamp(min=1).to(log_ratio.dtype)
 
 
-def importance_log_ratio(
-    logp: torch.Tensor, old_logp: torch.Tensor, completion_mask: torch.Tensor, live: torch.Tensor, level: str
-) -> torch.Tensor:
-    """``(N, T)`` log of the ratio each token's surrogate uses, 0 where ``live`` ``(N, T)`` bool
-    (counted and ``A != 0``) is False — selected before any ``exp``, so the value and gradient there
-    are exactly 0 whatever the log-probs.
+@register_importance_level("token")
+def token_ratio(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    completion_mask: torch.Tensor,
+    live: torch.Tensor,
+) -> ImportanceRatio:
+    """``importance_level="token"``: each token's own ``log r_t = logp − old_logp`` (DeepSeekMath
+    eq. 3), 0 where ``live`` ``(N, T)`` bool (counted and ``A != 0``) is False — selected before any
+    ``exp``, so the value and gradient there are exactly 0 whatever the log-probs.
 
-    - ``"token"``: ``logp − old_logp`` (DeepSeekMath eq. 3).
-    - ``"sequence"``: ``log s_i`` (:func:`sequence_log_ratio`) at every token of row ``i``; its
-      gradient w.r.t. ``logp_it`` is ``1/|y_i|`` for every counted token (GSPO §4.1).
-    - ``"sequence_token"``: ``sg(log s_i) + logp_it − sg(logp_it)``: the value of ``log s_i``, the
-      gradient of the token's own ``logp`` (GSPO-token, §4.3: ``s_it = sg[s_i]·π_θ(y_it)/sg[π_θ(y_it)]``).
+    Example:
+        >>> m = torch.ones(1, 2, dtype=torch.bool)
+        >>> token_ratio(torch.tensor([[0.5, -0.1]]), torch.zeros(1, 2), torch.ones(1), m, m).log_ratio.tolist()
+        [[0.5, -0.10000000149011612]]
+    """
+    return ImportanceRatio(torch.where(live, logp - old_logp, torch.zeros_like(logp)), None)
 
-    Every counted token of a row enters ``s_i``, whatever its advantage.
+
+@register_importance_level("sequence")
+def sequence_ratio(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    completion_mask: torch.Tensor,
+    live: torch.Tensor,
+) -> ImportanceRatio:
+    """``importance_level="sequence"`` (GSPO, arXiv 2507.18071 §4.1): ``log s_i``
+    (:func:`sequence_log_ratio`) at every live token of row ``i``; its gradient w.r.t. ``logp_it`` is
+    ``1/|y_i|`` for every counted token. Every counted token of a row enters ``s_i``, whatever its
+    advantage.
 
     Raises:
-        ValueError: unknown ``level``.
+        ValueError: ``(N, T)`` advantages (GSPO has one per sequence; GSPO-token takes them).
 
     Example:
         >>> lp, old = torch.tensor([[0.5, -0.1]]), torch.zeros(1, 2)
         >>> m = torch.ones(1, 2, dtype=torch.bool)
-        >>> [round(x, 6) for x in importance_log_ratio(lp, old, m, m, "sequence")[0].tolist()]
+        >>> [round(x, 6) for x in sequence_ratio(lp, old, torch.ones(1), m, m).log_ratio[0].tolist()]
+        [0.2, 0.2]
+    """
+    if advantages.dim() == 2:
+        raise ValueError(
+            "policy_loss: importance_level 'sequence' needs one advantage per sequence (N,); per-token "
+            "advantages (N, T) take importance_level 'sequence_token' (GSPO-token)"
+        )
+    seq = sequence_log_ratio(logp - old_logp, completion_mask)  # (N,)
+    return ImportanceRatio(torch.where(live, seq[:, None].expand_as(logp), torch.zeros_like(logp)), seq)
+
+
+@register_importance_level("sequence_token")
+def sequence_token_ratio(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    completion_mask: torch.Tensor,
+    live: torch.Tensor,
+) -> ImportanceRatio:
+    """``importance_level="sequence_token"`` (GSPO-token, arXiv 2507.18071 §4.3):
+    ``sg(log s_i) + logp_it − sg(logp_it)``, i.e. ``s_it = sg[s_i]·π_θ(y_it)/sg[π_θ(y_it)]``: the
+    value of ``log s_i``, the gradient of the token's own ``logp``, so that ``(N, T)`` advantages
+    weight each token. 0 where not ``live``.
+
+    Example:
+        >>> lp, old = torch.tensor([[0.5, -0.1]]), torch.zeros(1, 2)
+        >>> m = torch.ones(1, 2, dtype=torch.bool)
+        >>> [round(x, 6) for x in sequence_token_ratio(lp, old, torch.ones(1, 2), m, m).log_ratio[0].tolist()]
         [0.2, 0.2]
     """
     zeros = torch.zeros_like(logp)
-    if level == "token":
-        return torch.where(live, logp - old_logp, zeros)
-    if level not in IMPORTANCE_LEVELS:
-        raise ValueError(f"importance_log_ratio: level must be one of {IMPORTANCE_LEVELS}, got {level!r}")
-    seq = sequence_log_ratio(logp - old_logp, completion_mask)[:, None].expand_as(logp)  # (N, T)
-    if level == "sequence_token":
-        own = torch.where(live, logp, zeros)  # a NaN log-prob where not live never reaches the gradient
-        seq = seq.detach() + (own - own.detach())
-    return torch.where(live, seq, zeros)
+    seq = sequence_log_ratio(logp - old_logp, completion_mask)  # (N,)
+    own = torch.where(live, logp, zeros)  # a NaN log-prob where not live never reaches the gradient
+    log_ratio = seq.detach()[:, None].expand_as(logp) + (own - own.detach())
+    return ImportanceRatio(torch.where(live, log_ratio, zeros), seq)
 
 
 def clipped_objective(
@@ -135,6 +188,64 @@ def cispo_objective(
     return weight * advantages * logp
 
 
+def _log_w(old_logp: torch.Tensor, sampler_logp: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """``(N, T)`` ``log w_t = log π_old − log π_sampler``, 0 where masked (before any ``exp``)."""
+    return torch.where(keep, old_logp.detach() - sampler_logp, torch.zeros_like(old_logp))
+
+
+def _mis_needs_cap_above_one(fn: str, config: LossConfig) -> None:
+    if 0 < config.tis_cap <= 1:
+        raise ValueError(
+            f"{fn}: is_correction {config.is_correction!r} keeps w in [1/C, C]: tis_cap = C must be > 1, "
+            f"got {config.tis_cap}"
+        )
+
+
+@register_sampler_correction("tis")
+def truncated_weights(
+    old_logp: torch.Tensor, sampler_logp: torch.Tensor, completion_mask: torch.Tensor, *, cap: float
+) -> Correction:
+    """``is_correction="tis"``: ``min(w_t, C)`` (truncated importance sampling, Yao et al. 2025;
+    TRL's ``token_truncate``); an overflow (inf) is capped at C. Logs ``tis_weight_mean`` and
+    ``tis_capped_frac`` (the share with ``w = C``)."""
+    keep = completion_mask.bool()
+    weights = torch.exp(_log_w(old_logp, sampler_logp, keep)).clamp(max=cap)
+    return Correction(weights, torch.zeros_like(keep), {"tis_weight_mean": weights, "tis_capped_frac": weights >= cap})
+
+
+def _masked_weights(log_w: torch.Tensor, keep: torch.Tensor, cap: float) -> Correction:
+    """MIS: ``exp(log_w)`` where ``|log w| <= log C`` (compared in log space: NaN and overflows are
+    outside), else 0 and dropped."""
+    zeros = torch.zeros_like(log_w)
+    inside = log_w.abs() <= math.log(cap)  # False for NaN
+    weights = torch.where(inside, torch.exp(torch.where(inside, log_w, zeros)), zeros)
+    dropped = keep & ~inside
+    return Correction(weights, dropped, {"mis_weight_mean": weights, "mis_dropped_frac": dropped})
+
+
+@register_sampler_correction("mis_token", check=_mis_needs_cap_above_one)
+def masked_token_weights(
+    old_logp: torch.Tensor, sampler_logp: torch.Tensor, completion_mask: torch.Tensor, *, cap: float
+) -> Correction:
+    """``is_correction="mis_token"``: ``w_t`` where ``1/C <= w_t <= C``, else 0 (masked importance
+    sampling; TRL's ``token_mask``, verl's token-level mask). Logs ``mis_weight_mean`` and
+    ``mis_dropped_frac`` (the share given weight 0)."""
+    keep = completion_mask.bool()
+    return _masked_weights(_log_w(old_logp, sampler_logp, keep), keep, cap)
+
+
+@register_sampler_correction("mis_sequence", check=_mis_needs_cap_above_one)
+def masked_sequence_weights(
+    old_logp: torch.Tensor, sampler_logp: torch.Tensor, completion_mask: torch.Tensor, *, cap: float
+) -> Correction:
+    """``is_correction="mis_sequence"``: ``ρ_i = Π_t w_it`` over the row's counted tokens (the
+    sequence's likelihood ratio, as TRL's ``sequence_mask`` and verl's ``sequence`` level), for
+    every token of the row where ``1/C <= ρ_i <= C``, else 0. Logs as ``mis_token``."""
+    keep = completion_mask.bool()
+    log_w = _log_w(old_logp, sampler_logp, keep)
+    return _masked_weights(log_w.sum(-1, keepdim=True).expand_as(log_w), keep, cap)  # log ρ_i at row i's tokens
+
+
 def sampler_weights(
     old_logp: torch.Tensor,
     sampler_logp: torch.Tensor,
@@ -143,18 +254,12 @@ def sampler_weights(
     cap: float,
     mode: str = "tis",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(N, T)`` importance weights (no gradient) of the sampler correction, and ``(N, T)`` bool
-    "dropped" (True where MIS set the weight to 0; all False for TIS). ``w_t = π_old/π_sampler``:
-
-    - ``"tis"``: ``min(w_t, C)`` (Yao et al. 2025; TRL's ``token_truncate``).
-    - ``"mis_token"``: ``w_t`` where ``1/C <= w_t <= C``, else 0 (masked importance sampling;
-      TRL's ``token_mask``, verl's token-level mask).
-    - ``"mis_sequence"``: ``ρ_i = Π_t w_it`` over the row's counted tokens (the sequence's
-      likelihood ratio, as TRL's ``sequence_mask`` and verl's ``sequence`` level), for every token of
-      the row where ``1/C <= ρ_i <= C``, else 0.
-
-    Masked entries are selected out before the ``exp``; ranges are compared in log space, so an
-    overflowing ratio is dropped (MIS) or capped (TIS), never inf. NaN ratios are dropped by MIS.
+    """``(N, T)`` importance weights (no gradient) of the sampler correction ``mode`` (a name of
+    :data:`~grpokit.algo.catalog.SAMPLER_CORRECTIONS`: ``"tis"``, ``"mis_token"``,
+    ``"mis_sequence"``), and ``(N, T)`` bool "dropped" (True where MIS set the weight to 0; all
+    False for TIS). ``w_t = π_old/π_sampler``. Masked entries are selected out before the ``exp``;
+    ranges are compared in log space, so an overflowing ratio is dropped (MIS) or capped (TIS),
+    never inf. NaN ratios are dropped by MIS.
 
     Raises:
         ValueError: unknown ``mode``.
@@ -165,18 +270,8 @@ def sampler_weights(
         >>> sampler_weights(old, sampler, m, cap=3.0, mode="mis_token")[0].tolist()
         [[0.0, 1.0, 0.5]]
     """
-    keep = completion_mask.bool()
-    zeros = torch.zeros_like(old_logp)
-    log_w = torch.where(keep, old_logp.detach() - sampler_logp, zeros)
-    if mode == "tis":
-        return torch.exp(log_w).clamp(max=cap), torch.zeros_like(keep)  # an overflow (inf) is capped at C
-    if mode not in IS_CORRECTIONS:
-        raise ValueError(f"sampler_weights: mode must be one of {IS_CORRECTIONS}, got {mode!r}")
-    if mode == "mis_sequence":
-        log_w = log_w.sum(-1, keepdim=True).expand_as(log_w)  # log ρ_i at every token of row i
-    inside = log_w.abs() <= math.log(cap)  # False for NaN
-    weights = torch.where(inside, torch.exp(torch.where(inside, log_w, zeros)), zeros)
-    return weights, keep & ~inside
+    correction = SAMPLER_CORRECTIONS.lookup(mode, "sampler_weights")(old_logp, sampler_logp, completion_mask, cap=cap)
+    return correction.weights, correction.dropped
 
 
 def entropy_bonus(
@@ -199,44 +294,87 @@ def entropy_bonus(
     return total / max(int(n), 1)
 
 
-def check_variants(
-    fn: str,
-    *,
-    importance_level: str,
-    surrogate: str,
-    is_correction: str,
-    dual_clip_c: float,
-    delta: float,
-    clip_eps_high: float,
-    tis_cap: float,
-    entropy_coef: float,
-) -> None:
-    """Raise ``ValueError`` naming ``fn`` and the argument for a variant :func:`grpokit.algo.policy_loss`
-    does not define: an unknown name; ``dual_clip_c`` not 0 and not > 1; ``delta`` not 0 and not
-    > ``1 + clip_eps_high`` (TRL's recommendation: below it δ would also clip ``A > 0`` tokens);
-    CISPO with a sequence-level ratio or with dual clip / δ (its weight is already bounded);
-    masked importance sampling with ``0 < tis_cap <= 1`` (the interval ``[1/C, C]`` would hold at
-    most 1); a negative ``entropy_coef``."""
-    for name, value, known in (
-        ("importance_level", importance_level, IMPORTANCE_LEVELS),
-        ("surrogate", surrogate, SURROGATES),
-        ("is_correction", is_correction, IS_CORRECTIONS),
-    ):
-        if value not in known:
-            raise ValueError(f"{fn}: {name} must be one of {known}, got {value!r}")
-    if dual_clip_c != 0 and not dual_clip_c > 1:
-        raise ValueError(f"{fn}: dual_clip_c must be 0 (off) or > 1, got {dual_clip_c}")
-    if delta != 0 and not delta > 1 + clip_eps_high:
-        raise ValueError(f"{fn}: delta must be 0 (off) or > 1 + clip_eps_high = {1 + clip_eps_high}, got {delta}")
-    if surrogate == "cispo" and importance_level != "token":
+def _cispo_only_per_token(fn: str, config: LossConfig) -> None:
+    if config.importance_level != "token":
         raise ValueError(
             f"{fn}: surrogate 'cispo' weights each token by its own ratio; importance_level must be 'token'"
         )
-    if surrogate == "cispo" and (dual_clip_c or delta):
+    if config.dual_clip_c or config.delta:
         raise ValueError(f"{fn}: dual_clip_c and delta bound the clipped surrogate; surrogate 'cispo' has none")
-    if is_correction != "tis" and 0 < tis_cap <= 1:
-        raise ValueError(
-            f"{fn}: is_correction {is_correction!r} keeps w in [1/C, C]: tis_cap = C must be > 1, got {tis_cap}"
-        )
-    if not entropy_coef >= 0:
-        raise ValueError(f"{fn}: entropy_coef must be >= 0, got {entropy_coef}")
+
+
+def _weight_clipped(
+    ratio: torch.Tensor, advantages: torch.Tensor, live: torch.Tensor, *, eps_low: float, eps_high: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """CISPO's clip flags: a live token whose weight was clipped, whatever the sign of A."""
+    return (ratio < 1.0 - eps_low) & live, (ratio > 1.0 + eps_high) & live
+
+
+@register_surrogate("clip")
+def clip_surrogate(
+    log_ratio: torch.Tensor,
+    logp: torch.Tensor,
+    advantages: torch.Tensor,
+    live: torch.Tensor,
+    *,
+    eps_low: float,
+    eps_high: float,
+    dual_clip_c: float,
+    delta: float,
+) -> torch.Tensor:
+    """``surrogate="clip"`` (PPO, DeepSeekMath eq. 3, clip-higher from DAPO): :func:`clipped_objective`
+    of ``r = exp(log_ratio)``, with dual clip / δ when set. The log-ratio is bounded first where
+    ``min()`` would select the clipped constant anyway, so that ``exp`` stays finite: a token with
+    ``A > 0`` whose ratio overflows takes ``(1 + ε_high)·A`` with zero gradient; one with ``A < 0``
+    has ``−r·A`` (inf) unless dual clip or δ bound it.
+
+    Example:
+        >>> lr, live = torch.log(torch.tensor([[2.0, 0.5]])), torch.ones(1, 2, dtype=torch.bool)
+        >>> a = torch.tensor([[1.0, -1.0]])
+        >>> clip_surrogate(lr, lr, a, live, eps_low=0.2, eps_high=0.2, dual_clip_c=0.0, delta=0.0).tolist()
+        [[1.2000000476837158, -0.800000011920929]]
+    """
+    # A > 0 and r > 1 + ε_high: min() takes the clipped constant. Bounding the log-ratio at
+    # log(1 + ε_high) + 1 there leaves every value min() can select unchanged and keeps exp finite;
+    # likewise for A < 0 at log(bound) + 1 when dual clip or δ hold r > bound at bound·A.
+    log_ratio = torch.where(advantages > 0, log_ratio.clamp(max=math.log1p(eps_high) + 1.0), log_ratio)
+    bounds = [b for b in (dual_clip_c, delta) if b > 0]
+    if bounds:
+        log_ratio = torch.where(advantages < 0, log_ratio.clamp(max=math.log(min(bounds)) + 1.0), log_ratio)
+    return clipped_objective(
+        torch.exp(log_ratio), advantages, eps_low=eps_low, eps_high=eps_high, dual_clip_c=dual_clip_c, delta=delta
+    )
+
+
+@register_surrogate("cispo", check=_cispo_only_per_token, clip_flags=_weight_clipped)
+def cispo_surrogate(
+    log_ratio: torch.Tensor,
+    logp: torch.Tensor,
+    advantages: torch.Tensor,
+    live: torch.Tensor,
+    *,
+    eps_low: float,
+    eps_high: float,
+    dual_clip_c: float,
+    delta: float,
+) -> torch.Tensor:
+    """``surrogate="cispo"`` (MiniMax-M1, arXiv 2506.13585 §3.1): :func:`cispo_objective` on the live
+    tokens' ``logp``. Needs ``importance_level="token"`` and neither dual clip nor δ (its weight is
+    bounded at ``1 + ε_high`` already); its ``clip_frac_low/high`` count live tokens whose weight was
+    clipped, whatever the sign of A.
+
+    Example:
+        >>> lr, live = torch.log(torch.tensor([[2.0]])), torch.ones(1, 1, dtype=torch.bool)
+        >>> lp = torch.tensor([[-1.0]])
+        >>> cispo_surrogate(lr, lp, torch.ones(1, 1), live, eps_low=0.2, eps_high=0.2, dual_clip_c=0.0, delta=0.0)
+        tensor([[-1.2000]])
+    """
+    live_logp = torch.where(live, logp, torch.zeros_like(logp))
+    return cispo_objective(log_ratio, live_logp, advantages, eps_low=eps_low, eps_high=eps_high)
+
+
+#: the built-in names of ``algo.importance_level``, ``algo.policy_loss``, ``algo.is_correction`` (the
+#: registries themselves, with any name added later: :mod:`grpokit.algo.catalog`)
+IMPORTANCE_LEVELS = IMPORTANCE_LEVEL_REGISTRY.names()
+SURROGATES = SURROGATE_REGISTRY.names()
+IS_CORRECTIONS = SAMPLER_CORRECTIONS.names()

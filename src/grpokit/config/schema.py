@@ -229,14 +229,14 @@ class AlgoConfig:
         "mis_token (weight w, 0 for a token whose w leaves [1/C, C]: masked importance sampling), "
         "mis_sequence (the sequence's w = Π_t w_t, 0 for every token of a sequence outside [1/C, C]); "
         "the KL term is never weighted (docs/loss_variants.md)",
-        ("tis", "mis_token", "mis_sequence"),
+        Registry("grpokit.algo.catalog", "SAMPLER_CORRECTIONS", ("tis", "mis_token", "mis_sequence")),
     )
     policy_loss: str = _f(
         "clip",
         "the policy surrogate: clip (PPO/GRPO's clipped ratio), cispo (MiniMax-M1: -sg(clip(r, 1 - "
         "clip_eps_low, 1 + clip_eps_high))·A·log π per token, so clipped tokens keep their gradient; "
         "clip_eps_low >= 1 = no lower bound, MiniMax's practice)",
-        ("clip", "cispo"),
+        Registry("grpokit.algo.catalog", "SURROGATES", ("clip", "cispo")),
     )
     importance_level: str = _f(
         "token",
@@ -244,7 +244,7 @@ class AlgoConfig:
         "exp of the mean token log-ratio, one loss per sequence; the paper's clip_eps_low/high are "
         "3e-4/4e-4), sequence_token (GSPO-token: the sequence's ratio as value, each token's own "
         "gradient, for per-token advantages)",
-        ("token", "sequence", "sequence_token"),
+        Registry("grpokit.algo.catalog", "IMPORTANCE_LEVELS", ("token", "sequence", "sequence_token")),
     )
     dual_clip_c: float = _f(
         0.0,
@@ -272,9 +272,15 @@ class AlgoConfig:
     loss_aggregation: str = _f(
         "seq_mean_token_mean",
         "how token losses are averaged",
-        ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm"),
+        Registry(
+            "grpokit.algo.catalog", "AGGREGATIONS", ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm")
+        ),
     )
-    advantage_scale: str = _f("group", "std used to scale outcome advantages", ("group", "batch", "none"))
+    advantage_scale: str = _f(
+        "group",
+        "std used to scale outcome advantages",
+        Registry("grpokit.algo.catalog", "ADVANTAGE_SCALES", ("group", "batch", "none")),
+    )
     advantage_eps: float = _f(1e-4, "eps added to the std (advantage_baseline=reinforce_pp: the std's floor)")
     advantage_baseline: str = _f(
         "group",
@@ -282,7 +288,7 @@ class AlgoConfig:
         "the group, unscaled (RLOO; needs advantage_scale=none); reinforce_pp = the group mean, then a "
         "z-score over the batch's completion tokens (REINFORCE++-baseline; advantage_scale=batch, or "
         "none: centred only); docs/loss_variants.md, 'Advantages and rewards'",
-        ("group", "rloo", "reinforce_pp"),
+        Registry("grpokit.algo.catalog", "ADVANTAGE_BASELINES", ("group", "rloo", "reinforce_pp")),
     )
     step_rule: str = _f(
         "lines",

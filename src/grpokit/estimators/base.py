@@ -27,6 +27,7 @@ import torch
 from grpokit.estimators.grpo import GRPO
 
 if TYPE_CHECKING:
+    from grpokit.algo import LossOutput
     from grpokit.config import AlgoConfig, TrainConfig
     from grpokit.experience import Experience
     from grpokit.models.logprobs import LogprobScorer
@@ -58,10 +59,11 @@ class Algorithm(Protocol):
         num_sequences: int,
         num_tokens: int,
         entropy: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    ) -> LossOutput:
         """The micro-batch's scalar loss (normalized by the whole batch's ``num_sequences``/
-        ``num_tokens``) and detached stats: each a token-weighted mean over the micro-batch's
-        ``loss_mask`` tokens, plus ``num_tokens`` (the weight); the loop logs every stat.
+        ``num_tokens``) and its typed stats (:class:`grpokit.algo.LossStats`): token-weighted means
+        over the micro-batch's ``loss_mask`` tokens, and ``num_tokens`` (their weight); the loop
+        logs every mean (:meth:`~grpokit.algo.LossStats.means`).
         ``entropy``: ``(n, T)`` per-token entropies of the policy (with gradient when
         ``needs_entropy``; else None or without gradient, and unused)."""
         ...

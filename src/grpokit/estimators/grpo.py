@@ -6,6 +6,7 @@ surrogate with β·KL (eq. 3). All math is in :mod:`grpokit.algo`; this class bi
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -19,12 +20,41 @@ if TYPE_CHECKING:
     from grpokit.models.logprobs import LogprobScorer
 
 
+def loss_config(a: AlgoConfig, max_completion_length: int) -> algo.LossConfig:
+    """The :class:`grpokit.algo.LossConfig` of the recipe's ``algo`` section ``a``: ``beta``,
+    ``clip_eps_low/high``, ``kl_estimator``, ``loss_aggregation``, ``tis_cap``, ``is_correction``,
+    ``importance_level``, ``policy_loss`` (the surrogate), ``dual_clip_c``, ``delta``,
+    ``entropy_coef`` (the starting one with ``entropy_target``), and ``max_completion_length``
+    (tokens, for ``seq_mean_token_sum_norm``).
+
+    Raises:
+        ValueError: what :class:`grpokit.algo.LossConfig` refuses (the recipe checks refuse it first,
+        naming the recipe key).
+    """
+    return algo.LossConfig(
+        beta=a.beta,
+        clip_eps_low=a.clip_eps_low,
+        clip_eps_high=a.clip_eps_high,
+        kl_estimator=a.kl_estimator,
+        aggregation=a.loss_aggregation,
+        max_completion_length=max_completion_length,
+        tis_cap=a.tis_cap,
+        is_correction=a.is_correction,
+        importance_level=a.importance_level,
+        surrogate=a.policy_loss,
+        dual_clip_c=a.dual_clip_c,
+        delta=a.delta,
+        entropy_coef=a.entropy_coef,
+    )
+
+
 class GRPO:
     """GRPO from the recipe's ``algo`` section ``a`` and the longest completion (tokens, for
-    ``seq_mean_token_sum_norm``)."""
+    ``seq_mean_token_sum_norm``); its :func:`loss_config` is built (and checked) once, here."""
 
     def __init__(self, a: AlgoConfig, max_completion_length: int):
         self.cfg, self.max_completion_length = a, max_completion_length
+        self.loss_config = loss_config(a, max_completion_length)
         self.needs_reference = a.beta > 0
         self._adapted_entropy_coef: float | None = None  # algo.entropy_target: the coefficient as adapted
         self._entropy_seen = [0.0, 0.0]  # this step's Σ H over the loss's tokens, and their number
@@ -85,46 +115,36 @@ class GRPO:
         num_sequences: int,
         num_tokens: int,
         entropy: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """``algo.policy_loss`` on micro-batch ``mb`` (ratio against ``mb.old_logprobs``, or 1 by
-        value when there are none: μ = 1; with ``algo.tis_cap > 0`` the sampler correction
-        ``algo.is_correction`` against ``mb.sampler_logprobs``), with the recipe's loss variants
-        (``algo.importance_level``, ``algo.policy_loss``, ``algo.dual_clip_c``, ``algo.delta``;
-        docs/loss_variants.md) and, when :attr:`needs_entropy`, the entropy bonus on ``entropy``
-        with :attr:`entropy_coef` (logged as the stat ``entropy_coef``)."""
-        a = self.cfg
+    ) -> algo.LossOutput:
+        """``algo.policy_loss`` with :attr:`loss_config` on micro-batch ``mb`` (ratio against
+        ``mb.old_logprobs``, or 1 by value when there are none: μ = 1; with ``algo.tis_cap > 0`` the
+        sampler correction against ``mb.sampler_logprobs``) and, when :attr:`needs_entropy`, the
+        entropy bonus on ``entropy`` with :attr:`entropy_coef` (logged as the stat ``entropy_coef``).
+        With the entropy bonus the stats carry ``entropy_coef`` in :attr:`grpokit.algo.LossStats.extra`."""
         old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()
         coef = self.entropy_coef if self.needs_entropy else 0.0
-        loss, stats = algo.policy_loss(
+        cfg = self.loss_config
+        if coef != cfg.entropy_coef:  # algo.entropy_target adapted it: checked once per new value
+            cfg = self.loss_config = dataclasses.replace(cfg, entropy_coef=coef)
+        out = algo.policy_loss(
             logp,
             old,
             mb.advantages,
             loss_mask,
+            cfg,
             ref_logp=mb.ref_logprobs,
-            beta=a.beta,
-            clip_eps_low=a.clip_eps_low,
-            clip_eps_high=a.clip_eps_high,
-            kl_estimator=a.kl_estimator,
-            aggregation=a.loss_aggregation,
-            max_completion_length=self.max_completion_length,
+            sampler_logp=mb.sampler_logprobs if cfg.tis_cap > 0 else None,
+            entropy=entropy if coef > 0 else None,
             num_sequences=num_sequences,
             num_tokens=num_tokens,
-            sampler_logp=mb.sampler_logprobs if a.tis_cap > 0 else None,
-            tis_cap=a.tis_cap,
-            is_correction=a.is_correction,
-            importance_level=a.importance_level,
-            surrogate=a.policy_loss,
-            dual_clip_c=a.dual_clip_c,
-            delta=a.delta,
-            entropy=entropy if coef > 0 else None,
-            entropy_coef=coef,
         )
-        if self.needs_entropy:
-            stats["entropy_coef"] = torch.tensor(coef, dtype=torch.float64)
-            if entropy is not None and a.entropy_target is not None:  # what update_auxiliary adapts to
-                self._entropy_seen[0] += float(torch.where(loss_mask, entropy.detach(), 0.0).sum())
-                self._entropy_seen[1] += float(loss_mask.sum())
-        return loss, stats
+        if not self.needs_entropy:
+            return out
+        if entropy is not None and self.cfg.entropy_target is not None:  # what update_auxiliary adapts to
+            self._entropy_seen[0] += float(torch.where(loss_mask, entropy.detach(), 0.0).sum())
+            self._entropy_seen[1] += float(loss_mask.sum())
+        extra = {"entropy_coef": torch.tensor(coef, dtype=torch.float64)}
+        return algo.LossOutput(out.loss, dataclasses.replace(out.stats, extra=extra))
 
     def bind(self, logprobs: LogprobScorer, train_cfg: TrainConfig) -> None:
         """Nothing to build."""

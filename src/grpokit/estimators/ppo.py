@@ -59,6 +59,15 @@ class PPO:
         self.cfg, self.max_completion_length = a, max_completion_length
         self.needs_reference = a.beta > 0
         self.needs_entropy = False  # the loss variants and entropy bonus are GRPO's (the recipe checks refuse them)
+        # the clipped surrogate; β·KL in the loss unless algo.kl_in_reward (then it is in the reward)
+        self.loss_config = algo.LossConfig(
+            beta=0.0 if a.kl_in_reward else a.beta,
+            clip_eps_low=a.clip_eps_low,
+            clip_eps_high=a.clip_eps_high,
+            kl_estimator=a.kl_estimator,
+            aggregation=a.loss_aggregation,
+            max_completion_length=max_completion_length,
+        )
         self.critic: ValueModel | None = None
         self.critic_optimizer: torch.optim.Optimizer | None = None
         self.sharded = False
@@ -146,27 +155,22 @@ class PPO:
         num_sequences: int,
         num_tokens: int,
         entropy: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The clipped surrogate on ``mb``'s per-token advantages (β·KL in the loss unless
-        ``algo.kl_in_reward``); ``entropy`` is not used."""
-        a = self.cfg
+    ) -> algo.LossOutput:
+        """The clipped surrogate (:attr:`loss_config`) on ``mb``'s per-token advantages (β·KL in the
+        loss unless ``algo.kl_in_reward``); ``entropy`` is not used."""
         old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()
-        beta = 0.0 if a.kl_in_reward else a.beta
-        return algo.policy_loss(
+        cfg = self.loss_config
+        out = algo.policy_loss(
             logp,
             old,
             mb.advantages,
             loss_mask,
-            ref_logp=mb.ref_logprobs if beta > 0 else None,
-            beta=beta,
-            clip_eps_low=a.clip_eps_low,
-            clip_eps_high=a.clip_eps_high,
-            kl_estimator=a.kl_estimator,
-            aggregation=a.loss_aggregation,
-            max_completion_length=self.max_completion_length,
+            cfg,
+            ref_logp=mb.ref_logprobs if cfg.beta > 0 else None,
             num_sequences=num_sequences,
             num_tokens=num_tokens,
         )
+        return out
 
     def update_auxiliary(self, exp: Experience, loss_mask: torch.Tensor, train_cfg: TrainConfig) -> dict[str, float]:
         """``train.num_iterations`` passes of the clipped value loss (module docstring, step 3).

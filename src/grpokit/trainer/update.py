@@ -183,7 +183,7 @@ def _gradient_pass(
             logp, ent = run.logprobs.micro_batch(
                 mb, with_entropy=gap is not None, entropy_grad=run.algorithm.needs_entropy
             )
-            loss, st = run.algorithm.loss(
+            loss, stats = run.algorithm.loss(
                 logp,
                 mb,
                 loss_mask[sl, : mb.completion_ids.shape[1]],
@@ -196,10 +196,9 @@ def _gradient_pass(
             gap.add(mb.sampler_logprobs, logp, mb.completion_mask)
         release_memory()
         totals.loss += loss.item()
-        w = st["num_tokens"].item() / max(counts.loss_tokens, 1)  # token-weighted means over the batch
-        for k, v in st.items():
-            if k != "num_tokens":
-                totals.stats[k] = totals.stats.get(k, 0.0) + w * v.item()
+        w = stats.num_tokens.item() / max(counts.loss_tokens, 1)  # token-weighted means over the batch
+        for k, v in stats.means().items():
+            totals.stats[k] = totals.stats.get(k, 0.0) + w * v.item()
         if ent is not None and gap is not None:
             ent_sum = torch.where(mb.completion_mask, ent.detach(), torch.zeros_like(ent)).sum()  # not ent·mask: NaN·0
             entropy = (entropy or 0.0) + float(ent_sum) / max(counts.completion_tokens, 1)

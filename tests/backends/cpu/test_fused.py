@@ -79,8 +79,8 @@ def test_embedding_gradient_accumulates_dense_over_micro_batches(make_tiny_model
                 logp.detach(),
                 adv,
                 batch.completion_mask,
+                algo.LossConfig(beta=0.04),
                 ref_logp=ref_logp,
-                beta=0.04,
                 num_sequences=len(batch),
                 num_tokens=int(batch.completion_mask.sum()),
             )
