@@ -170,7 +170,7 @@ test: lint typecheck
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest $(PARALLEL) -m "$(FAST)" --hypothesis-profile=$(HYPOTHESIS)
 
-# docs/recipe_keys.md: every recipe key from the schema (tests/test_recipe_keys_doc.py fails when it is stale)
+# docs/recipe_keys.md: every recipe key from the schema (tests/config/test_recipe_keys_doc.py fails when it is stale)
 recipe-keys: $(STAMP)
 	$(BIN)/python -m grpokit.config.reference > docs/recipe_keys.md
 

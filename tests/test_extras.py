@@ -20,7 +20,7 @@ import torch
 
 import grpokit.utils.importing
 from grpokit.utils.importing import MissingExtraWarning, require
-from helpers import tiny_recipe, tiny_recipe_dict, write_recipe
+from support.helpers import tiny_recipe, tiny_recipe_dict, write_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 EXTRAS = {  # extra -> the modules it installs (as imported)

@@ -400,7 +400,7 @@ def test_mlflow_local_store_without_sqlalchemy_names_the_extra(monkeypatch, mlfl
 def test_build_run_names_the_missing_extra_before_any_model_loads(tiny_model_dir, tmp_path, monkeypatch):
     import grpokit.models.loading
     from grpokit.trainer.build import build_run
-    from helpers import tiny_recipe
+    from support.helpers import tiny_recipe
 
     def no_model(*a, **k):
         raise AssertionError("a model or tokenizer was loaded before the tracker check")
@@ -440,7 +440,7 @@ def test_the_trackers_module_imports_no_tracker_library_and_no_torch():
 def test_a_tiny_training_run_reports_to_wandb_offline(tiny_model_dir, tmp_path, wandb_env):
     import grpokit.trainer.build
     from grpokit.trainer.loop import train
-    from helpers import tiny_recipe
+    from support.helpers import tiny_recipe
 
     recipe = tiny_recipe(tiny_model_dir, tmp_path, train={"max_steps": 2, "report_to": "wandb", "sample_every": 1})
     with warnings.catch_warnings(record=True) as said:

@@ -1,7 +1,7 @@
 """The advantage and reward variants other trainers ship (issue #35): the RLOO and REINFORCE++
 baselines (``algo.advantage_baseline``), per-function reward normalization (``rewards.normalize_each``,
 GDPO) and DAPO's soft overlong penalty (``algo.overlong_buffer``). Hand-computed vectors with the
-arithmetic in a comment, the slow loops of ``tests/reference.py`` on random inputs, edge cases
+arithmetic in a comment, the slow loops of ``tests/support/reference.py`` on random inputs, edge cases
 (constant groups, G = 2, unscorable rewards, half-precision inputs), errors, and the recipe keys
 reaching the math through ``GRPO.advantages`` and the reward pipeline."""
 
@@ -14,12 +14,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import reference as ref
 from grpokit import algo
 from grpokit.config import RecipeError
 from grpokit.estimators.grpo import GRPO
 from grpokit.experience import Experience
-from helpers import tiny_recipe
+from support import reference as ref
+from support.helpers import tiny_recipe
 
 f64 = torch.float64
 NAN = math.nan
@@ -380,7 +380,7 @@ def test_reward_pipeline_normalizes_each_and_adds_the_overlong_penalty(tmp_path)
         tmp_path,
         rollout={"group_size": 2, "max_new_tokens": 8},
         rewards={
-            "functions": ["fake_rewards:length_reward", "fake_rewards:trl_answer_reward"],
+            "functions": ["support.fake_rewards:length_reward", "support.fake_rewards:trl_answer_reward"],
             "weights": [1.0, 2.0],
             "normalize_each": True,
             "isolation": "thread",

@@ -1,12 +1,12 @@
-"""Vectorized algorithm core == the slow loops of tests/reference.py on random inputs."""
+"""Vectorized algorithm core == the slow loops of tests/support/reference.py on random inputs."""
 
 import math
 
 import pytest
 import torch
 
-import reference as ref
 from grpokit import algo
+from support import reference as ref
 
 f64 = torch.float64
 LAYOUTS = [(1, 2), (3, 4), (2, 7), (4, 16), (5, 3)]  # (B, G)

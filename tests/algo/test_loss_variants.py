@@ -1,7 +1,7 @@
 """The policy-loss variants of ``grpokit.algo.policy_loss`` (issue 35; docs/loss_variants.md): GSPO and
 GSPO-token (``importance_level``), CISPO (``surrogate``), dual clip and TRL's δ, masked importance
 sampling (``is_correction``) and the entropy bonus. Hand-computed vectors (the arithmetic in a comment,
-each with a group where the variant and plain GRPO differ), the loops of tests/reference.py on random
+each with a group where the variant and plain GRPO differ), the loops of tests/support/reference.py on random
 inputs, gradients, masked-token and A = 0 robustness, and the recipe keys through the algorithm seam.
 """
 
@@ -13,13 +13,13 @@ import pytest
 import torch
 from flat_loss import flat_policy_loss
 
-import reference as ref
 from grpokit import algo
 from grpokit.algo.surrogates import IMPORTANCE_LEVELS, IS_CORRECTIONS, SURROGATES
 from grpokit.config import AlgoConfig, RecipeError, choices_of, recipe_from_dict
 from grpokit.config.loading import help_text
 from grpokit.estimators.base import GRPO
 from grpokit.experience import Experience
+from support import reference as ref
 
 f64 = torch.float64
 NAN, INF = float("nan"), float("inf")
@@ -285,7 +285,7 @@ def test_differentiable_entropy_equals_the_logged_one_and_its_gradient_is_exact(
         torch.testing.assert_close(logits.grad.double(), x.grad, rtol=1e-4, atol=1e-6)
 
 
-# -- against the loops of tests/reference.py -------------------------------------------------------------
+# -- against the loops of tests/support/reference.py -------------------------------------------------------------
 
 VARIANTS = [
     dict(importance_level="sequence"),

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tests.test_policy_fast import V, _grouped_batch
+from tests.models.test_policy_fast import V, _grouped_batch
 
 from grpokit.backends import backend_of, choose_backend, install_backend
 from grpokit.models.logprobs import completion_logprobs
@@ -161,7 +161,7 @@ def test_the_attention_function_hands_non_cpu_tensors_to_stock_sdpa(monkeypatch)
 
 def test_recipe_default_is_auto_and_names_are_checked():
     from grpokit.config import RecipeError, recipe_from_dict
-    from helpers import tiny_recipe_dict
+    from support.helpers import tiny_recipe_dict
 
     assert recipe_from_dict(tiny_recipe_dict("m", "out")).model.backend == "auto"
     assert recipe_from_dict(tiny_recipe_dict("m", "out", model={"backend": "plain"})).model.backend == "plain"

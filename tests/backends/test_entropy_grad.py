@@ -10,7 +10,7 @@ import copy
 
 import pytest
 import torch
-from tests.test_policy_fast import V, _grouped_batch
+from tests.models.test_policy_fast import V, _grouped_batch
 
 import grpokit.backends.cpu.ops as ops
 from grpokit import algo

@@ -12,7 +12,7 @@ from grpokit.envs.base import load_env
 from grpokit.envs.feedback import FEEDBACK_MESSAGE, FeedbackEnv
 from grpokit.rollout import SamplingParams
 from grpokit.rollout.multiturn import generate_multiturn
-from helpers import true_runs
+from support.helpers import true_runs
 
 ROW = {"prompt": "What is 5 + 7?", "answer": "12"}
 

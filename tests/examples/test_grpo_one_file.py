@@ -19,11 +19,11 @@ import pytest
 import torch
 
 import grpokit.trainer.build
-from fake_rewards import length_reward
 from grpokit.config import Recipe
 from grpokit.metrics import NullLogger
 from grpokit.trainer.loop import LoopMemory, run_step
-from helpers import tiny_recipe
+from support.fake_rewards import length_reward
+from support.helpers import tiny_recipe
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "grpo_one_file.py"
 STEPS = 3

@@ -14,7 +14,7 @@ from grpokit.process.labels import StepLabels, append_labels, read_labels
 from grpokit.trainer.build import build_run
 from grpokit.trainer.loop import train
 from grpokit.trainer.prm import problem_runs
-from helpers import tiny_recipe, tiny_recipe_dict, write_recipe
+from support.helpers import tiny_recipe, tiny_recipe_dict, write_recipe
 
 
 def test_problem_runs_cut_todo_into_consecutive_runs():
@@ -27,7 +27,7 @@ def _recipe(tiny_model_dir, tmp_path, **prm):
     settings = {
         "labels": str(tmp_path / "labels.jsonl"),
         "output_dir": str(tmp_path / "prm"),
-        "judge": "fake_rewards:length_reward",
+        "judge": "support.fake_rewards:length_reward",
         "threshold": 0.3,
         "problems": 3,
         "samples_per_problem": 2,

@@ -16,7 +16,7 @@ from grpokit.process.prm_train import PRM_INFO, PRMSpec
 from grpokit.trainer.build import build_run
 from grpokit.trainer.loop import train
 from grpokit.trainer.prm_refresh import LABELS_FILE, _keep_lines
-from helpers import tiny_recipe
+from support.helpers import tiny_recipe
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ def _recipe(model_dir, prm_dir, out, **train):
             "refresh_problems": 2,
             "samples_per_problem": 2,
             "rollouts_per_step": 2,
-            "judge": "fake_rewards:length_reward",
+            "judge": "support.fake_rewards:length_reward",
             "threshold": 0.2,
             "batch_size": 2,
             "learning_rate": 1e-3,

@@ -198,7 +198,7 @@ def test_load_prm_refuses_a_folder_without_its_info(tmp_path):
 def test_recipe_names_a_trained_prm(tmp_path, make_tiny_model, smollm2_tokenizer):
     """``algo.process_reward: prm:FOLDER`` scores steps as the loaded folder does, in a thread."""
     from grpokit.process.wiring import resolve_process_reward
-    from helpers import tiny_recipe
+    from support.helpers import tiny_recipe
 
     out = tmp_path / "prm"
     train_prm(make_tiny_model(seed=1), smollm2_tokenizer, _pattern_records(4), out, eval_fraction=0.0, max_steps=2)

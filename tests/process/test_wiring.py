@@ -17,7 +17,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from fake_rewards import BAD_ROW, FAIL_MARK, process_length_reward, raising_process_reward
 from grpokit import algo
 from grpokit.config import AlgoConfig
 from grpokit.estimators.base import GRPO
@@ -26,7 +25,8 @@ from grpokit.metrics import read_metrics
 from grpokit.process import ProcessScorer
 from grpokit.process.steps import scatter_step_rewards, step_end_masks, step_texts
 from grpokit.rewards.guard import GuardedReward, RewardError
-from helpers import tiny_recipe
+from support.fake_rewards import BAD_ROW, FAIL_MARK, process_length_reward, raising_process_reward
+from support.helpers import tiny_recipe
 
 EOS = 2
 G = 2
@@ -134,7 +134,7 @@ def test_training_step_survives_a_failing_process_reward_row(tiny_model_dir, tmp
         algo={
             "supervision": "process",
             "step_rule": "regex:\\s",
-            "process_reward": "fake_rewards:bad_row_process_reward",
+            "process_reward": "support.fake_rewards:bad_row_process_reward",
         },
     )
     with warnings.catch_warnings():

@@ -8,14 +8,14 @@ import time
 
 import pytest
 
-import fake_rewards as fr
 from grpokit.cli.main import main
 from grpokit.process.wiring import resolve_process_reward
 from grpokit.rewards import compute_rewards, get_reward_function
 from grpokit.rewards.calling import RewardSignatureError, call_form, check_signature
 from grpokit.rewards.guard import GuardedReward, RewardError
 from grpokit.rewards.pipeline import RewardPipeline
-from helpers import tiny_recipe, tiny_recipe_dict, write_recipe
+from support import fake_rewards as fr
+from support.helpers import tiny_recipe, tiny_recipe_dict, write_recipe
 
 ISOLATIONS = ["process", "thread"]
 EXPECTED = "expected def f(prompts, completions, **columns)"
@@ -102,7 +102,7 @@ def test_an_async_process_reward_gets_its_steps(tmp_path):
     recipe = tiny_recipe(
         "unused-model",
         tmp_path,
-        algo={"supervision": "process", "process_reward": "fake_rewards:async_process_length_reward"},
+        algo={"supervision": "process", "process_reward": "support.fake_rewards:async_process_length_reward"},
     )
     guard = resolve_process_reward(recipe)
     try:
@@ -137,8 +137,8 @@ def test_trl_keyword_form_rewards_get_prompts_completions_and_columns_as_keyword
 @pytest.mark.parametrize(
     "spec, why",
     [
-        ("fake_rewards:one_argument_reward", "too many positional arguments"),
-        ("fake_rewards:HANG_S", None),  # not callable: the import's own error
+        ("support.fake_rewards:one_argument_reward", "too many positional arguments"),
+        ("support.fake_rewards:HANG_S", None),  # not callable: the import's own error
     ],
 )
 def test_a_signature_of_neither_form_fails_when_resolved(spec, why):
@@ -150,7 +150,7 @@ def test_a_signature_of_neither_form_fails_when_resolved(spec, why):
         get_reward_function(spec)
     msg = str(e.value)
     assert msg.startswith(
-        "reward 'fake_rewards:one_argument_reward': its signature f(texts) cannot take the call "
+        "reward 'support.fake_rewards:one_argument_reward': its signature f(texts) cannot take the call "
         "f(prompts, completions): too many positional arguments; " + EXPECTED
     ), msg
     assert "TRL's def f(completions, **kwargs)" in msg and "on_error" not in msg and "\n" not in msg
@@ -178,21 +178,21 @@ def test_pipeline_checks_signatures_against_the_columns(tmp_path):
         "unused-model",
         tmp_path,
         rewards={
-            "functions": ["fake_rewards:trl_answer_reward", "fake_rewards:no_columns_reward"],
+            "functions": ["support.fake_rewards:trl_answer_reward", "support.fake_rewards:no_columns_reward"],
             "isolation": "thread",
         },
     )
     pipe = RewardPipeline.from_config(recipe.rewards)
     with pytest.raises(
         RewardSignatureError,
-        match=r"'fake_rewards:trl_answer_reward'.*missing a required "
+        match=r"'support.fake_rewards:trl_answer_reward'.*missing a required "
         r"argument: 'answer'",
     ):
         pipe.check_columns([])
     with pytest.raises(
         RewardSignatureError,
         match=r"^rewards.functions: reward function "
-        r"'fake_rewards:no_columns_reward': .*'answer'",
+        r"'support.fake_rewards:no_columns_reward': .*'answer'",
     ):
         pipe.check_columns(["answer"])
 
@@ -212,8 +212,8 @@ def test_a_call_that_does_not_bind_raises_whatever_on_error(isolation):
 @pytest.mark.parametrize(
     "reward, shown",
     [
-        ("fake_rewards:one_argument_reward", "f(texts) cannot take the call f(prompts, completions)"),
-        ("fake_rewards:no_columns_reward", "got an unexpected keyword argument 'answer'"),
+        ("support.fake_rewards:one_argument_reward", "f(texts) cannot take the call f(prompts, completions)"),
+        ("support.fake_rewards:no_columns_reward", "got an unexpected keyword argument 'answer'"),
     ],
 )
 def test_train_refuses_a_wrong_signature_before_any_model_loads(
@@ -246,7 +246,7 @@ def test_one_step_with_an_async_reward_and_a_trl_reward_from_a_file(tiny_model_d
         tiny_model_dir,
         tmp_path / "out",
         train={"max_steps": 1},
-        rewards={"functions": ["fake_rewards:async_length_reward", "./trl_style.py:half"]},
+        rewards={"functions": ["support.fake_rewards:async_length_reward", "./trl_style.py:half"]},
     )
     summary = train(recipe, progress=False, run=grpokit.trainer.build.build_run(recipe))
     assert summary["last_metrics"]["step"] == 1 and summary["last_metrics"]["reward_failures"] == 0

@@ -9,7 +9,7 @@ output is well formed (right length, values in the documented set, spans inside 
 
 Inputs: ``st.text()``, and texts assembled from math-ish pieces (digits, operators, ``\\boxed{``,
 ``####``, ``Step``, LaTeX, unicode digits, newlines), and very long lines. Time bounds are on CPU
-time (``time.process_time``), as in ``tests/test_properties.py``: a loaded machine must not fail
+time (``time.process_time``), as in ``tests/algo/test_properties.py``: a loaded machine must not fail
 them. Crashing inputs found by fuzzing are pinned with ``@example``.
 """
 

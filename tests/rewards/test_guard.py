@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-import fake_rewards as fr
 from grpokit.rewards.guard import GuardedReward, RewardError
 from grpokit.rewards.math import math_correct
+from support import fake_rewards as fr
 
 
 def _running(pid: int) -> bool:
@@ -153,7 +153,7 @@ def test_worker_ends_when_the_trainer_is_killed(tmp_path, busy):
     script.write_text(
         "import sys, time\n"
         "from grpokit.rewards.guard import GuardedReward\n"
-        "import fake_rewards\n"
+        "from support import fake_rewards\n"
         f"g = GuardedReward('r', fake_rewards.{fn}, timeout_s=600)\n"
         f"{call}\n"
         "time.sleep(600)\n"
@@ -230,7 +230,7 @@ def test_a_form_mismatch_is_told_of_completions_as_not_on_error():
 def test_completions_as_messages_reaches_own_functions_only(tmp_path):
     """From the recipe: the user's function gets TRL's conversational form, a built-in still gets text."""
     from grpokit.rewards.pipeline import RewardPipeline
-    from helpers import tiny_recipe
+    from support.helpers import tiny_recipe
 
     recipe = tiny_recipe(
         "unused-model",

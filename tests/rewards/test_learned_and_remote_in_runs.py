@@ -18,9 +18,9 @@ from grpokit.rewards.pipeline import RewardPipeline
 from grpokit.rewards.remote import RemoteReward
 from grpokit.rewards.rm import RewardModel
 from grpokit.trainer.loop import train
-from helpers import tiny_recipe
+from support.helpers import tiny_recipe
 
-RULE = "fake_rewards:length_reward"
+RULE = "support.fake_rewards:length_reward"
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +97,7 @@ def test_two_steps_with_an_rm_a_server_and_a_rule(tiny_model_dir, tmp_path, rm_d
     rm = RewardModel(model, smollm2_tokenizer)
     samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert len(samples) == 8
-    from fake_rewards import length_reward
+    from support.fake_rewards import length_reward
 
     for s in samples:
         ids = rm.text_ids(s["prompt"], s["completion"])

@@ -17,7 +17,7 @@ from grpokit.rewards import get_reward_function
 from grpokit.rewards.calling import RewardSignatureError
 from grpokit.rewards.guard import GuardedReward
 from grpokit.utils.importing import SPEC_FORMS, import_object
-from helpers import tiny_recipe
+from support.helpers import tiny_recipe
 
 REWARD = (
     "def exact(prompts, completions, answer, **_):\n"

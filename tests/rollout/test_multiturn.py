@@ -17,7 +17,7 @@ from grpokit.experience import Experience
 from grpokit.models.logprobs import completion_logprobs
 from grpokit.rollout import SamplingParams, generate_rollouts
 from grpokit.rollout.multiturn import generate_multiturn
-from helpers import true_runs
+from support.helpers import true_runs
 
 PROMPTS = ["The cat sat on", "A dog ran to", "My hat is on"]
 EOS = [2, 0]
@@ -268,7 +268,7 @@ def test_experience_keeps_environment_tokens_in_attention_only():
 
 
 def test_the_docs_feedback_environment_gives_another_turn_after_an_eos(tiny_model, smollm2_tokenizer):
-    from fake_envs import Feedback
+    from support.fake_envs import Feedback
 
     many_eos = list(range(0, 49152, 4))  # a turn ends at an EOS within a few tokens
     rows = [{"answer": "never written 123"} for _ in PROMPTS]

@@ -15,7 +15,6 @@ import pytest
 import torch
 
 import grpokit.rollout.sampling as sampling
-from fake_envs import StopAtE
 from grpokit.algo import support as sup
 from grpokit.algo import token_logprobs
 from grpokit.backends import install_backend
@@ -23,6 +22,7 @@ from grpokit.models.logprobs import LogprobScorer, completion_logprobs
 from grpokit.rollout import SamplingParams, generate_rollouts
 from grpokit.rollout.multiturn import generate_multiturn
 from grpokit.rollout.sampling import InverseCDFSampler
+from support.fake_envs import StopAtE
 
 
 def _draw(logits: list[float], u: float, temperature: float = 1.0, **warpers) -> tuple[list[int], int, float]:

@@ -14,11 +14,11 @@ import sys
 import pytest
 import torch
 
-from fake_vllm import install_fake_vllm
 from grpokit.algo import LogprobGap, mask_completions
 from grpokit.rollout import SamplingParams, load_engine
 from grpokit.rollout import vllm_engine as ve
 from grpokit.rollout.engine import request_seed
+from support.fake_vllm import install_fake_vllm
 
 RAW_PROMPTS = ["The cat sat on", "Hello world, this is"]
 
@@ -305,7 +305,7 @@ def test_the_loop_logs_the_gap_and_syncs_after_each_update_and_on_resume(fake_vl
     import grpokit.trainer.build
     from grpokit.metrics import read_metrics
     from grpokit.trainer.loop import train
-    from helpers import tiny_recipe
+    from support.helpers import tiny_recipe
 
     def steps(n):
         recipe = tiny_recipe(

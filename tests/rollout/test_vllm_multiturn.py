@@ -11,12 +11,12 @@ import pytest
 import torch
 
 import grpokit.rollout.vllm_multiturn as vm
-from fake_envs import StopAtE
-from fake_vllm import install_fake_vllm
 from grpokit.models.logprobs import completion_logprobs
 from grpokit.rollout import SamplingParams
 from grpokit.rollout.multiturn import generate_multiturn
-from helpers import true_runs
+from support.fake_envs import StopAtE
+from support.fake_vllm import install_fake_vllm
+from support.helpers import true_runs
 
 PROMPTS = ["The cat sat on", "A dog ran to", "My hat is on"]
 EOS = [2, 0]
@@ -130,12 +130,12 @@ def test_a_run_trains_with_the_vllm_engine_and_an_environment(fake_vllm, tiny_mo
     import grpokit.trainer.build
     from grpokit.metrics import read_metrics
     from grpokit.trainer.loop import train
-    from helpers import tiny_recipe
+    from support.helpers import tiny_recipe
 
     recipe = tiny_recipe(
         tiny_model_dir,
         tmp_path,
-        rollout={"engine": "vllm", "env": "fake_envs:StopAtE", "max_turns": 3, "max_new_tokens": 6},
+        rollout={"engine": "vllm", "env": "support.fake_envs:StopAtE", "max_turns": 3, "max_new_tokens": 6},
     )
     run = grpokit.trainer.build.build_run(recipe)
     assert isinstance(run.engine, vm.VLLMMultiTurnEngine) and run.engine.max_turns == 3

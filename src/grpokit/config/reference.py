@@ -3,7 +3,7 @@ the schema (:mod:`grpokit.config.schema`), so no key is named in no doc.
 
     .venv/bin/python -m grpokit.config.reference > docs/recipe_keys.md   # make recipe-keys
 
-``tests/test_recipe_keys_doc.py`` fails when the committed page is not what this writes.
+``tests/config/test_recipe_keys_doc.py`` fails when the committed page is not what this writes.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ _HEAD = """# Recipe keys
 
 Every key a recipe sets, section by section, with its type, default, allowed values and what it does.
 Generated from the schema (`grpokit.config.schema`) by `make recipe-keys`; do not edit by hand
-(`tests/test_recipe_keys_doc.py` fails when this page and the schema differ). A recipe file writes
+(`tests/config/test_recipe_keys_doc.py` fails when this page and the schema differ). A recipe file writes
 each key under its section (`train:` then `max_steps: 8`); the command line writes `train.max_steps=8`.
 """
 

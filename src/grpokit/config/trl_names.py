@@ -8,7 +8,7 @@ equivalent), what it means here, and where values differ, how a TRL value is wri
 (``use train.max_steps=2``; ``num_generations is TRL's name; grpokit: rollout.group_size=8``);
 :func:`trl_help` is the section of ``grpokit train --help`` for TRL users.
 
-Checked against TRL 1.x's ``GRPOConfig`` (``trl/trainer/grpo_config.py``); ``tests/test_trl_names.py``
+Checked against TRL 1.x's ``GRPOConfig`` (``trl/trainer/grpo_config.py``); ``tests/config/test_trl_names.py``
 checks that every key named here is a recipe key, so the table cannot name a key that is gone.
 """
 

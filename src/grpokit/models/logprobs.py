@@ -4,7 +4,7 @@
 (:func:`grpokit.backends.install_backend`; ``plain``, the stock transformers forward, when none
 was): ``plain`` runs one forward over ``[prompt ; completion]`` per row; ``cpu``
 (:mod:`grpokit.backends.cpu`) runs each distinct prompt once and shares its KV cache with the
-group's rows, with fused memory-lean ops. Both give the same numbers (``tests/test_policy_fast.py``
+group's rows, with fused memory-lean ops. Both give the same numbers (``tests/models/test_policy_fast.py``
 and ``tests/backends/cpu/test_fused.py`` check log-probs, loss and gradients against each other).
 """
 
@@ -53,7 +53,7 @@ def completion_logprobs(
     distribution the sampler drew from with that temperature and no truncating warper. With
     ``top_k``/``top_p``/``min_p`` the batch carries ``sampler_support``, the set each token was
     drawn from, and the softmax is taken over that set alone (sampling replay, docs/design.md,
-    "Temperature"; tests/test_sampler_agreement.py): the same for the policy, π_old and π_ref,
+    "Temperature"; tests/rollout/test_sampler_agreement.py): the same for the policy, π_old and π_ref,
     which all score their batches through here.
 
     Runs through ``model``'s backend (:func:`grpokit.backends.get_backend`): ``plain`` (none

@@ -13,7 +13,7 @@
    EOS, never derived from the pad id), ``truncated`` = no EOS within ``max_new_tokens``;
 5. decode each completion up to (excluding) its first EOS, skipping special tokens.
 
-Speed (each switchable, none changes the sampling rule; ``tests/test_policy_fast.py`` checks that
+Speed (each switchable, none changes the sampling rule; ``tests/models/test_policy_fast.py`` checks that
 the fast paths sample the same tokens as the plain one on a tiny model). The prefix cache and the
 packed weights are the model's backend's (:func:`grpokit.backends.get_backend`): a model with the
 ``cpu`` backend gets them, one with ``plain`` (or none installed) runs ``generate`` as it comes:

@@ -9,13 +9,13 @@ import copy
 
 import pytest
 import torch
-from tests.test_policy_fast import V, _grouped_batch, _loss_and_grads
+from tests.models.test_policy_fast import V, _grouped_batch, _loss_and_grads
 
 from grpokit import algo
 from grpokit.backends import backend_of, install_backend
 from grpokit.backends.cpu.fused import apply_fused_ops, fused_head
 from grpokit.models.logprobs import batch_logprobs, completion_logprobs
-from helpers import saved_bytes
+from support.helpers import saved_bytes
 
 GQA = dict(vocab_size=V, pad_token_id=0, num_attention_heads=4, num_key_value_heads=2)
 

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import grpokit.backends.cpu.ops as ops
 from grpokit.algo import token_entropy, token_logprobs
 from grpokit.backends.cpu.ops import embedding, linear_token_logprobs, rms_norm, swiglu_mlp
-from helpers import saved_bytes
+from support.helpers import saved_bytes
 
 
 def _rand(*shape, dtype=torch.float64, seed=0, grad=True):

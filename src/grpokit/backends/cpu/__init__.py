@@ -11,7 +11,7 @@
   (:mod:`.generation`).
 
 Each piece gives the plain path's numbers (``tests/backends/cpu/test_fused.py``,
-``tests/test_policy_fast.py``, ``tests/backends/cpu/test_ops.py``). Each steps aside, running the
+``tests/models/test_policy_fast.py``, ``tests/backends/cpu/test_ops.py``). Each steps aside, running the
 stock code, where it could not be exact: a module whose structure is not the one it replaces (a
 projection that is not a plain ``nn.Linear``, e.g. a LoRA wrapper added later), tensors off the
 CPU, autocast (the fused modules), no gradient (the fused modules, which save nothing then). It

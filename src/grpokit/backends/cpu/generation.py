@@ -9,7 +9,7 @@
   new token; on CPU the copies cost about a third of a decode step. No ``torch.compile`` is
   involved (the generation config sets ``disable_compile=True``).
 
-Neither changes the sampled tokens (``tests/test_policy_fast.py``).
+Neither changes the sampled tokens (``tests/models/test_policy_fast.py``).
 """
 
 from __future__ import annotations
