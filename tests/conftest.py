@@ -85,7 +85,9 @@ def pytest_terminal_summary(terminalreporter, config):
         return
     terminalreporter.write_sep("-", "time per tier (tests/support/tiers.py)")
     workers = getattr(config.option, "numprocesses", None) or 1
-    for line in _CLOCK.lines(workers) if _CLOCK is not None else ():
+    start = getattr(terminalreporter, "_session_start", None)  # pytest's own clock, from the session start
+    wall = start.elapsed().seconds if start is not None else None
+    for line in _CLOCK.lines(workers, wall) if _CLOCK is not None else ():
         terminalreporter.write_line(line)
 
 

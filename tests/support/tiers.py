@@ -93,8 +93,9 @@ class TierClock:
         if report.when == "call" or (report.when == "setup" and report.skipped):
             self.tests[tier] += 1
 
-    def lines(self, workers: int) -> list[str]:
-        wall = time.perf_counter() - self.start
+    def lines(self, workers: int, wall: float | None = None) -> list[str]:
+        """The table; ``wall``: the session's seconds (default: since this clock started)."""
+        wall = time.perf_counter() - self.start if wall is None else wall
         out = [f"{'tier':<7} {'tests':>6} {'test s':>8} {'limit/test':>11}"]
         for tier in ORDER:
             if self.tests.get(tier):
