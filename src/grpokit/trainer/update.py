@@ -10,6 +10,7 @@ import math
 import time
 import warnings
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 import torch
@@ -21,6 +22,15 @@ from grpokit.models.lora import adapter_dropout
 from grpokit.trainer.build import Run
 from grpokit.utils.distributed import gather_objects, norm_value, reduce_gradients, sum_over_ranks
 from grpokit.utils.memory import release_memory
+
+
+class UpdateOutcome(Enum):
+    """What one gradient pass's optimizer step did (:func:`_apply_update`); the step logs how many of
+    its μ passes were ``SKIPPED`` (``skipped_updates``) and ``ZERO_GRAD`` (``zero_grad_updates``)."""
+
+    APPLIED = "applied"  # the optimizer stepped
+    ZERO_GRAD = "zero_grad"  # the gradient was exactly 0: nothing to learn, no step (AdamW would still move)
+    SKIPPED = "skipped"  # the loss or the gradient norm was not finite: no step, counted toward max_consecutive_skips
 
 
 def optimize(run: Run, exp: Experience, *, keep_rows: torch.Tensor | None = None) -> dict[str, Any]:
@@ -48,7 +58,9 @@ def optimize(run: Run, exp: Experience, *, keep_rows: torch.Tensor | None = None
     loss_mask = exp.completion_mask if keep_rows is None else exp.completion_mask & keep_rows[:, None]
     counts = BatchCounts.of(exp, loss_mask, keep_rows, run.ranks)
     totals = UpdateTotals()
-    grad_norms, lrs, outcomes = [], [], []
+    grad_norms: list[float] = []
+    lrs: list[float] = []
+    outcomes: list[UpdateOutcome] = []
     gap = LogprobGap()  # the sampler's log-probs against π_old's (engines that report them: vllm)
     passes = t.num_iterations if run.algorithm.updates_policy(run.state.step + 1) else 0  # 0: PPO's critic warm-up
     for it in range(passes):
@@ -70,8 +82,8 @@ def optimize(run: Run, exp: Experience, *, keep_rows: torch.Tensor | None = None
         **totals.means(mu),
         "grad_norm": sum(grad_norms) / mu,
         "lr": sum(lrs) / len(lrs) if lrs else float(run.optimizer.param_groups[0]["lr"]),
-        "skipped_updates": outcomes.count("skipped"),
-        "zero_grad_updates": outcomes.count("zero_grad"),
+        "skipped_updates": outcomes.count(UpdateOutcome.SKIPPED),
+        "zero_grad_updates": outcomes.count(UpdateOutcome.ZERO_GRAD),
         "ref_s": ref_s,
         "policy_updated": int(passes > 0),
         **aux,
@@ -207,12 +219,12 @@ def _gradient_pass(
     return totals.loss
 
 
-def _apply_update(run: Run, t: TrainConfig, loss_total: float) -> tuple[float, str]:
+def _apply_update(run: Run, t: TrainConfig, loss_total: float) -> tuple[float, UpdateOutcome]:
     """The optimizer step of one pass: gradients summed over ranks (ddp), clipped at
     ``t.max_grad_norm``; not applied when the gradient is exactly zero (nothing to learn: AdamW
     would move the weights by momentum and weight decay alone) or the loss or norm is not finite
-    (counted in ``run.state.consecutive_skips``). Returns ``(grad norm, "applied" | "zero_grad" |
-    "skipped")``, the same on every rank."""
+    (counted in ``run.state.consecutive_skips``). Returns ``(grad norm, outcome)``, the same on every
+    rank."""
     ranks, state = run.ranks, run.state
     if ranks.parallel == "ddp":  # fsdp2 reduce-scatters in backward; then every rank has the same gradient
         reduce_gradients([p for p in run.model.parameters() if p.requires_grad], ranks)
@@ -221,10 +233,10 @@ def _apply_update(run: Run, t: TrainConfig, loss_total: float) -> tuple[float, s
     gn = norm_value(torch.nn.utils.clip_grad_norm_(run.model.parameters(), clip))
     if gn == 0.0:
         state.consecutive_skips = 0
-        return gn, "zero_grad"
+        return gn, UpdateOutcome.ZERO_GRAD
     if math.isfinite(gn) and math.isfinite(loss_total):
         run.optimizer.step()
         state.consecutive_skips = 0
-        return gn, "applied"
+        return gn, UpdateOutcome.APPLIED
     state.consecutive_skips += 1
-    return gn, "skipped"
+    return gn, UpdateOutcome.SKIPPED
