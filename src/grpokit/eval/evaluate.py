@@ -21,6 +21,7 @@ import json
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,15 +32,64 @@ if TYPE_CHECKING:
     from grpokit.config import Recipe
 
 
-def _score(guard, rows: list[dict], completions: list[str], per_row: int, unscorable: list[int]) -> list[bool]:
-    """Correctness of ``completions`` (``per_row`` consecutive ones per row); adds to
-    ``unscorable[0]`` the completions the scorer gave no score (None: it raised, timed out, or
-    could not read the reference)."""
+def _score(guard, rows: list[dict], completions: list[str], per_row: int) -> tuple[list[bool], int]:
+    """Correctness of ``completions`` (``per_row`` consecutive ones per row), and how many the scorer
+    gave no score (None: it raised, timed out, or could not read the reference)."""
     expanded = [r for r in rows for _ in range(per_row)]
     cols = {k: [r.get(k) for r in expanded] for k in rows[0] if k != "prompt"}
     scores = guard([r["prompt"] for r in expanded], completions, **cols)
-    unscorable[0] += sum(s is None for s in scores)
-    return [s is not None and s >= 1.0 for s in scores]
+    return [s is not None and s >= 1.0 for s in scores], sum(s is None for s in scores)
+
+
+@dataclass
+class _Tally:
+    """What :func:`evaluate`'s passes gather: per problem, greedy correct or not; per problem, the k
+    samples' correctness and answers; the greedy completions cut at ``max_new_tokens``, the first
+    five examples, and the completions the scorer gave no score."""
+
+    greedy: list[bool] = field(default_factory=list)
+    sampled: list[list[bool]] = field(default_factory=list)
+    answers: list[list[str | None]] = field(default_factory=list)
+    truncated: int = 0
+    unscorable: int = 0
+    examples: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _greedy_pass(engine, guard, prompts, rows, tally: _Tally, *, batch_size: int, max_new_tokens: int, seed: int):
+    """Each prompt once, greedy, ``batch_size`` per call; into ``tally``."""
+    params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
+    for start in range(0, len(prompts), batch_size):
+        chunk_rows, chunk = rows[start : start + batch_size], prompts[start : start + batch_size]
+        # greedy draws no random numbers: the seed changes nothing (the engine needs one)
+        ro = engine.generate(chunk, 1, params, seed * 100003 + start, **rows_for(engine, chunk_rows))
+        assert ro.truncated is not None  # every engine's generate sets it
+        ok, none = _score(guard, chunk_rows, ro.completions, 1)
+        tally.greedy += ok
+        tally.unscorable += none
+        tally.truncated += int(ro.truncated.sum())
+        tally.examples += [
+            {
+                "question": r["prompt"],
+                "prompt": p,
+                "answer": r.get("answer"),
+                "completion": c,
+                "correct": o,
+                "truncated": bool(t),
+            }
+            for r, p, c, o, t in zip(chunk_rows, chunk, ro.completions, ok, ro.truncated.tolist())
+        ][: max(0, 5 - len(tally.examples))]
+
+
+def _sampled_pass(engine, guard, prompts, rows, tally: _Tally, extract_answer, *, per_call: int, k: int, params, seed):
+    """``k`` samples per prompt, ``per_call`` prompts per call; into ``tally``."""
+    for start in range(0, len(prompts), per_call):
+        chunk_rows, chunk = rows[start : start + per_call], prompts[start : start + per_call]
+        ro = engine.generate(chunk, k, params, seed * 100003 + start, **rows_for(engine, chunk_rows))
+        ok, none = _score(guard, chunk_rows, ro.completions, k)
+        tally.unscorable += none
+        for i in range(len(chunk)):
+            tally.sampled.append(ok[i * k : (i + 1) * k])
+            tally.answers.append([extract_answer(c) for c in ro.completions[i * k : (i + 1) * k]])
 
 
 def evaluate(
@@ -113,57 +163,38 @@ def evaluate(
     name = getattr(scorer, "__name__", type(scorer).__name__)
     guard = GuardedReward(f"eval:{name}", scorer, timeout_s=scorer_timeout_s, on_error="none", isolation=isolation)
     t0 = time.perf_counter()
-    greedy: list[bool] = []
-    truncated = 0
-    examples: list[dict[str, Any]] = []
-    sampled: list[list[bool]] = []
-    answers: list[list[str | None]] = []
-    per_call = max(1, batch_size // max(num_samples, 1))
-    unscorable = [0]
-    greedy_params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
-    sampled_params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens) if num_samples else None
+    tally = _Tally()
     try:
-        for start in range(0, len(prompts), batch_size):
-            chunk_rows, chunk = rows[start : start + batch_size], prompts[start : start + batch_size]
-            # greedy draws no random numbers: the seed changes nothing (the engine needs one)
-            ro = engine.generate(chunk, 1, greedy_params, seed * 100003 + start, **rows_for(engine, chunk_rows))
-            assert ro.truncated is not None  # every engine's generate sets it
-            ok = _score(guard, chunk_rows, ro.completions, 1, unscorable)
-            greedy += ok
-            truncated += int(ro.truncated.sum())
-            examples += [
-                {
-                    "question": r["prompt"],
-                    "prompt": p,
-                    "answer": r.get("answer"),
-                    "completion": c,
-                    "correct": o,
-                    "truncated": bool(t),
-                }
-                for r, p, c, o, t in zip(chunk_rows, chunk, ro.completions, ok, ro.truncated.tolist())
-            ][: max(0, 5 - len(examples))]
-        for start in range(0, len(prompts) if num_samples else 0, per_call):
-            chunk_rows, chunk = rows[start : start + per_call], prompts[start : start + per_call]
-            assert sampled_params is not None  # made when num_samples > 0, the only case this loop runs
-            ro = engine.generate(
-                chunk, num_samples, sampled_params, seed * 100003 + start, **rows_for(engine, chunk_rows)
+        _greedy_pass(
+            engine, guard, prompts, rows, tally, batch_size=batch_size, max_new_tokens=max_new_tokens, seed=seed
+        )
+        if num_samples:
+            params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
+            per_call = max(1, batch_size // num_samples)
+            _sampled_pass(
+                engine,
+                guard,
+                prompts,
+                rows,
+                tally,
+                extract_answer,
+                per_call=per_call,
+                k=num_samples,
+                params=params,
+                seed=seed,
             )
-            ok = _score(guard, chunk_rows, ro.completions, num_samples, unscorable)
-            for i in range(len(chunk)):
-                sampled.append(ok[i * num_samples : (i + 1) * num_samples])
-                answers.append([extract_answer(c) for c in ro.completions[i * num_samples : (i + 1) * num_samples]])
     finally:
         guard.close()
-    total = len(prompts)
+    total, greedy, sampled, answers = len(prompts), tally.greedy, tally.sampled, tally.answers
     summary = evalstats.summarize(greedy, sampled or None, answers or None) if total else None
     out = {
         "accuracy": sum(greedy) / total if total else 0.0,
         "correct": sum(greedy),
         "total": total,
-        "unscorable": unscorable[0],
-        "truncated_frac": truncated / total if total else 0.0,
+        "unscorable": tally.unscorable,
+        "truncated_frac": tally.truncated / total if total else 0.0,
         "seconds": time.perf_counter() - t0,
-        "examples": examples,
+        "examples": tally.examples,
         "outcomes": greedy,
         "metrics": summary,
         "settings": {
@@ -177,8 +208,8 @@ def evaluate(
         },
     }
     if sampled:
-        out["sampled_correct"] = [sum(s) for s in sampled]
-        out["maj_outcomes"] = [evalstats.maj_at_k(ans, s) for ans, s in zip(answers, sampled)]
+        out["sampled_correct"] = [sum(x) for x in sampled]
+        out["maj_outcomes"] = [evalstats.maj_at_k(ans, x) for ans, x in zip(answers, sampled)]
     return out
 
 
