@@ -429,6 +429,7 @@ def test_resume_keeps_the_settings_of_every_optimizer_and_loads_their_moments(tm
         algorithm=_AlgorithmWithOptimizer(critic_opt2),
         ranks=SINGLE,
         state=None,
+        prm_refresh=None,
     )
     resume(run, ckpt)
     g = opt.param_groups[0]

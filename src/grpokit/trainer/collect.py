@@ -16,7 +16,7 @@ from grpokit.rewards.pipeline import ScoredRows, reward_metrics
 from grpokit.rollout.engine import rows_for
 from grpokit.trainer.build import Run
 from grpokit.trainer.state import next_prompt_indices
-from grpokit.utils.distributed import Ranks, gather_objects
+from grpokit.utils.distributed import GatheredEngine, Ranks, gather_objects
 from grpokit.utils.memory import release_memory
 
 
@@ -70,7 +70,7 @@ def sample_and_score(run: Run, step: int, n_prompts: int, *, round_: int = 0) ->
             )
         t_reward = time.perf_counter()
         scored = run.rewards.score_rows(exp, rows[first:last], run.data.columns)
-    elif hasattr(run.engine, "join_without_prompts"):  # fsdp2: the others' generate gathers the layers
+    elif isinstance(run.engine, GatheredEngine):  # fsdp2: the others' generate gathers the layers
         run.engine.join_without_prompts()
     if ranks.active:  # the whole batch on every rank: advantages and metrics as one process has them
         exp, scored = gather_scored(exp, scored, ranks, run.tokenizer.pad_token_id, device=run.device)

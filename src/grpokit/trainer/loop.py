@@ -343,9 +343,11 @@ def run_step(run: Run, logger: RunLogger | NullLogger, memory: LoopMemory) -> St
     """One GRPO step, 1-7 of the module docstring. Raises what sampling, scoring and the update raise."""
     recipe, ranks = run.recipe, run.ranks
     refreshed = {}  # iterative RL: the PRM retrained on the policy's labels before this step
-    refresh = getattr(run, "prm_refresh", None)
+    refresh = run.prm_refresh
     if refresh is not None and refresh.due(run.state.step):
-        refreshed = refresh.refresh(run)
+        refreshed = refresh.refresh(
+            run.model, run.ref_model, run.engine, run.sampling, run.data.rows, run.data.prompts, step=run.state.step
+        )
     t_start = time.perf_counter()
     step = run.state.step + 1
     # 1-3. prompts, their groups, rewards (the whole batch on every rank)

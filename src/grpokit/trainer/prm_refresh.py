@@ -37,7 +37,7 @@ import torch
 from grpokit.config import Recipe
 
 if TYPE_CHECKING:
-    from grpokit.trainer.build import Run
+    from grpokit.rollout.engine import RolloutEngine, SamplingParams
 
 __all__ = ["LABELS_FILE", "PRMRefresh", "build_prm_refresh"]
 
@@ -96,35 +96,46 @@ class PRMRefresh:
         """Whether a refresh comes before the step after ``steps_done``."""
         return steps_done > 0 and steps_done % self.every == 0
 
-    def refresh(self, run: Run) -> dict[str, Any]:
-        """One round (module docstring, 1-4) on ``run``; returns its metrics: ``prm_round``,
+    def refresh(
+        self,
+        model: torch.nn.Module,
+        ref_model: torch.nn.Module | None,
+        engine: RolloutEngine,
+        sampling: SamplingParams,
+        rows: list[dict],
+        prompts: list[str],
+        *,
+        step: int,
+    ) -> dict[str, Any]:
+        """One round (module docstring, 1-4) with the run's policy ``model`` (π_ref ``ref_model``
+        re-set from it with ``prm.sync_reference``), its ``engine`` and ``sampling``, on the training
+        ``rows`` and their ``prompts``, after ``step`` steps; returns its metrics: ``prm_round``,
         ``prm_labels`` (solutions labelled), ``prm_label_good_frac`` (of their steps),
         ``prm_label_tokens`` (completion tokens the labelling generated), ``prm_replay``,
         ``prm_loss`` (mean over the round's optimizer steps), ``prm_refresh_s``."""
         from grpokit.process.labels import TokenCount, append_labels, label_steps, read_labels
 
         p, start = self.recipe.prm, time.perf_counter()
-        rows, prompts = run.data.rows, run.data.prompts
         first = self.round * p.refresh_problems
         pick = [(first + i) % len(rows) for i in range(p.refresh_problems)]
-        was_training = run.model.training
-        run.model.eval()
-        engine = TokenCount(run.engine)
+        was_training = model.training
+        model.eval()
+        counted = TokenCount(engine)
         new = label_steps(
-            engine,
+            counted,
             [prompts[i] for i in pick],
             [rows[i] for i in pick],
             judge=self.judge,
             samples_per_problem=p.samples_per_problem,
             rollouts_per_step=p.rollouts_per_step,
-            sampling=run.sampling,
+            sampling=sampling,
             seed=p.seed,
             step_rule=self.recipe.algo.step_rule,
             threshold=p.threshold,
             first_problem=first,
-            policy=f"step {run.state.step}",
+            policy=f"step {step}",
         )
-        run.model.train(was_training)
+        model.train(was_training)
         earlier = read_labels(self.labels_path).records  # none before the first round
         self.lines += append_labels(self.labels_path, new)
         fresh = [r for r in new if r.steps]
@@ -132,15 +143,15 @@ class PRMRefresh:
         pool = [r for r in earlier if r.steps]
         replay = rng.sample(pool, min(len(pool), round(p.replay_fraction / (1 - p.replay_fraction) * len(fresh))))
         losses = self._train(fresh + replay, rng)
-        if p.sync_reference and run.ref_model is not None:
-            run.ref_model.load_state_dict(run.model.state_dict())
+        if p.sync_reference and ref_model is not None:
+            ref_model.load_state_dict(model.state_dict())
         self.round += 1
         good = [h for r in fresh for h in r.hard]
         return {
             "prm_round": self.round,
             "prm_labels": len(new),
             "prm_label_good_frac": sum(good) / len(good) if good else None,
-            "prm_label_tokens": engine.tokens,
+            "prm_label_tokens": counted.tokens,
             "prm_replay": len(replay),
             "prm_loss": sum(losses) / len(losses) if losses else None,
             "prm_refresh_s": time.perf_counter() - start,

@@ -37,7 +37,7 @@ def save_run_checkpoint(run: Run, recipe: Recipe) -> Path | None:
     FSDP2, the full model and optimizer state); rank 0 writes and returns the path, the others
     return None."""
     st, ranks = run.state, run.ranks
-    refresh = getattr(run, "prm_refresh", None)  # iterative RL's state (grpokit.trainer.prm_refresh)
+    refresh = run.prm_refresh  # iterative RL's state (grpokit.trainer.prm_refresh)
     rng = gather_objects(rng_state(), ranks) if ranks.active else None
     model_state = optimizer_state = None
     if is_sharded(run.model):
@@ -106,7 +106,7 @@ def resume(run: Run, ckpt: Path, changes: Sequence[tuple[str, Any, Any]] = ()) -
     run.algorithm.load_state_dict(blob.get("algorithm", {}))
     for opt, kept in zip(own, own_settings, strict=True):
         keep_hyperparameters(opt, kept)
-    refresh = getattr(run, "prm_refresh", None)  # iterative RL: the PRM, its optimizer, π_ref, the label file
+    refresh = run.prm_refresh  # iterative RL: the PRM, its optimizer, π_ref, the label file
     if refresh is not None:
         refresh.load_state_dict(blob.get("prm_refresh", {}), run.ref_model)
     per_rank = blob.get("rng_ranks")
