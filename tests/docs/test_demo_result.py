@@ -1,4 +1,4 @@
-"""``docs/results/demo_metrics.jsonl`` is what ``make demo`` gives on this code.
+"""``experiments/results/demo_metrics.jsonl`` is what ``make demo`` gives on this code.
 
 The docs call the demo reproducible (two runs of the same code give the same rewards step for step)
 and quote the committed file. A change that moves the demo's numbers (sampling, rewards, the loss,
@@ -23,7 +23,7 @@ from grpokit.config import load_recipe
 from grpokit.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
-COMMITTED = ROOT / "docs/results/demo_metrics.jsonl"
+COMMITTED = ROOT / "experiments/results/demo_metrics.jsonl"
 
 
 def test_the_committed_demo_metrics_are_a_whole_demo_run():

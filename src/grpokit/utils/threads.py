@@ -25,7 +25,7 @@ every barrier for a thread the other process has taken off its core, and a 19 s 
 depend on the machine's load). The choice is one line (:meth:`ThreadChoice.line`) among a run's
 first lines. A different thread count can change a float sum's order, hence the last bits of the
 numbers a run computes: a run's ``metrics.jsonl`` records ``threads`` on every line, and results
-that must reproduce bit for bit (``docs/results/demo_metrics.jsonl``) are taken at a stated count.
+that must reproduce bit for bit (``experiments/results/demo_metrics.jsonl``) are taken at a stated count.
 
 Standard library only until :func:`apply_threads` sets torch's count.
 """

@@ -1,4 +1,4 @@
-"""scripts/loss_variants.py: the variants' commands and the table from saved run folders."""
+"""experiments/scripts/loss_variants.py: the variants' commands and the table from saved run folders."""
 
 import importlib.util
 import json
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("loss_variants", ROOT / "scripts" / "loss_variants.py")
+_spec = importlib.util.spec_from_file_location("loss_variants", ROOT / "experiments" / "scripts" / "loss_variants.py")
 lv = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(lv)
 

@@ -1,7 +1,7 @@
 """Held-out accuracy split by a column of the held-out rows (MAWPS: ``type`` = singleop, addsub,
 singleeq, multiarith), for evaluations of one recipe's held-out problems.
 
-Usage: python scripts/heldout_by_kind.py RECIPE.yaml EVAL.json [EVAL.json ...] [--column type]
+Usage: python experiments/scripts/heldout_by_kind.py RECIPE.yaml EVAL.json [EVAL.json ...] [--column type]
 
 Each EVAL.json is a run's ``eval_before.json``/``eval_after.json``/``eval_stepN.json`` or the
 ``--output`` of ``grpokit eval --heldout-of RECIPE`` (one row per model of its ``models``). Its

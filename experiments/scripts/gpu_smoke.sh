@@ -2,7 +2,7 @@
 # GPU smoke check, for a machine with a CUDA GPU and a Python environment whose torch is a CUDA
 # build (on this project's CPU machines there is none: unit tests never need it).
 #
-#   PY=/path/to/cuda-venv/bin/python scripts/gpu_smoke.sh        # default PY: .venv/bin/python
+#   PY=/path/to/cuda-venv/bin/python experiments/scripts/gpu_smoke.sh        # default PY: .venv/bin/python
 #
 # Runs 3 steps of the demo recipe (beta > 0, so the reference model runs too) on cuda in bf16
 # weights with the stochastic-rounding AdamW, one with bf16 autocast over fp32 weights, then with
@@ -12,7 +12,7 @@
 # speed backend steps aside on CUDA), that every step's loss is finite, and prints the step times.
 # Exit status 0 = all fine; 2 = no CUDA device. Not run yet: no GPU was lent to this project.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
 OUT=${OUT:-runs/gpu_smoke}
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false

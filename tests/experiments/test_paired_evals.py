@@ -1,4 +1,4 @@
-"""scripts/paired_evals.py: accuracies and paired comparisons from saved evaluations."""
+"""experiments/scripts/paired_evals.py: accuracies and paired comparisons from saved evaluations."""
 
 import importlib.util
 import json
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("paired_evals", ROOT / "scripts" / "paired_evals.py")
+_spec = importlib.util.spec_from_file_location("paired_evals", ROOT / "experiments" / "scripts" / "paired_evals.py")
 pe = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(pe)
 

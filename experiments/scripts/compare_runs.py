@@ -1,5 +1,5 @@
 """Compare runs side by side: a markdown table of held-out accuracy and reward, and one PNG of the
-reward curves. Usage: python scripts/compare_runs.py OUT.png NAME=RUN_DIR [NAME=RUN_DIR ...]"""
+reward curves. Usage: python experiments/scripts/compare_runs.py OUT.png NAME=RUN_DIR [NAME=RUN_DIR ...]"""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def _mean(rows, key, lo, hi):
 
 def main(argv: list[str]) -> None:
     out_png, runs = Path(argv[0]), [a.split("=", 1) for a in argv[1:]]
-    matplotlib = require("matplotlib", extra="plots", why="scripts/compare_runs.py")
+    matplotlib = require("matplotlib", extra="plots", why="experiments/scripts/compare_runs.py")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -1,4 +1,4 @@
-"""scripts/heldout_by_kind.py: held-out accuracy split by a row column."""
+"""experiments/scripts/heldout_by_kind.py: held-out accuracy split by a row column."""
 
 import importlib.util
 import json
@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("heldout_by_kind", ROOT / "scripts" / "heldout_by_kind.py")
+SCRIPTS = ROOT / "experiments" / "scripts"
+_spec = importlib.util.spec_from_file_location("heldout_by_kind", SCRIPTS / "heldout_by_kind.py")
 hbk = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(hbk)
 

@@ -1,5 +1,5 @@
-"""scripts/process_arms.py and scripts/step_signal.py (issue #33): the arms' commands, the paired table
-from saved run folders, and the outcome/step statistics of hand-built groups."""
+"""experiments/scripts/process_arms.py and experiments/scripts/step_signal.py (issue #33): the arms'
+commands, the paired table from saved run folders, and the outcome/step statistics of hand-built groups."""
 
 import importlib.util
 import json
@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / "scripts" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

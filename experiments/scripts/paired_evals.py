@@ -1,6 +1,6 @@
 """Held-out accuracies and paired comparisons from saved evaluations (no model runs).
 
-    python scripts/paired_evals.py base=runs/x/eval_before.json after=runs/x/eval_after.json \\
+    python experiments/scripts/paired_evals.py base=runs/x/eval_before.json after=runs/x/eval_after.json \\
         --pair after:base [--json OUT.json]
 
 Each NAME=FILE is an evaluation written by a run (``eval_before.json``, ``eval_step<N>.json``,

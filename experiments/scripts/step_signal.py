@@ -1,7 +1,7 @@
 """Where can step credit help? Outcome signal and step correctness of a policy's own samples (issue #33).
 
-    python scripts/step_signal.py sample RECIPE [section.key=value ...] [--problems 64] [--json OUT]
-    python scripts/step_signal.py labels RECIPE [section.key=value ...] [--prm FOLDER] [--json OUT]
+    python experiments/scripts/step_signal.py sample RECIPE [section.key=value ...] [--problems 64] [--json OUT]
+    python experiments/scripts/step_signal.py labels RECIPE [section.key=value ...] [--prm FOLDER] [--json OUT]
 
 ``sample``: the recipe's model samples ``rollout.group_size`` completions of each of its first
 ``--problems`` training problems (held-out problems left out, prompts as training renders them, the

@@ -1,7 +1,7 @@
 """Issue #35's measured table: each loss/advantage variant for 30 steps on ``recipes/arith.yaml``.
 
-    python scripts/loss_variants.py run [--only NAME ...] [--shared KEY=VALUE ...] [--out DIR]
-    python scripts/loss_variants.py table [--out DIR] [--json OUT] [--plot OUT.png]
+    python experiments/scripts/loss_variants.py run [--only NAME ...] [--shared KEY=VALUE ...] [--out DIR]
+    python experiments/scripts/loss_variants.py table [--out DIR] [--json OUT] [--plot OUT.png]
 
 Every run is ``grpokit train recipes/arith.yaml`` with the shared settings below plus the variant's
 own keys, in ``runs/variants/<name>``. A run whose ``eval_after.json`` exists is skipped, so an

@@ -1,8 +1,8 @@
 """Issue #33's comparison on the multi-step task: outcome vs process supervision (rule verifier, learned
 PRM, iterative PRM) from the same warm-up, steps and data (``recipes/steps.yaml``).
 
-    python scripts/process_arms.py run [--only ARM ...] [--seeds 0 1]   # trains what is missing
-    python scripts/process_arms.py table [--seeds 0 1] [--json OUT]
+    python experiments/scripts/process_arms.py run [--only ARM ...] [--seeds 0 1]   # trains what is missing
+    python experiments/scripts/process_arms.py table [--seeds 0 1] [--json OUT]
 
 Every run is ``grpokit train recipes/steps.yaml train.seed=S`` plus the arm's keys, in
 ``runs/steps/<arm>_s<S>``. The PRM arms need ``runs/steps/prm`` (``grpokit prm label`` then
