@@ -547,6 +547,7 @@ def test_the_model_card_says_the_variants(tmp_path):
 # -- a real step --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_one_step_with_every_variant_on(tiny_model_dir, tmp_path):
     """REINFORCE++, per-function normalization and the overlong penalty together, one step on the
     tiny model: the penalty is in the reward and its metric, the update is finite and moves the weights."""

@@ -330,6 +330,7 @@ def test_cli_and_api_give_the_same_metrics(tiny_model_dir, tmp_path):
         assert {k: v for k, v in a.items() if k not in TIMING} == {k: v for k, v in b.items() if k not in TIMING}
 
 
+@pytest.mark.slow
 def test_evaluate_gives_what_grpokit_eval_prints(tiny_model_dir, tmp_path, capsys):
     """Trainer.evaluate() on the recipe's held-out rows: the same numbers as `grpokit eval --heldout-of`."""
     from grpokit.cli.main import main

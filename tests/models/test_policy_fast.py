@@ -156,6 +156,7 @@ FAST_GENERATION = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1])
 def test_fast_generation_samples_the_same_tokens(tiny_model, smollm2_tokenizer, smollm2_prompts, seed):
     from grpokit.rollout import SamplingParams, generate_rollouts

@@ -285,6 +285,7 @@ def test_big_but_bounded_answers_still_compare(pred, gold):
     assert _in_worker_thread(is_equivalent, pred, gold)[0]
 
 
+@pytest.mark.slow
 @FUZZ
 @given(any_text, rules, st.sampled_from([None, "42", "\\frac{1}{2}", "12 apples", ""]))
 def test_arithmetic_step_rewards_total(text, rule, answer):

@@ -16,6 +16,7 @@ from grpokit.trainer.loop import train
 from support.helpers import tiny_recipe
 
 
+@pytest.mark.slow
 def test_gspo_token_with_the_adaptive_entropy_bonus_trains_logs_and_checkpoints(tiny_model_dir, tmp_path, monkeypatch):
     seen = []
     real = algo.policy_loss
@@ -56,6 +57,7 @@ def test_gspo_token_with_the_adaptive_entropy_bonus_trains_logs_and_checkpoints(
     assert parts.algorithm.entropy_coef > lines[1]["entropy_coef"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "keys,forwarded",
     [
