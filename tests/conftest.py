@@ -66,7 +66,7 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    tiers.order_and_group(items)
+    tiers.order_and_group(items, group=config.pluginmanager.hasplugin("xdist"))
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -188,3 +188,15 @@ def tiny_model_dir(tmp_path_factory, smollm2_tokenizer) -> str:
     _make_tiny_model().save_pretrained(path, safe_serialization=True)
     smollm2_tokenizer.save_pretrained(path)
     return str(path)
+
+
+@pytest.fixture(scope="session")
+def rank_forker():
+    """Ranks of ``python -m grpokit`` forked from one warm process per test worker
+    (:mod:`support.ranks`): a 2-rank launch without torchrun's launcher and imports."""
+    from support.helpers import subprocess_env
+    from support.ranks import RankForker
+
+    forker = RankForker(subprocess_env())
+    yield forker
+    forker.close()

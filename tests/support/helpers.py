@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,26 @@ TINY_RECIPE: dict[str, dict[str, Any]] = {
     },
     "eval": {"dataset": None},
 }
+
+
+TESTS = Path(__file__).resolve().parents[1]
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """The environment of a ``python -m grpokit`` (or torchrun) started by a test: offline, one
+    torch thread (as the in-process reference runs: the same float results), ``tests/`` on the
+    path (recipes name ``support.fake_rewards:fn``), a Python stack from a rank that crashes in C."""
+    py_path = os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])
+    return dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONPATH=py_path,
+        PYTHONFAULTHANDLER="1",
+        **extra,
+    )
 
 
 def tiny_recipe_dict(model_dir: str, output_dir: str | Path, **sections: dict[str, Any]) -> dict:

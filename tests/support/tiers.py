@@ -44,12 +44,13 @@ def _uses_module_fixture(item: pytest.Item) -> bool:
     return any(d[-1].scope in ("module", "class", "package") for d in defs if d)
 
 
-def order_and_group(items: list[pytest.Item]) -> None:
-    """Sort ``items`` (stable) by :data:`ORDER`; tests that share a module- or class-scoped fixture
-    go to one worker (``xdist_group``: set up once, not once per worker)."""
+def order_and_group(items: list[pytest.Item], group: bool = True) -> None:
+    """Sort ``items`` (stable) by :data:`ORDER`; with ``group`` (xdist loaded: otherwise the marker
+    is unknown), tests that share a module- or class-scoped fixture go to one worker
+    (``xdist_group``: set up once, not once per worker)."""
     rank = {name: i for i, name in enumerate(ORDER)}
     items.sort(key=lambda it: rank[tier_of(it.keywords)])
-    for item in items:
+    for item in items if group else ():
         if _uses_module_fixture(item):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 

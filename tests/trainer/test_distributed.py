@@ -38,11 +38,11 @@ from grpokit.trainer.loop import train
 from grpokit.utils import distributed as gd
 from support import dist_workers
 from support.fake_vllm import install_fake_vllm
+from support.helpers import subprocess_env as _env
 from support.helpers import tiny_recipe, tiny_recipe_dict, write_recipe
 
 pytestmark = pytest.mark.dist  # every test here starts two ranks or needs their module fixtures
 
-TESTS = Path(__file__).resolve().parents[1]
 TIMINGS = {"step_s", "gen_s", "reward_s", "train_s", "tokens_per_s", "train_minutes", "ref_s"}
 
 
@@ -144,19 +144,6 @@ SECTIONS = {
 }
 
 
-def _env() -> dict[str, str]:
-    py_path = os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])
-    return dict(
-        os.environ,
-        HF_HUB_OFFLINE="1",
-        OMP_NUM_THREADS="1",
-        MKL_NUM_THREADS="1",
-        TOKENIZERS_PARALLELISM="false",
-        PYTHONPATH=py_path,
-        PYTHONFAULTHANDLER="1",  # a rank that crashes in C (seen once: SIGSEGV under load) prints its Python stack
-    )
-
-
 def _torchrun(recipe: Path, *overrides: str) -> list[str]:
     return [
         sys.executable,
@@ -175,14 +162,81 @@ def _torchrun(recipe: Path, *overrides: str) -> list[str]:
     ]
 
 
-def _run2(recipe: Path, *overrides: str, path: Path | None = None) -> str:
-    """torchrun 2 ranks of ``recipe`` with ``overrides`` (``path``: a folder put first on PYTHONPATH)."""
-    env = _env()
+def _with_path(env: dict[str, str], path: Path | None) -> dict[str, str]:
     if path is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(path), env["PYTHONPATH"]])
-    p = subprocess.run(_torchrun(recipe, *overrides), env=env, capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    return p.stdout + p.stderr
+    return env
+
+
+class Ranks:
+    """2 ranks of ``grpokit train``: forked from a warm process (:mod:`support.ranks`, the same
+    variables torchrun sets, without its launcher and imports: about 6 s less a launch), or, with
+    ``torchrun=True``, under torchrun itself (what its launcher does is tested there: its exit
+    report, signals, a kill of the whole job, a two-node rendezvous)."""
+
+    def __init__(self, forker, logs: Path):
+        self.forker, self.logs, self.count = forker, logs, 0
+
+    def _log(self) -> Path:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.count += 1
+        return self.logs / f"launch-{self.count}.log"
+
+    def start(self, recipe: Path, *overrides: str, env: dict[str, str] | None = None, path: Path | None = None):
+        argv = ["train", str(recipe), "--no-progress", *overrides]
+        return self.forker.start(argv, self._log(), env=env, path=[str(path)] if path else [])
+
+    def run2(self, recipe: Path, *overrides: str, path: Path | None = None, torchrun: bool = False) -> str:
+        """Both ranks of ``recipe`` with ``overrides`` to the end (``path``: a folder put first on
+        the path); their log."""
+        if torchrun:
+            env = _with_path(_env(), path)
+            p = subprocess.run(_torchrun(recipe, *overrides), env=env, capture_output=True, text=True, timeout=300)
+            assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+            return p.stdout + p.stderr
+        launch = self.start(recipe, *overrides, path=path)
+        codes = launch.wait(300)
+        assert codes == [0, 0], f"{codes}\n{launch.log[-6000:]}"
+        return launch.log
+
+    def sigkill_then_resume(
+        self, recipe: Path, out: Path, *overrides: str, path: Path | None = None, torchrun: bool = False
+    ) -> str:
+        """2 ranks of ``recipe`` into ``out``, SIGKILLed (torchrun too) as soon as checkpoint-1
+        exists (a reward that sleeps 1 s per call: the kill lands before checkpoint-2), then run
+        again to the end; the second run's log."""
+        every = (f"train.output_dir={out}", *overrides)
+        if torchrun:
+            env = _with_path(_env(), path)
+            env["FAKE_REWARD_SLEEP_S"] = "1"
+            proc = subprocess.Popen(
+                _torchrun(recipe, *every), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+            killer = threading.Thread(target=_kill_all_when, args=(out / "checkpoint-1", proc), daemon=True)
+            killer.start()
+            killer.join(timeout=200)
+            log, _ = proc.communicate(timeout=60)
+            assert proc.returncode == -signal.SIGKILL, log[-3000:]
+        else:
+            launch = self.start(recipe, *every, env={"FAKE_REWARD_SLEEP_S": "1"}, path=path)
+            _wait_for_file(out / "checkpoint-1", lambda: launch.returncodes is not None)
+            launch.kill()
+            assert launch.wait(60) == [-signal.SIGKILL] * 2, launch.log[-3000:]
+        assert (out / "checkpoint-1").exists() and not (out / "checkpoint-2").exists()
+        log = self.run2(recipe, *every, path=path, torchrun=torchrun)
+        assert "resumed from" in log
+        return log
+
+
+@pytest.fixture
+def ranks(rank_forker, tmp_path) -> Ranks:
+    return Ranks(rank_forker, tmp_path / "logs")
+
+
+def _wait_for_file(path: Path, ended, timeout: float = 180.0) -> None:
+    t0 = time.monotonic()
+    while not path.exists() and not ended() and time.monotonic() - t0 < timeout:
+        time.sleep(0.005)
 
 
 def _run1(model_dir: str, out: Path, **sections) -> None:
@@ -249,33 +303,20 @@ def recipe_file(tiny_model_dir, tmp_path_factory) -> Path:
 HELD_OUT = ("eval.dataset=mawps", "eval.split=addsub", "eval.limit=4", "eval.max_new_tokens=4")
 
 
-def test_fsdp2_in_one_process_trains_as_one_process(one_process, recipe_file, tmp_path):
-    """``train.parallel=fsdp2`` without torchrun: a group of one, the same run (the reference model,
-    sharded too, is scored under no_grad: FSDP2 cannot gather into inference tensors)."""
+def test_fsdp2_in_one_process_trains_as_one_process(one_process, recipe_file, tmp_path, rank_forker):
+    """``train.parallel=fsdp2`` without torchrun (no RANK, WORLD_SIZE, …): a group of one, the same
+    run (the reference model, sharded too, is scored under no_grad: FSDP2 cannot gather into
+    inference tensors)."""
     out = tmp_path / "run"
-    p = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "grpokit",
-            "train",
-            str(recipe_file),
-            "--no-progress",
-            f"train.output_dir={out}",
-            "train.parallel=fsdp2",
-        ],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
-    assert "on 1 rank (fsdp2)" in p.stdout
+    argv = ["train", str(recipe_file), "--no-progress", f"train.output_dir={out}", "train.parallel=fsdp2"]
+    codes, log = rank_forker.run(argv, tmp_path / "log", nprocs=0)
+    assert codes == [0], log[-3000:]
+    assert "on 1 rank (fsdp2)" in log
     _assert_same_run(one_process, out, sharded=True)
 
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
-def test_two_ranks_train_as_one_process(one_process, recipe_file, tmp_path, parallel):
+def test_two_ranks_train_as_one_process(one_process, recipe_file, tmp_path, parallel, ranks):
     """Same completions, metrics (gradient norms, losses, rewards), and weights after every step,
     bit for bit (fsdp2's logged gradient norm to 1e-6, see _assert_same_run): each rank samples its
     share seeded per row, the counts are the batch's, the gradients are summed before clipping.
@@ -283,14 +324,14 @@ def test_two_ranks_train_as_one_process(one_process, recipe_file, tmp_path, para
     the same."""
     out = tmp_path / parallel
     # held-out evaluation before and after (rank 0 generates alone; it changes nothing in training)
-    log = _run2(recipe_file, f"train.output_dir={out}", f"train.parallel={parallel}", *HELD_OUT)
+    log = ranks.run2(recipe_file, f"train.output_dir={out}", f"train.parallel={parallel}", *HELD_OUT)
     assert f"on 2 ranks ({parallel})" in log
     _assert_same_run(one_process, out, sharded=parallel == "fsdp2")
     _assert_only_rank0_wrote(out)
     assert (out / "eval_before.json").is_file() and (out / "eval_after.json").is_file()
     if parallel == "fsdp2":  # (ddp's resume: the SIGKILL test below)
         shutil.rmtree(out / "checkpoint-3")
-        assert "resumed from" in _run2(recipe_file, f"train.output_dir={out}", f"train.parallel={parallel}")
+        assert "resumed from" in ranks.run2(recipe_file, f"train.output_dir={out}", f"train.parallel={parallel}")
         _assert_same_run(one_process, out, sharded=True)
 
 
@@ -302,7 +343,9 @@ def test_two_ranks_train_as_one_process(one_process, recipe_file, tmp_path, para
         ("fsdp2", {"autocast_bf16": True}),
     ],
 )
-def test_precision_and_checkpointing_switches_on_two_ranks(tiny_model_dir, recipe_file, tmp_path, parallel, switches):
+def test_precision_and_checkpointing_switches_on_two_ranks(
+    tiny_model_dir, recipe_file, tmp_path, parallel, switches, ranks
+):
     """bf16 (autocast, or bf16 parameters) and gradient checkpointing on 2 ranks: the run of one
     process with the same switches. Weights bit for bit; under fsdp2 with bf16 parameters the
     gradient norm (used for clipping) is summed over shards in bf16, so it is compared to 2 %.
@@ -314,7 +357,7 @@ def test_precision_and_checkpointing_switches_on_two_ranks(tiny_model_dir, recip
     a plain bf16 copy refreshed one sharded unit at a time (``grpokit.rollout.hf``), the one
     process's deep copy cast to bf16: the same completions."""
     _run1(tiny_model_dir, tmp_path / "one", model=switches, train={"max_steps": 2})
-    _run2(
+    ranks.run2(
         recipe_file,
         f"train.output_dir={tmp_path / 'two'}",
         f"train.parallel={parallel}",
@@ -332,7 +375,7 @@ def test_precision_and_checkpointing_switches_on_two_ranks(tiny_model_dir, recip
         assert all(torch.equal(wa[k], wb[k]) for k in wa), step
 
 
-def test_bf16_autocast_with_lora_under_fsdp2_samples_as_under_ddp(recipe_file, tmp_path):
+def test_bf16_autocast_with_lora_under_fsdp2_samples_as_under_ddp(recipe_file, tmp_path, ranks):
     """bf16 autocast with LoRA under fsdp2: the sampler is a plain bf16 copy wrapped with the same
     adapters, unmerged, refreshed from the shards a unit at a time (``grpokit.rollout.hf``), as the
     deep copy of one process or of a ddp rank holds them: 2 fsdp2 ranks give the 2 ddp ranks'
@@ -341,8 +384,8 @@ def test_bf16_autocast_with_lora_under_fsdp2_samples_as_under_ddp(recipe_file, t
     drew one token of 16 at step 2 differently from one process under ddp and fsdp2 alike (bf16
     logits of a rank's own batch), while fsdp2 as a group of one drew exactly the one process's."""
     switches = ("train.max_steps=2", "model.autocast_bf16=true", "model.lora={r: 4, alpha: 8}")
-    _run2(recipe_file, f"train.output_dir={tmp_path / 'ddp'}", "train.parallel=ddp", *switches)
-    _run2(recipe_file, f"train.output_dir={tmp_path / 'fsdp2'}", "train.parallel=fsdp2", *switches)
+    ranks.run2(recipe_file, f"train.output_dir={tmp_path / 'ddp'}", "train.parallel=ddp", *switches)
+    ranks.run2(recipe_file, f"train.output_dir={tmp_path / 'fsdp2'}", "train.parallel=fsdp2", *switches)
     _assert_same_run(tmp_path / "ddp", tmp_path / "fsdp2", name="adapter_model", steps=2, sharded=True)
 
 
@@ -363,7 +406,7 @@ DYNAMIC_REWARD = "support.fake_rewards:some_prompts_constant_reward"
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
 def test_two_ranks_with_dynamic_sampling_keep_what_one_process_keeps(
-    one_process_dynamic, recipe_file, tmp_path, parallel
+    one_process_dynamic, recipe_file, tmp_path, parallel, ranks
 ):
     """algo.dynamic_sampling on 2 ranks: each refill round's prompts are split over the ranks (shares
     one apart when their number is odd, a rank with none joining the gather only, under fsdp2 also
@@ -374,7 +417,7 @@ def test_two_ranks_with_dynamic_sampling_keep_what_one_process_keeps(
     group whose tokens do not count, so both ranks run the same forwards), so weights and losses
     agree to float rounding there, not bit for bit. SIGKILLed after step 1 and resumed, the same again."""
     reward = DYNAMIC_REWARD
-    _run2(
+    ranks.run2(
         recipe_file,
         f"train.output_dir={tmp_path / 'two'}",
         f"train.parallel={parallel}",
@@ -385,7 +428,7 @@ def test_two_ranks_with_dynamic_sampling_keep_what_one_process_keeps(
     kept = [m["dynamic/groups_kept"] for m in ma]
     assert all(m["dynamic/rounds"] > 0 for m in ma) and any(k % 2 for k in kept)  # refills; an uneven split
     killed = tmp_path / "killed"  # SIGKILLed after step 1 and resumed: the same again
-    _sigkill_then_resume(
+    ranks.sigkill_then_resume(
         recipe_file,
         killed,
         f"train.parallel={parallel}",
@@ -449,7 +492,7 @@ PPO = ("algo.estimator=ppo", "train.max_grad_norm=0")
 
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
-def test_two_ranks_of_ppo_train_as_one_process(one_process_ppo, recipe_file, tmp_path, parallel):
+def test_two_ranks_of_ppo_train_as_one_process(one_process_ppo, recipe_file, tmp_path, parallel, ranks):
     """PPO on 2 ranks: GAE and whitening over the gathered batch, the value model's loss normalized
     by the batch's token count and its gradients summed over ranks: the one-process run (ddp bit
     for bit: value loss, critic gradient norm, policy and value weights; fsdp2 too, its gradient
@@ -457,29 +500,29 @@ def test_two_ranks_of_ppo_train_as_one_process(one_process_ppo, recipe_file, tmp
     checkpointed from its gathered full state; SIGKILLed after step 1 and resumed, the run is again the
     one process's."""
     two = tmp_path / parallel
-    _run2(recipe_file, f"train.output_dir={two}", *PPO, f"train.parallel={parallel}")
+    ranks.run2(recipe_file, f"train.output_dir={two}", *PPO, f"train.parallel={parallel}")
     _assert_same_ppo_run(one_process_ppo, two, sharded=parallel == "fsdp2")
     if parallel == "fsdp2":
         assert _critic(two, 3).keys() == _critic(one_process_ppo, 3).keys()  # the full state, one process's names
         killed = tmp_path / "killed"  # SIGKILLed after step 1, resumed: policy, value model and optimizers
-        _sigkill_then_resume(recipe_file, killed, *PPO, "train.parallel=fsdp2")
+        ranks.sigkill_then_resume(recipe_file, killed, *PPO, "train.parallel=fsdp2")
         _assert_same_ppo_run(one_process_ppo, killed, sharded=True)
 
 
-def test_two_ranks_with_lora_train_as_one_process(tiny_model_dir, recipe_file, tmp_path):
+def test_two_ranks_with_lora_train_as_one_process(tiny_model_dir, recipe_file, tmp_path, ranks):
     lora = {"lora": {"r": 4, "alpha": 8}}
     _run1(tiny_model_dir, tmp_path / "one", model=lora)
-    _run2(recipe_file, f"train.output_dir={tmp_path / 'two'}", "model.lora={r: 4, alpha: 8}")
+    ranks.run2(recipe_file, f"train.output_dir={tmp_path / 'two'}", "model.lora={r: 4, alpha: 8}")
     _assert_same_run(tmp_path / "one", tmp_path / "two", name="adapter_model")
     # fsdp2: the adapters sharded with their layers (the root is the model under peft's wrapper, which
     # generate() reaches), π_ref with them disabled, adapter-only checkpoints gathered from the shards;
     # after a SIGKILL a resume loads the adapter into the shards and gives the same steps 2-3
     sharded = tmp_path / "fsdp2"
-    _run2(recipe_file, f"train.output_dir={sharded}", "train.parallel=fsdp2", "model.lora={r: 4, alpha: 8}")
+    ranks.run2(recipe_file, f"train.output_dir={sharded}", "train.parallel=fsdp2", "model.lora={r: 4, alpha: 8}")
     _assert_same_run(tmp_path / "one", sharded, name="adapter_model", sharded=True)
     assert not (sharded / "checkpoint-3" / "model.safetensors").exists()  # the adapter alone
     killed = tmp_path / "killed"
-    _sigkill_then_resume(recipe_file, killed, "train.parallel=fsdp2", "model.lora={r: 4, alpha: 8}")
+    ranks.sigkill_then_resume(recipe_file, killed, "train.parallel=fsdp2", "model.lora={r: 4, alpha: 8}")
     _assert_same_run(tmp_path / "one", killed, name="adapter_model", sharded=True)
 
 
@@ -515,7 +558,7 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def test_two_ranks_with_the_cpu_backend_train_as_one_process_with_it(tiny_model_dir, recipe_file, tmp_path):
+def test_two_ranks_with_the_cpu_backend_train_as_one_process_with_it(tiny_model_dir, recipe_file, tmp_path, ranks):
     """Under ddp the gradients are summed from ``param.grad`` after the backward, so the cpu speed
     backend (whose gradient aliases write ``param.grad`` directly) is exact on 2 ranks: ``auto``
     installs it, and the run equals one process with it within 1e-6: the same completions, the
@@ -523,7 +566,7 @@ def test_two_ranks_with_the_cpu_backend_train_as_one_process_with_it(tiny_model_
     across micro-batches than across ranks: 7e-9 after one step)."""
     one, two = tmp_path / "one", tmp_path / "two"
     _run1(tiny_model_dir, one, model={"backend": "cpu"})
-    log = _run2(recipe_file, f"train.output_dir={two}", "model.backend=auto")
+    log = ranks.run2(recipe_file, f"train.output_dir={two}", "model.backend=auto")
     assert "backend cpu: model on cpu, 2 ranks summing gradients after the backward" in log
     assert _samples(one) == _samples(two)
     for a, b in zip(_metrics(one), _metrics(two)):
@@ -546,31 +589,9 @@ def _kill_all_when(path: Path, proc: subprocess.Popen, timeout: float = 180.0) -
             pass
 
 
-def _sigkill_then_resume(recipe: Path, out: Path, *overrides: str, path: Path | None = None) -> str:
-    """torchrun 2 ranks of ``recipe`` into ``out``, SIGKILL torchrun and both ranks as soon as
-    checkpoint-1 exists (a reward that sleeps 1 s per call: the kill lands before checkpoint-2), then
-    run it again to the end; the second run's log."""
-    env = dict(_env(), FAKE_REWARD_SLEEP_S="1")
-    if path is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(path), env["PYTHONPATH"]])
-    every = (f"train.output_dir={out}", *overrides)
-    proc = subprocess.Popen(
-        _torchrun(recipe, *every), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    killer = threading.Thread(target=_kill_all_when, args=(out / "checkpoint-1", proc), daemon=True)
-    killer.start()
-    killer.join(timeout=200)
-    log, _ = proc.communicate(timeout=60)
-    assert proc.returncode == -signal.SIGKILL, log[-3000:]
-    assert (out / "checkpoint-1").exists() and not (out / "checkpoint-2").exists()
-    log = _run2(recipe, *every, path=path)
-    assert "resumed from" in log
-    return log
-
-
-def test_sigkill_two_ranks_then_resume(one_process, recipe_file, tmp_path):
+def test_sigkill_two_ranks_then_resume(one_process, recipe_file, tmp_path, ranks):
     out = tmp_path / "run"
-    _sigkill_then_resume(recipe_file, out)
+    ranks.sigkill_then_resume(recipe_file, out, torchrun=True)
     _assert_same_run(one_process, out)
     _assert_only_rank0_wrote(out)
 
@@ -648,12 +669,12 @@ def test_two_nodes_by_rendezvous_train_as_one_process(one_process, recipe_file, 
     _assert_only_rank0_wrote(out)
 
 
-def test_two_ranks_with_an_environment_train_as_one_process(tiny_model_dir, recipe_file, tmp_path):
+def test_two_ranks_with_an_environment_train_as_one_process(tiny_model_dir, recipe_file, tmp_path, ranks):
     """Multi-turn rollouts under ddp (each rank samples its prompts' turns, seeded per row and turn;
     the transcripts, their masks and the episodes' counts gathered): the one-process run, bit for bit."""
     env = {"env": "support.fake_envs:StopAtE", "max_turns": 3, "max_new_tokens": 6}
     _run1(tiny_model_dir, tmp_path / "one", rollout=env)
-    _run2(
+    ranks.run2(
         recipe_file,
         f"train.output_dir={tmp_path / 'two'}",
         "rollout.env=support.fake_envs:StopAtE",
@@ -693,7 +714,7 @@ def one_process_vllm(tiny_model_dir, tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
-def test_two_ranks_with_the_vllm_engine_train_as_one_process(one_process_vllm, recipe_file, tmp_path, parallel):
+def test_two_ranks_with_the_vllm_engine_train_as_one_process(one_process_vllm, recipe_file, tmp_path, parallel, ranks):
     """rollout.engine=vllm on 2 ranks: one vLLM engine per rank (external launcher, data parallel size
     2), each sampling its share with the rows' own seeds and taking the weights after every update
     (under fsdp2 gathered a layer at a time as vLLM loads them; held-out evaluation on rank 0 pushes
@@ -705,21 +726,21 @@ def test_two_ranks_with_the_vllm_engine_train_as_one_process(one_process_vllm, r
     (shim / "__init__.py").write_text(VLLM_SHIM)
     out = tmp_path / "two"
     overrides = (f"train.output_dir={out}", "rollout.engine=vllm", f"train.parallel={parallel}")
-    log = _run2(recipe_file, *overrides, *(HELD_OUT if parallel == "fsdp2" else ()), path=shim.parent)
+    log = ranks.run2(recipe_file, *overrides, *(HELD_OUT if parallel == "fsdp2" else ()), path=shim.parent)
     assert log.count("[fake vllm] data_parallel_size=2 backend=external_launcher") == 2  # one engine per rank
     assert log.count("[grpokit] vllm: one engine per rank (2 ranks") == 1  # said once, by rank 0
     _assert_same_run(one_process_vllm, out, sharded=parallel == "fsdp2")
     if parallel == "fsdp2":
         assert (out / "eval_before.json").is_file() and (out / "eval_after.json").is_file()
         killed = tmp_path / "killed"  # SIGKILLed after step 1: each rank's engine takes the loaded weights
-        _sigkill_then_resume(recipe_file, killed, *overrides[1:], path=shim.parent)
+        ranks.sigkill_then_resume(recipe_file, killed, *overrides[1:], path=shim.parent)
         _assert_same_run(one_process_vllm, killed, sharded=True)
 
 
 LORA = {"lora": {"r": 4, "alpha": 8}}
 
 
-def test_lora_under_fsdp2_with_vllm_and_ppo_train_as_one_process(tiny_model_dir, recipe_file, tmp_path):
+def test_lora_under_fsdp2_with_vllm_and_ppo_train_as_one_process(tiny_model_dir, recipe_file, tmp_path, ranks):
     """LoRA under fsdp2 with what needs the adapted weights outside the sharded policy, folded in from
     the shards a unit at a time (grpokit.utils.lora_shards): each rank's vLLM engine takes the merged
     weights after every update (the stand-in vLLM samples from them: from step 2 on, B != 0, a wrong
@@ -736,16 +757,16 @@ def test_lora_under_fsdp2_with_vllm_and_ppo_train_as_one_process(tiny_model_dir,
     lora = "model.lora={r: 4, alpha: 8}"
     two = tmp_path / "two-vllm"
     vllm = ("rollout.engine=vllm", "train.parallel=fsdp2", lora)
-    _run2(recipe_file, f"train.output_dir={two}", *vllm, path=shim.parent)
+    ranks.run2(recipe_file, f"train.output_dir={two}", *vllm, path=shim.parent)
     _assert_same_run(one_vllm, two, name="adapter_model", sharded=True)
     killed = tmp_path / "killed-vllm"  # SIGKILLed after step 1: the engines take the resumed adapters folded in
-    _sigkill_then_resume(recipe_file, killed, *vllm, path=shim.parent)
+    ranks.sigkill_then_resume(recipe_file, killed, *vllm, path=shim.parent)
     _assert_same_run(one_vllm, killed, name="adapter_model", sharded=True)
 
     _run1(tiny_model_dir, one_ppo, model=LORA, algo={"estimator": "ppo"}, train={"max_grad_norm": 0})
     two, killed = tmp_path / "two-ppo", tmp_path / "killed-ppo"
-    _run2(recipe_file, f"train.output_dir={two}", *PPO, "train.parallel=fsdp2", lora)
-    _sigkill_then_resume(recipe_file, killed, *PPO, "train.parallel=fsdp2", lora)
+    ranks.run2(recipe_file, f"train.output_dir={two}", *PPO, "train.parallel=fsdp2", lora)
+    ranks.sigkill_then_resume(recipe_file, killed, *PPO, "train.parallel=fsdp2", lora)
     for out in (two, killed):
         assert _samples(one_ppo) == _samples(out)
         for step in (1, 2, 3):

@@ -2,7 +2,8 @@
 faults, bad input rejected before the model loads, safe defaults.
 
 Runs a tiny random Llama (``tiny_model_dir``) with the fake rewards of ``tests/support/fake_rewards.py``.
-The subprocess tests start ``python -m grpokit`` (one torch thread each), ~5 s apiece.
+The process tests fork ``python -m grpokit`` from a warm server (``rank_forker``, one torch
+thread), ~2 s apiece.
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ import json
 import math
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -33,43 +32,30 @@ from grpokit.metrics import read_metrics
 from grpokit.trainer.loop import train
 from support.helpers import tiny_recipe, tiny_recipe_dict, write_recipe
 
-TESTS = Path(__file__).resolve().parents[1]
+
+def _argv(recipe_path: Path, *overrides: str) -> list[str]:
+    """``python -m grpokit`` arguments; the process is forked by ``rank_forker`` (nprocs=0)."""
+    return ["train", str(recipe_path), "--no-progress", *overrides]
 
 
-def _env() -> dict[str, str]:
-    py_path = os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])
-    return dict(
-        os.environ,
-        HF_HUB_OFFLINE="1",
-        OMP_NUM_THREADS="1",
-        MKL_NUM_THREADS="1",
-        TOKENIZERS_PARALLELISM="false",
-        PYTHONPATH=py_path,
-    )
-
-
-def _cli(recipe_path: Path, *overrides: str) -> list[str]:
-    return [sys.executable, "-m", "grpokit", "train", str(recipe_path), "--no-progress", *overrides]
-
-
-def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120.0) -> None:
+def _wait_for(path: Path, launch, timeout: float = 120.0) -> None:
+    """Poll every 5 ms until ``path`` exists; fail if the run ends first or ``timeout`` passes."""
     t0 = time.monotonic()
     while not path.exists():
-        if proc.poll() is not None:
-            out = proc.stdout.read() if proc.stdout else ""
-            pytest.fail(f"run ended (rc {proc.returncode}) before {path.name} appeared:\n{out}")
+        if launch.poll() is not None:
+            pytest.fail(f"run ended (rc {launch.returncodes}) before {path.name} appeared:\n{launch.log}")
         if time.monotonic() - t0 > timeout:
-            proc.kill()
+            launch.kill()
             pytest.fail(f"{path} did not appear within {timeout} s")
         time.sleep(0.005)
 
 
-def _kill_when(path: Path, proc: subprocess.Popen, timeout: float = 180.0) -> None:
-    """SIGKILL ``proc`` as soon as ``path`` exists (polled every 5 ms)."""
+def _kill_when(path: Path, launch, timeout: float = 180.0) -> None:
+    """SIGKILL the forked run as soon as ``path`` exists (polled every 5 ms)."""
     t0 = time.monotonic()
-    while not path.exists() and proc.poll() is None and time.monotonic() - t0 < timeout:
+    while not path.exists() and launch.poll() is None and time.monotonic() - t0 < timeout:
         time.sleep(0.005)
-    proc.kill()
+    launch.kill()
 
 
 def _steps(path: Path) -> list[int]:
@@ -80,20 +66,20 @@ def _steps(path: Path) -> list[int]:
 
 
 @pytest.mark.e2e
-def test_sigkill_then_resume_matches_uninterrupted_run(tiny_model_dir, tmp_path):
+def test_sigkill_then_resume_matches_uninterrupted_run(tiny_model_dir, tmp_path, rank_forker):
     """Kill -9 a CLI run right after checkpoint-2 is visible, resume it with train.resume=auto,
     and get the same rewards (exactly) and losses as a run that was never interrupted."""
     sections = {"train": {"max_steps": 4, "save_steps": 1, "save_total_limit": 3}}
     full_dir, part_dir = tmp_path / "full", tmp_path / "part"
     recipe = write_recipe(tmp_path / "part.yaml", tiny_recipe_dict(tiny_model_dir, part_dir, **sections))
-    proc = subprocess.Popen(_cli(recipe), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    killer = threading.Thread(target=_kill_when, args=(part_dir / "checkpoint-2", proc), daemon=True)
+    launch = rank_forker.start(_argv(recipe), tmp_path / "log", nprocs=0)
+    killer = threading.Thread(target=_kill_when, args=(part_dir / "checkpoint-2", launch), daemon=True)
     killer.start()
-    torch.set_num_threads(1)  # as the subprocess (OMP_NUM_THREADS=1): same float results
+    torch.set_num_threads(1)  # as the forked run (OMP_NUM_THREADS=1): same float results
     train(tiny_recipe(tiny_model_dir, full_dir, **sections), progress=False)  # meanwhile
     killer.join(timeout=180)
-    log, _ = proc.communicate(timeout=60)
-    assert proc.returncode == -signal.SIGKILL, f"not killed mid-run (rc {proc.returncode}):\n{log}"
+    (rc,) = launch.wait(60)
+    assert rc == -signal.SIGKILL, f"not killed mid-run (rc {rc}):\n{launch.log}"
     assert (part_dir / "checkpoint-2").is_dir() and not (part_dir / "checkpoint-4").exists()
 
     summary = train(recipe_from_dict(yaml.safe_load(recipe.read_text())), progress=False)  # resume=auto
@@ -135,20 +121,15 @@ def test_resume_drops_torn_and_later_metric_lines(tiny_model_dir, tmp_path):
 
 
 @pytest.mark.e2e
-def test_sigterm_stops_at_step_boundary_with_checkpoint(tiny_model_dir, tmp_path):
+def test_sigterm_stops_at_step_boundary_with_checkpoint(tiny_model_dir, tmp_path, rank_forker):
     out = tmp_path / "run"
     raw = tiny_recipe_dict(tiny_model_dir, out, train={"max_steps": 200, "save_steps": 0}, algo={"beta": 0.0})
-    proc = subprocess.Popen(
-        _cli(write_recipe(tmp_path / "r.yaml", raw)),
-        env=_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    _wait_for(out / "metrics.jsonl", proc)  # step 1 done: in the middle of the loop
-    proc.send_signal(signal.SIGTERM)
-    log, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 143, log[-3000:]  # 128 + SIGTERM: `grpokit train && grpokit eval` stops here
+    launch = rank_forker.start(_argv(write_recipe(tmp_path / "r.yaml", raw)), tmp_path / "log", nprocs=0)
+    _wait_for(out / "metrics.jsonl", launch)  # step 1 done: in the middle of the loop
+    launch.kill(signal.SIGTERM)
+    (rc,) = launch.wait(120)
+    log = launch.log
+    assert rc == 143, log[-3000:]  # 128 + SIGTERM: `grpokit train && grpokit eval` stops here
     steps = _steps(out / "metrics.jsonl")
     stop = steps[-1]
     assert f"[grpokit] stopped at step {stop} of 200; run the same command to continue\n" in log
