@@ -1,6 +1,7 @@
 """grpokit: GRPO fine-tuning for causal LMs (outcome and process supervision)."""
 
 import logging as _logging
+import typing as _typing
 from importlib.metadata import PackageNotFoundError as _NotFound
 from importlib.metadata import version as _version
 
@@ -24,6 +25,9 @@ _API = {
     "Callback": "grpokit.trainer.callbacks",
     "CallbackError": "grpokit.trainer.callbacks",
     "RunWarning": "grpokit.metrics",
+    "RunSummary": "grpokit.trainer.summary",
+    "StopReason": "grpokit.trainer.summary",
+    "EvalResult": "grpokit.eval.evaluate",
     "Recipe": "grpokit.config",
     "RecipeError": "grpokit.config",
     "load_recipe": "grpokit.config",
@@ -35,13 +39,16 @@ _API = {
 __all__ = ["__version__", *_API]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> _typing.Any:
     """``grpokit.Trainer`` and the rest of :data:`_API`, imported when first used."""
     if name in _API:
         import importlib
 
         return getattr(importlib.import_module(_API[name]), name)
     raise AttributeError(f"module 'grpokit' has no attribute {name!r}")
+
+
+del _typing  # used by the annotation above only: the module's namespace (dir) stays as it was
 
 
 def __dir__() -> list[str]:

@@ -39,7 +39,7 @@ fields along with the ids, so a micro-batch carries exactly the width it needs. 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -148,7 +148,15 @@ class Experience:
                 )
 
     @classmethod
-    def grouped(cls, prompt_ids, prompt_mask, completion_ids, completion_mask, group_size: int, **kw) -> Experience:
+    def grouped(
+        cls,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        completion_ids: torch.Tensor,
+        completion_mask: torch.Tensor,
+        group_size: int,
+        **kw: Any,
+    ) -> Experience:
         """An experience whose rows are consecutive groups of ``group_size`` (``group_index`` made here)."""
         n = completion_ids.shape[0]
         index = torch.arange(n // max(group_size, 1), device=completion_ids.device).repeat_interleave(group_size)
@@ -172,7 +180,7 @@ class Experience:
         """The device of the ids (every tensor of an experience lives there; :meth:`to` moves them)."""
         return self.completion_ids.device
 
-    def replace(self, **changes) -> Experience:
+    def replace(self, **changes: Any) -> Experience:
         """A copy with ``changes`` (dataclasses.replace)."""
         return dataclasses.replace(self, **changes)
 
@@ -185,7 +193,7 @@ class Experience:
         }
         return self.replace(**moved, **self._row_dicts(lambda v: v.to(device)))
 
-    def _row_dicts(self, each) -> dict[str, Any]:
+    def _row_dicts(self, each: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, Any]:
         """Each of :data:`ROW_DICT_FIELDS` with ``each`` applied to its tensors (None stays None)."""
         return {
             f: None if (d := getattr(self, f)) is None else {k: each(v) for k, v in d.items()} for f in ROW_DICT_FIELDS
@@ -208,10 +216,10 @@ class Experience:
         t1 = int(c_used[-1]) + 1 if len(c_used) else 1
         sel = range(len(self))[idx] if isinstance(idx, slice) else idx.tolist()
 
-        def row(v):
+        def row(v: Any) -> Any:  # a tensor, or None for a field not set
             return None if v is None else v[idx]
 
-        def tok(v):
+        def tok(v: Any) -> Any:
             return None if v is None else v[idx][:, :t1]
 
         adv = self.advantages
@@ -331,11 +339,12 @@ class Experience:
         p = max(e.prompt_ids.shape[1] for e in parts)
         t = max(e.completion_ids.shape[1] for e in parts)
 
-        def pad(x: torch.Tensor, width: int, value, left: bool) -> torch.Tensor:
+        def pad(x: torch.Tensor, width: int, value: float, left: bool) -> torch.Tensor:
             extra = width - x.shape[1]
             return torch.nn.functional.pad(x, (extra, 0) if left else (0, extra), value=value)
 
-        def cat(name: str, width: int | None = None, value=0, left: bool = False):
+        def cat(name: str, width: int | None = None, value: float = 0, left: bool = False) -> Any:
+            # the parts' field joined; None where no part sets it
             vals = [getattr(e, name) for e in parts]
             if all(v is None for v in vals):
                 return None

@@ -34,6 +34,7 @@ def test_the_committed_demo_metrics_are_a_whole_demo_run():
 
 
 @pytest.mark.e2e
+@pytest.mark.serial  # 2 threads (the committed numbers'): beside a worker 341 s, alone 52 s (docs/contributing.md)
 def test_the_demos_first_two_steps_give_the_committed_numbers(tmp_path):
     want = [json.loads(line) for line in COMMITTED.read_text().splitlines()[:2]]
     before = torch.get_num_threads()
@@ -51,5 +52,11 @@ def test_the_demos_first_two_steps_give_the_committed_numbers(tmp_path):
         exact = [k for k in w if k.startswith("rewards/")]
         exact += ["reward_mean", "reward_std", "frac_zero_std", "completion_len_mean", "truncated_frac"]
         assert {k: g[k] for k in exact} == {k: w[k] for k in exact}, w["step"]
-        for k in ("loss", "kl", "grad_norm", "entropy"):
+        for k in ("grad_norm", "entropy"):
             assert g[k] == pytest.approx(w[k], rel=2e-5, abs=1e-12), (w["step"], k)
+        # loss and kl are near-cancelling float32 sums (ratio 1, advantages summing to 0; the KL of
+        # weights one 5e-6 step apart): their last bits follow the CPU's kernels. Seen between two
+        # machines of this project, same thread count: 3.7e-9 on a loss of 1.9e-5, 4.1e-8 on a kl of
+        # 4.5e-4 (rel 1.9e-4, 9e-5). Bounded absolutely, far below a change of the step (kl ~ 1e-4).
+        for k in ("loss", "kl"):
+            assert g[k] == pytest.approx(w[k], rel=2e-5, abs=2e-7), (w["step"], k)

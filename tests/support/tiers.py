@@ -2,9 +2,10 @@
 parallel workers take tests in, and the time each tier took (printed at the end of every run).
 
 A test's tier is its first marker among ``dist``, ``e2e``, ``slow`` and ``serial``; unmarked, it is
-``fast``. The limit is on setup + call (a module fixture's cost lands on its first test), several
-times the longest the tier's tests take on a quiet 2-core machine, so that a loaded machine stays inside it
-while a test that grew into the next tier fails, naming the marker to give it. ``make test-fast``
+``fast``. ``serial`` also joins another tier's marker (``e2e`` + ``serial``: that tier's limit, run
+alone). The limit is on setup + call (a module fixture's cost lands on its first test), several
+times the longest the tier's tests take on a quiet 2-core machine, so that a loaded machine stays
+inside it while a test that grew into the next tier fails, naming the marker to give it. ``make test-fast``
 runs the ``fast`` tier (the edit loop, under 2 minutes); ``make test`` (CI) runs every tier:
 ``fast``/``slow``/``e2e``/``dist`` on parallel workers, then ``serial`` alone. Budgets:
 docs/contributing.md. ``GRPOKIT_TEST_LIMITS=off`` turns the limits off (profiling, a debugger).
@@ -23,7 +24,7 @@ TIERS: dict[str, tuple[float, str]] = {
     "dist": (240.0, "starts two or more ranks (torchrun, torch.multiprocessing)"),
     "e2e": (600.0, "runs the packaged 135M model, or grpokit as a user does (a CLI process end to end)"),
     "slow": (120.0, "anything else that takes 1 s or more on a quiet 2-core machine"),
-    "serial": (120.0, "measures the whole machine (busy cores): runs alone, after the parallel tiers"),
+    "serial": (120.0, "uses or measures the whole machine (every core): runs alone, after the parallel tiers"),
     "fast": (10.0, "the rest: under 1 s each on a quiet 2-core machine"),
 }
 #: the order tiers are handed to parallel workers: the longest first, so that no long test starts last

@@ -4,7 +4,10 @@ against one process.
 - the collectives the loop uses, in 2 spawned processes: scored shares gathered (batch-scaled
   advantages and reward metrics equal the one-process values), float sums, the stop flag, the
   bucketed gradient sum;
-- end to end with torchrun (``-m grpokit train``): 2 ranks (ddp, fsdp2, LoRA under ddp) give the
+- end to end (``-m grpokit train`` as 2 ranks with torchrun's variables, forked from a warm process:
+  ``rank_forker``, tests/support/ranks.py; torchrun itself where its launcher is what is tested: its
+  exit report, SIGTERM forwarding, a two-node rendezvous, one SIGKILL resume): 2 ranks (ddp, fsdp2,
+  LoRA under ddp) give the
   same completions, metrics and final weights as one process, bit for bit on the plain backend;
   against the cpu speed backend the same completions and gradient norms within 1e-6; SIGKILL of
   the 2-rank job and a resume give the uninterrupted run (plain, and with each combination: fsdp2

@@ -31,7 +31,9 @@ def varies(values: torch.Tensor, valid: torch.Tensor, tol: float) -> torch.Tenso
     return (count >= 2) & (vmax - vmin > ROUNDING_ULPS * tol * vabs)
 
 
-def pooled_stats(values: torch.Tensor, valid: torch.Tensor, tol: float):
+def pooled_stats(
+    values: torch.Tensor, valid: torch.Tensor, tol: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Mean, sample std (ddof=1) and "spread" flag of each row over its ``valid`` entries (float64).
 
     ``values``/``valid``: ``(B, K)``. Returns ``mean (B,)``, ``std (B,)``, ``varies (B,)`` where ``varies``

@@ -3,6 +3,8 @@ and, for a truncating sampler, renormalized over the tokens it drew from (:mod:`
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from ._checks import check_dim
@@ -122,14 +124,16 @@ class _ShiftedLogprob(torch.autograd.Function):
     ``torch.logsumexp`` kept) and two ``(n, T)`` tensors for the backward."""
 
     @staticmethod
-    def forward(ctx, raw, ids, temperature):  # raw (n, T, V) float, ids (n, T, 1)
+    def forward(  # raw (n, T, V) float, ids (n, T, 1)
+        ctx: Any, raw: torch.Tensor, ids: torch.Tensor, temperature: float
+    ) -> torch.Tensor:
         top, u, _, _, log_s = _shifted(raw, temperature)
         ctx.save_for_backward(raw, ids, top, log_s)
         ctx.temperature = temperature
         return u.gather(-1, ids).squeeze(-1) - log_s
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         raw, ids, top, log_s = ctx.saved_tensors
         tau = ctx.temperature
         out = raw - top  # one (n, T, V) temporary, worked on in place
@@ -205,7 +209,7 @@ class _ShiftedEntropy(torch.autograd.Function):
     :func:`token_logprobs` keeps for float32 logits) and three ``(n, T)`` tensors."""
 
     @staticmethod
-    def forward(ctx, raw, temperature):  # raw (n, T, V) float
+    def forward(ctx: Any, raw: torch.Tensor, temperature: float) -> torch.Tensor:  # raw (n, T, V) float
         top, u, e, tail, log_s = _shifted(raw, temperature)
         h = _entropy(u, e, tail, log_s)
         ctx.save_for_backward(raw, top, log_s, h)
@@ -213,7 +217,7 @@ class _ShiftedEntropy(torch.autograd.Function):
         return h
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         raw, top, log_s, h = ctx.saved_tensors
         tau = ctx.temperature
         logp = raw - top  # (n, T, V), worked on in place

@@ -47,7 +47,7 @@ def _own_step_end(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
 
 def _pooled_step_rewards(
     fn: str, step_rewards: torch.Tensor, step_end_mask: torch.Tensor, completion_mask: torch.Tensor, group_size: int
-):
+) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """Checks the inputs of ``fn`` and pools each group's scored step rewards: ``(B, valid (N, T),
     pooled (B, G·T) float64 divided by scale_of, scale_of (B, 1), (mean, std, varies) of each group)``."""
     check_dim(fn, "step_rewards", step_rewards, 2)

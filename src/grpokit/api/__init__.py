@@ -57,11 +57,23 @@ from typing import TYPE_CHECKING, Any
 from grpokit.api.recipe import Objects, make_recipe
 from grpokit.config import Recipe
 from grpokit.trainer.callbacks import Callback, CallbackError, Callbacks
+from grpokit.trainer.summary import RunSummary, StopReason
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Callback", "CallbackError", "TrainResult", "Trainer", "make_recipe", "train_recipe"]
+    from grpokit.eval.evaluate import EvalResult
+
+__all__ = [
+    "Callback",
+    "CallbackError",
+    "RunSummary",
+    "StopReason",
+    "TrainResult",
+    "Trainer",
+    "make_recipe",
+    "train_recipe",
+]
 
 
 def train_recipe(
@@ -72,10 +84,11 @@ def train_recipe(
     again: str = "run the same command",
     built: Callable[[Any], None] | None = None,
     step_lines: bool = False,
-) -> dict[str, Any]:
+) -> RunSummary:
     """Run GRPO as ``recipe`` says (:func:`grpokit.trainer.loop.train`) with ``callbacks``; returns the
-    run's summary. What ``grpokit train`` and :meth:`Trainer.train` call; ``again``: how a stopped
-    run's last line says to continue it; ``built``: called with the run's parts once they exist;
+    run's summary (:class:`~grpokit.trainer.summary.RunSummary`, read as a mapping too). What
+    ``grpokit train`` and :meth:`Trainer.train` call; ``again``: how a stopped run's last line says
+    to continue it; ``built``: called with the run's parts once they exist;
     ``step_lines``: one line per step on stdout (``grpokit train --no-progress``).
 
     Raises:
@@ -83,9 +96,11 @@ def train_recipe(
     """
     from grpokit.trainer.loop import train
 
-    return train(
+    summary = train(
         recipe, progress=progress, callbacks=Callbacks(callbacks), again=again, built=built, step_lines=step_lines
     )
+    # a stand-in train() (tests) may give the plain dict a summary was: read it as one
+    return summary if isinstance(summary, RunSummary) else RunSummary.from_dict(summary)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -102,13 +117,14 @@ class TrainResult(Mapping[str, Any]):
             a step whose loss was not finite is left out); NaN when it ran none.
         metrics: the last step's metrics (its ``metrics.jsonl`` line) with ``train_runtime`` (seconds
             this call took) and ``train_loss`` (= ``training_loss``), as TRL's.
-        summary: the run's summary (``summary.json``).
+        summary: the run's summary (:class:`~grpokit.trainer.summary.RunSummary`; ``summary.json``
+            holds its ``to_dict()``).
     """
 
     global_step: int
     training_loss: float
     metrics: dict[str, Any]
-    summary: dict[str, Any]
+    summary: RunSummary
 
     def __getitem__(self, key: str) -> Any:
         return self.summary[key]
@@ -136,11 +152,11 @@ class _StepRecorder(Callback):
         if isinstance(loss, (int, float)) and math.isfinite(loss):
             self.losses.append(float(loss))
 
-    def result(self, summary: dict[str, Any], seconds: float) -> TrainResult:
+    def result(self, summary: RunSummary, seconds: float) -> TrainResult:
         """The :class:`TrainResult` of ``summary`` (a run that trained nothing: its ``step``)."""
         loss = sum(self.losses) / len(self.losses) if self.losses else math.nan
-        step = self.step if self.step is not None else int(summary.get("step", 0))
-        metrics = {**(summary.get("last_metrics") or {}), "train_runtime": seconds, "train_loss": loss}
+        step = self.step if self.step is not None else int(summary.step or 0)
+        metrics = {**(summary.last_metrics or {}), "train_runtime": seconds, "train_loss": loss}
         return TrainResult(global_step=step, training_loss=loss, metrics=metrics, summary=summary)
 
 
@@ -207,7 +223,7 @@ class Trainer:
         self.callbacks = list(callbacks)
         Callbacks(self.callbacks)  # a callback with no hook is refused now, not mid-run
         self.progress = progress
-        self.summary: dict[str, Any] | None = None
+        self.summary: RunSummary | None = None
         self._built: tuple[torch.nn.Module, Any] | None = None  # the run's policy and tokenizer, once built
 
     @property
@@ -261,11 +277,11 @@ class Trainer:
         """The run's policy and tokenizer; an AttributeError naming ``what`` when there are none."""
         if self._built is not None:
             return self._built
-        summary = self.summary or {}
-        if summary.get("nothing_to_do"):
+        summary = self.summary
+        if summary is not None and summary.stop_reason is StopReason.NOTHING_TO_DO:
             raise AttributeError(
                 f"Trainer.{what}: train() found {self.output_dir} already trained and loaded no model: its "
-                f"trained model is {summary.get('checkpoint') or self.output_dir}; "
+                f"trained model is {summary.checkpoint or self.output_dir}; "
                 "trainer.train(resume_from_checkpoint=False) trains again"
             )
         raise AttributeError(f"Trainer.{what}: the policy is loaded when training starts: call trainer.train() first")
@@ -322,32 +338,33 @@ class Trainer:
         self._objects.give_all()
         recorder, t0 = _StepRecorder(), time.perf_counter()
         with plain_warnings():  # a RunWarning: one "[grpokit] warning: ..." line, not a source location
-            self.summary = train_recipe(
+            self.summary = summary = train_recipe(
                 recipe,
                 progress=self.progress,
                 callbacks=[*self.callbacks, recorder],
                 again="call train() again",
                 built=self._keep,
             )
-            if self.summary.get("nothing_to_do"):
-                changed = self.summary.get("recipe_changes") or []
+            if summary.stop_reason is StopReason.NOTHING_TO_DO:
+                changed = summary.recipe_changes or []
                 unused = f" Your settings that differ from that run's were not used: {said_changes(changed, 6)}."
                 unused = unused if changed else ""
                 warnings.warn(
-                    f"{self.output_dir} already holds a run at step {self.summary['step']} (train.max_steps="
+                    f"{self.output_dir} already holds a run at step {summary.step} (train.max_steps="
                     f"{recipe.train.max_steps}): nothing was trained; this is that run's summary.{unused} To train "
                     "again: trainer.train(resume_from_checkpoint=False) starts over in that folder, or give another "
                     "train.output_dir; a larger train.max_steps continues it",
                     RunWarning,
                     stacklevel=2,
                 )
-        return recorder.result(self.summary, time.perf_counter() - t0)
+        return recorder.result(summary, time.perf_counter() - t0)
 
-    def evaluate(self, model: str | Path | None = None, *, when: str = "api") -> dict[str, Any]:
+    def evaluate(self, model: str | Path | None = None, *, when: str = "api") -> EvalResult:
         """Held-out evaluation of ``model`` (None: the newest checkpoint of ``train.output_dir``, else
         ``model.name_or_path``) on the recipe's held-out rows, as ``grpokit eval MODEL --heldout-of
         RECIPE`` does: greedy accuracy with its interval, and ``eval.num_samples`` samples' metrics.
-        Writes ``<output_dir>/eval_<when>.json`` and returns what it holds.
+        Writes ``<output_dir>/eval_<when>.json`` and returns what it holds, with ``model``: an
+        :class:`~grpokit.eval.evaluate.EvalResult` (read as a mapping too; ``to_dict()``: a dict).
 
         Raises:
             ValueError: no ``eval`` section (``eval.dataset`` or ``eval_rows=``); what

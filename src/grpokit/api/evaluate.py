@@ -5,9 +5,12 @@ model's generation with the recipe's environment when it has one, the same numbe
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from grpokit.config import Recipe
+
+if TYPE_CHECKING:
+    from grpokit.eval.evaluate import EvalResult
 
 
 def newest_model(recipe: Recipe, model: str | Path | None) -> str:
@@ -21,9 +24,10 @@ def newest_model(recipe: Recipe, model: str | Path | None) -> str:
     return str(found[-1]) if found else recipe.model.name_or_path
 
 
-def evaluate_heldout(recipe: Recipe, model: str | Path | None = None, *, when: str = "api") -> dict[str, Any]:
+def evaluate_heldout(recipe: Recipe, model: str | Path | None = None, *, when: str = "api") -> EvalResult:
     """Evaluate ``model`` (:func:`newest_model`) on ``recipe``'s held-out rows; writes
-    ``<train.output_dir>/eval_<when>.json`` and returns its content (:meth:`HeldOutEval.run`).
+    ``<train.output_dir>/eval_<when>.json`` and returns its content (:meth:`HeldOutEval.run`'s
+    :class:`~grpokit.eval.evaluate.EvalResult`) with ``model`` set (the file does not hold it).
 
     Raises:
         ValueError: no ``eval.dataset``; what :class:`~grpokit.eval.evaluate.HeldOutEval` raises.
@@ -45,7 +49,7 @@ def evaluate_heldout(recipe: Recipe, model: str | Path | None = None, *, when: s
     out = Path(recipe.train.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     res = held.run(engine, out, when)
-    res["model"] = name
+    res.model = name
     return res
 
 
@@ -100,7 +104,7 @@ def evaluate_models(
     ``temperature`` with ``seed``; with ``env``, :func:`grpokit.rollout.multiturn.env_options`'s
     environment between turns), its summary printed; with two, the paired comparison (exact McNemar)
     printed and added. Returns the dict ``grpokit eval`` writes to its JSON file (``models``: each
-    model's :func:`grpokit.eval.evaluate.evaluate` result).
+    model's :func:`grpokit.eval.evaluate.evaluate` result, as its ``to_dict()``).
 
     Raises:
         OSError, ValueError: a model that cannot be loaded; RuntimeError: a fault while evaluating.
@@ -111,7 +115,7 @@ def evaluate_models(
     from grpokit.eval.evaluate import evaluate
     from grpokit.eval.stats import format_summary
 
-    results = {}
+    results: dict[str, EvalResult] = {}
     for m in models:
         engine = evaluation_engine(m, device, tokenizer, env)
         results[m] = r = evaluate(
@@ -127,8 +131,8 @@ def evaluate_models(
             extract_answer=answer_extractor(scorer_name),
         )
         print(
-            f"{m} on {dataset_label(dataset, split)} ({r['total']} problems, scorer {scorer_name}, "
-            f"{r['seconds']:.0f} s):\n{format_summary(r['metrics'])}",
+            f"{m} on {dataset_label(dataset, split)} ({r.total} problems, scorer {scorer_name}, "
+            f"{r.seconds:.0f} s):\n{format_summary(r.metrics or {})}",
             flush=True,
         )
     out: dict[str, Any] = {
@@ -137,7 +141,7 @@ def evaluate_models(
         "skip": skip,
         "scorer": scorer_name,
         "settings": settings or {},
-        "models": results,
+        "models": {m: r.to_dict() for m, r in results.items()},
     }
     if len(models) == 2:
         paired, lines = compare(results[models[0]], results[models[1]], models[0], models[1], samples)

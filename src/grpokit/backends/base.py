@@ -10,6 +10,7 @@ The plain path is transformers' own: one forward over ``[prompt ; completion]`` 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -49,14 +50,14 @@ def grads_reduced_after_backward(model: torch.nn.Module) -> bool:
     return bool(getattr(model, _REDUCED_AFTER_BACKWARD, False))
 
 
-def autocast_context(enabled: bool, device: torch.device | str = "cpu"):
+def autocast_context(enabled: bool, device: torch.device | str = "cpu") -> contextlib.AbstractContextManager[None]:
     """bf16 autocast on ``device`` when ``enabled``, else a no-op context."""
     if not enabled:
         return contextlib.nullcontext()
     return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
 
 
-def last_positions(net: torch.nn.Module, keep: int, hidden_states: bool, **kw) -> torch.Tensor:
+def last_positions(net: Callable[..., Any], keep: int, hidden_states: bool, **kw: Any) -> torch.Tensor:
     """The last ``keep`` positions (all if 0) of ``net``'s output: logits ``(N, keep, V)`` for a
     causal LM, or hidden states ``(N, keep, H)`` when ``net`` is its decoder (the cpu backend's
     fused head)."""
@@ -117,7 +118,7 @@ def sampler_support(batch: Any) -> torch.Tensor | None:
     return getattr(batch, "sampler_support", None)
 
 
-def cache_kwarg(fn) -> str:
+def cache_kwarg(fn: Callable[..., Any]) -> str:
     """The keyword under which ``fn`` (a model's ``forward`` or ``generate``) takes a KV cache:
     ``cache`` (transformers >= 5.2x) or the older ``past_key_values``."""
     import inspect
@@ -197,7 +198,9 @@ class Backend:
         logits = plain_forward(model, model, batch, autocast_bf16)
         return logits_to_logprobs(logits, batch, temperature, with_entropy=with_entropy, entropy_grad=entropy_grad)
 
-    def generation(self, model: torch.nn.Module, rows: int, *, packed_weights: bool):
+    def generation(
+        self, model: torch.nn.Module, rows: int, *, packed_weights: bool
+    ) -> contextlib.AbstractContextManager[int]:
         """A context inside which ``model`` generates (``rows``: the rows of one decode step).
         Plain: nothing changes."""
         return contextlib.nullcontext(0)

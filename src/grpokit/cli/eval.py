@@ -17,6 +17,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -25,6 +26,10 @@ from grpokit.cli.errors import one_line as _one_line
 from grpokit.cli.errors import show_traceback as _show_traceback
 from grpokit.cli.recipe_args import DEFAULT_RECIPE, command_recipe, find_recipe, flag_values, split_overrides
 from grpokit.data import dataset_label
+
+if TYPE_CHECKING:
+    from grpokit.config import Recipe
+    from grpokit.eval.evaluate import HeldOutEval
 
 #: flag (argparse dest) -> the recipe key it overrides
 FLAG_KEYS = {
@@ -141,7 +146,7 @@ def _eval_args(argv: list[str]) -> argparse.Namespace:
     return p.parse_intermixed_args(argv)
 
 
-def _eval_recipe(ns: argparse.Namespace):
+def _eval_recipe(ns: argparse.Namespace) -> tuple[Recipe, HeldOutEval | None]:
     """The recipe ``ns`` means (:func:`grpokit.cli.recipe_args.command_recipe`) and, with
     ``--heldout-of``, its held-out rows (:class:`grpokit.eval.evaluate.HeldOutEval`, or None); sets
     ``ns``'s eval fields (dataset, split, limit, samples, scorer, max_new_tokens, batch_size, device,
@@ -317,7 +322,7 @@ def eval_command(argv: list[str]) -> int:
         return 1
 
 
-def _skipped_rows(ns: argparse.Namespace, recipe) -> list[dict]:
+def _skipped_rows(ns: argparse.Namespace, recipe: Recipe) -> list[dict]:
     """The rows ``--dataset`` / ``--split`` name (``--limit`` of them after ``--skip``, with the data
     seeds and options), the first ``--skip`` left out."""
     from grpokit.data.rows import load_data_rows
@@ -348,7 +353,7 @@ def _write_results(out: dict, models: list[str], out_path: Path, max_new_tokens:
     print(f"-> {out_path}")
 
 
-def _eval_settings(ns: argparse.Namespace, recipe, tok, skipped: int) -> dict:
+def _eval_settings(ns: argparse.Namespace, recipe: Recipe, tok: Any, skipped: int) -> dict:
     """What decides ``grpokit eval``'s numbers besides the models, for its JSON: the prompts
     (:func:`grpokit.eval.evaluate.prompt_settings`), the token budget, greedy decoding and the sampling
     settings, the rows (skip, limit, seeds: with ``--heldout-of`` those its held-out rows were read

@@ -56,11 +56,13 @@ import argparse
 import os
 import signal
 import sys
+from typing import Any
 
 from grpokit.cli.errors import USER_ERRORS
 from grpokit.cli.errors import one_line as _one_line
 from grpokit.cli.errors import show_traceback as _show_traceback
 from grpokit.cli.recipe_args import RecipeArgs, packaged_recipes
+from grpokit.trainer.summary import RunSummary, StopReason
 from grpokit.utils.threads import apply_threads, prepare_environment
 
 
@@ -142,31 +144,33 @@ def _train(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 128 + signum
-    if summary.get("nothing_to_do"):
+    reason = summary.stop_reason
+    if reason is StopReason.NOTHING_TO_DO:
         return 0
-    if summary.get("rank", 0) == 0:  # data parallel: rank 0 reports
+    if summary.rank == 0:  # data parallel: rank 0 reports
         print(_report(summary))
-    if "stopped_at" in summary:
-        return 128 + int(summary.get("stop_signal") or signal.SIGTERM)
+    if reason is StopReason.SIGNAL:
+        return 128 + int(summary.stop_signal or signal.SIGTERM)
     return 0
 
 
-def _report(summary: dict) -> str:
+def _report(summary: RunSummary) -> str:
+    """What ``grpokit train`` prints at the end of a run (rank 0): the run folder, the held-out
+    accuracy before and after training, the last step's reward and seconds, the checkpoint."""
     from grpokit.data import dataset_label
 
-    lines = [f"output: {summary['output_dir']}"]
-    for when in ("before", "after"):
-        e = summary.get(f"eval_{when}")
+    lines = [f"output: {summary.output_dir}"]
+    for when, e in (("before", summary.eval_before), ("after", summary.eval_after)):
         if e:
             lines.append(
                 f"eval {when}: {dataset_label(e['dataset'], e['split'])} accuracy {e['accuracy']:.3f} "
                 f"({e['correct']}/{e['total']})"
             )
-    last = summary.get("last_metrics") or {}
+    last = summary.last_metrics or {}
     if last:
         lines.append(f"last step {last['step']}: reward_mean {last['reward_mean']}, step_s {last['step_s']:.1f}")
-    if summary.get("checkpoint"):
-        lines.append(f"checkpoint: {summary['checkpoint']}")
+    if summary.checkpoint:
+        lines.append(f"checkpoint: {summary.checkpoint}")
     return "\n".join(lines)
 
 
@@ -188,7 +192,7 @@ def _export(argv: list[str]) -> int:
     from grpokit.trainer.model_card import merged_export_card
     from grpokit.utils.outputs import check_output_dir
 
-    def load_base(name: str, dtype, trust_remote_code: bool):
+    def load_base(name: str, dtype: Any, trust_remote_code: bool) -> Any:
         return load_model(name, dtype=dtype, device="cpu", trust_remote_code=trust_remote_code)
 
     try:

@@ -7,14 +7,20 @@ from __future__ import annotations
 import copy
 import dataclasses
 import typing
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from grpokit.config.fields import LORA_DEFAULTS, Registry
 from grpokit.trackers import NAMES as TRACKER_NAMES
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
-def _f(default, help: str, choices: tuple | Registry | None = None, **kw):
+_T = TypeVar("_T")
+
+
+def _f(default: _T, help: str, choices: tuple | Registry | None = None, **kw: Any) -> _T:
     meta: dict[str, Any] = {"help": help}
     if choices:
         meta["choices"] = choices
@@ -505,17 +511,17 @@ RENAMED_KEYS = {
 }
 
 
-def fields_of(cls) -> dict[str, dataclasses.Field]:
+def fields_of(cls: type[DataclassInstance]) -> dict[str, dataclasses.Field[Any]]:
     """The dataclass fields of a recipe section (or of :class:`Recipe`: its sections), by name."""
     return {f.name: f for f in dataclasses.fields(cls)}
 
 
-def hints_of(cls) -> dict[str, Any]:
+def hints_of(cls: object) -> dict[str, Any]:  # object: typing.get_type_hints' parameter
     """The resolved type of each field of ``cls`` (the annotations are strings here), by name."""
     return typing.get_type_hints(cls)
 
 
-def walk_recipe(recipe: Recipe):
+def walk_recipe(recipe: Recipe) -> Iterator[tuple[str, Any, dataclasses.Field[Any]]]:
     """``(key, value, field)`` for every key of ``recipe``, section by section (``train.seed``, ...)."""
     for sec in fields_of(Recipe):
         obj = getattr(recipe, sec)

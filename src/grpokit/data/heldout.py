@@ -16,6 +16,7 @@ overlapping them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -64,7 +65,7 @@ def default_scorer(dataset: str) -> str:
     return "reasoning_gym" if is_generated(dataset) else "math_correct"
 
 
-def answer_extractor(scorer: str):
+def answer_extractor(scorer: str) -> Callable[[str], str | None]:
     """The function that reads the final answer the way ``scorer`` does, for maj@k's votes:
     reasoning_gym's ``<answer>`` tags for the ``reasoning_gym`` scorer, else
     :func:`grpokit.rewards.math.extract_answer`."""
@@ -112,7 +113,9 @@ def check_ranges(recipe: Recipe) -> None:
         )
 
 
-def drop_questions(rows: list[dict], others: list[dict], key=None) -> tuple[list[dict], int]:
+def drop_questions(
+    rows: list[dict], others: list[dict], key: Callable[[str], str] | None = None
+) -> tuple[list[dict], int]:
     """``rows`` without those whose ``prompt`` (the question) is also a question of ``others``,
     compared as ``key(prompt)`` (default: the exact text), and how many were left out.
 

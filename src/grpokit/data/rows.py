@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import sys
+from typing import Any
 
 from grpokit.config import Recipe
 from grpokit.utils.given import given_label
@@ -112,7 +113,7 @@ def prompt_tools(recipe: Recipe) -> list[dict] | None:
 
 def load_prompts(
     recipe: Recipe,
-    tokenizer,
+    tokenizer: Any,
     *,
     dataset: str,
     split: str,
@@ -122,7 +123,7 @@ def load_prompts(
     max_positions: int | None = None,
     new_tokens_key: str = "rollout.max_new_tokens",
     section: str = "data",
-):
+) -> tuple[list[dict], list[str], int]:
     """Rows of ``dataset``/``split`` (or the given ``rows``) and their chat prompts
     (:func:`grpokit.data.render_prompts`: conversational rows, a chat template without a system
     role); prompts longer
@@ -179,7 +180,9 @@ def load_prompts(
     return [rows[i] for i in keep], [prompts[i] for i in keep], skipped
 
 
-def training_prompts(recipe: Recipe, tokenizer, rows: list[dict], max_positions: int | None):
+def training_prompts(
+    recipe: Recipe, tokenizer: Any, rows: list[dict], max_positions: int | None
+) -> tuple[list[dict], list[str], int]:
     """:func:`load_prompts` of the recipe's training ``rows`` (the ``data`` section's, e.g. from
     :func:`section_rows`): room left for ``rollout.max_new_tokens`` within ``max_positions``.
     Returns ``(rows, prompts, skipped)`` and raises as :func:`load_prompts`."""

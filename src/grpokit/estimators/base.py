@@ -91,7 +91,7 @@ class Algorithm(Protocol):
         ...
 
 
-def _ppo():
+def _ppo() -> type:
     from grpokit.estimators.ppo import PPO
 
     return PPO

@@ -3,12 +3,15 @@ on the same problems, paired (:mod:`grpokit.eval.stats`), as JSON entries and pr
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from grpokit.eval.stats import paired_comparison, paired_sampled_comparison
 
 
-def compare(a: dict[str, Any], b: dict[str, Any], name_a: str, name_b: str, samples: int) -> tuple[dict, list[str]]:
+def compare(
+    a: Mapping[str, Any], b: Mapping[str, Any], name_a: str, name_b: str, samples: int
+) -> tuple[dict, list[str]]:
     """``b`` − ``a`` on the same problems: greedy accuracy by the exact McNemar test, and with
     ``samples`` = k > 0 also mean@k (exact sign test over problems) and maj@k (McNemar).
 

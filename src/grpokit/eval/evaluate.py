@@ -13,6 +13,9 @@ run's ``eval_engine``, :class:`grpokit.trainer.build.Run`); :func:`save_eval` wr
 bad input fails before anything slow loads: :class:`HeldOutEval` (rows and scorer, no tokenizer),
 then :meth:`HeldOutEval.prepare` (prompts, once the tokenizer and the model's context length are
 known).
+
+:func:`evaluate` returns an :class:`EvalResult` (read as a mapping too: ``res["accuracy"]``);
+``eval_<when>.json`` holds its :meth:`EvalResult.to_dict`.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from __future__ import annotations
 import json
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,7 +35,9 @@ if TYPE_CHECKING:
     from grpokit.config import Recipe
 
 
-def _score(guard, rows: list[dict], completions: list[str], per_row: int) -> tuple[list[bool], int]:
+def _score(
+    guard: Callable[..., list[float | None]], rows: list[dict], completions: list[str], per_row: int
+) -> tuple[list[bool], int]:
     """Correctness of ``completions`` (``per_row`` consecutive ones per row), and how many the scorer
     gave no score (None: it raised, timed out, or could not read the reference)."""
     expanded = [r for r in rows for _ in range(per_row)]
@@ -55,7 +60,17 @@ class _Tally:
     examples: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _greedy_pass(engine, guard, prompts, rows, tally: _Tally, *, batch_size: int, max_new_tokens: int, seed: int):
+def _greedy_pass(
+    engine: RolloutEngine,
+    guard: Callable[..., list[float | None]],
+    prompts: list[str],
+    rows: list[dict],
+    tally: _Tally,
+    *,
+    batch_size: int,
+    max_new_tokens: int,
+    seed: int,
+) -> None:
     """Each prompt once, greedy, ``batch_size`` per call; into ``tally``."""
     params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
     for start in range(0, len(prompts), batch_size):
@@ -80,7 +95,19 @@ def _greedy_pass(engine, guard, prompts, rows, tally: _Tally, *, batch_size: int
         ][: max(0, 5 - len(tally.examples))]
 
 
-def _sampled_pass(engine, guard, prompts, rows, tally: _Tally, extract_answer, *, per_call: int, k: int, params, seed):
+def _sampled_pass(
+    engine: RolloutEngine,
+    guard: Callable[..., list[float | None]],
+    prompts: list[str],
+    rows: list[dict],
+    tally: _Tally,
+    extract_answer: Callable[[str], str | None],
+    *,
+    per_call: int,
+    k: int,
+    params: SamplingParams,
+    seed: int,
+) -> None:
     """``k`` samples per prompt, ``per_call`` prompts per call; into ``tally``."""
     for start in range(0, len(prompts), per_call):
         chunk_rows, chunk = rows[start : start + per_call], prompts[start : start + per_call]
@@ -90,6 +117,106 @@ def _sampled_pass(engine, guard, prompts, rows, tally: _Tally, extract_answer, *
         for i in range(len(chunk)):
             tally.sampled.append(ok[i * k : (i + 1) * k])
             tally.answers.append([extract_answer(c) for c in ro.completions[i * k : (i + 1) * k]])
+
+
+#: the keys every result has, in order
+_CORE_KEYS = (
+    "accuracy",
+    "correct",
+    "total",
+    "unscorable",
+    "truncated_frac",
+    "seconds",
+    "examples",
+    "outcomes",
+    "metrics",
+    "settings",
+)
+#: the keys of a held-out evaluation (:meth:`HeldOutEval.run`), in the order its result gives them
+_HELD_OUT_KEYS = ("dataset", "split", "when", "scorer", "held_out")
+
+
+@dataclass(eq=False)
+class EvalResult(Mapping[str, Any]):
+    """What :func:`evaluate` returns (and :meth:`HeldOutEval.run`, with the held-out fields set).
+
+    Read as a mapping of its keys too (``res["accuracy"]``, ``"maj_outcomes" in res``, ``dict(res)``):
+    the fields below that are present, in this order; :meth:`to_dict` is what ``eval_<when>.json``
+    holds. ``sampled_correct`` and ``maj_outcomes`` are present with samples; ``dataset``, ``split``,
+    ``when``, ``scorer`` and ``held_out`` together, once ``when`` is set; ``model`` once set.
+
+    Attributes:
+        accuracy: greedy accuracy, ``correct / total`` (0.0 with no problem).
+        correct: problems whose greedy completion is correct.
+        total: problems evaluated.
+        unscorable: completions (greedy and sampled) the scorer gave no score (counted wrong).
+        truncated_frac: the fraction of greedy completions that reached ``max_new_tokens`` without EOS.
+        seconds: wall-clock seconds of the evaluation.
+        examples: the first five greedy completions (``question``, ``prompt``, ``answer``,
+            ``completion``, ``correct``, ``truncated``).
+        outcomes: per problem, greedy correct or not.
+        metrics: :func:`grpokit.eval.stats.summarize`'s result (``n_problems``, ``k``, ``confidence``,
+            ``metrics``: each metric's ``value``, ``lo``, ``hi``, ``interval``); None with no problem.
+        settings: what decides the numbers (``max_new_tokens``, ``greedy``, ``num_samples``,
+            ``temperature``, ``seed``, ``scorer``, ``scorer_timeout_s``; a held-out run's prompt
+            settings and ``batch_size`` too).
+        sampled_correct: per problem, how many of the k samples were correct (with samples).
+        maj_outcomes: per problem, maj@k right or not (with samples).
+        dataset, split: the held-out data; when: ``before``, ``after``, ``step<k>``, ``api``...;
+        scorer: the held-out scorer's name; held_out: how the held-out rows were chosen (a sentence).
+        model: the model evaluated (:meth:`grpokit.api.Trainer.evaluate`).
+    """
+
+    accuracy: float
+    correct: int
+    total: int
+    unscorable: int
+    truncated_frac: float
+    seconds: float
+    examples: list[dict[str, Any]]
+    outcomes: list[bool]
+    metrics: dict[str, Any] | None
+    settings: dict[str, Any]
+    sampled_correct: list[int] | None = None
+    maj_outcomes: list[bool] | None = None
+    dataset: str | None = None
+    split: str | None = None
+    when: str | None = None
+    scorer: str | None = None
+    held_out: str | None = None
+    model: str | None = None
+
+    @property
+    def metric_intervals(self) -> dict[str, dict[str, Any]]:
+        """Each metric's ``value``, ``lo``, ``hi`` and ``interval`` by name (``greedy``, ``mean@k``,
+        ``pass@j``, ``maj@k``): ``metrics["metrics"]``, {} when there is none."""
+        return dict((self.metrics or {}).get("metrics") or {})
+
+    def _keys(self) -> list[str]:
+        keys = list(_CORE_KEYS)
+        if self.sampled_correct is not None:
+            keys.append("sampled_correct")
+        if self.maj_outcomes is not None:
+            keys.append("maj_outcomes")
+        if self.when is not None:
+            keys += _HELD_OUT_KEYS
+        return keys + (["model"] if self.model is not None else [])
+
+    def to_dict(self) -> dict[str, Any]:
+        """The keys present (the class docstring), in order, with their values: what
+        ``eval_<when>.json`` holds (``json.dumps(..., indent=1)``)."""
+        return {k: getattr(self, k) for k in self._keys()}
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self._keys():
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._keys())
+
+    def __len__(self) -> int:
+        return len(self._keys())
 
 
 def evaluate(
@@ -106,7 +233,7 @@ def evaluate(
     temperature: float = 1.0,
     seed: int = 0,
     extract_answer: Callable[[str], str | None] | None = None,
-) -> dict[str, Any]:
+) -> EvalResult:
     """Greedy-decode each prompt once (and sample ``num_samples`` more) and score them.
 
     Args:
@@ -124,10 +251,10 @@ def evaluate(
             :func:`grpokit.data.heldout.answer_extractor`).
 
     Returns:
-        ``accuracy``, ``correct``, ``total``, ``unscorable`` (completions, greedy and sampled, the
-        scorer gave no score: counted wrong), ``truncated_frac`` (greedy completions that reached
-        ``max_new_tokens`` without an EOS: an answer cut off there is scored as it stands, usually
-        wrong; :func:`measured_little`),
+        an :class:`EvalResult`: ``accuracy``, ``correct``, ``total``, ``unscorable`` (completions,
+        greedy and sampled, the scorer gave no score: counted wrong), ``truncated_frac`` (greedy
+        completions that reached ``max_new_tokens`` without an EOS: an answer cut off there is scored
+        as it stands, usually wrong; :func:`measured_little`),
         ``seconds``, ``examples`` (the first five greedy completions: the row's ``question``, the
         ``prompt`` the model was given, ``completion``, ``correct``, ``truncated``), ``settings``
         (what decides the numbers: ``max_new_tokens``, ``num_samples`` and, with samples,
@@ -187,17 +314,17 @@ def evaluate(
         guard.close()
     total, greedy, sampled, answers = len(prompts), tally.greedy, tally.sampled, tally.answers
     summary = evalstats.summarize(greedy, sampled or None, answers or None) if total else None
-    out = {
-        "accuracy": sum(greedy) / total if total else 0.0,
-        "correct": sum(greedy),
-        "total": total,
-        "unscorable": tally.unscorable,
-        "truncated_frac": tally.truncated / total if total else 0.0,
-        "seconds": time.perf_counter() - t0,
-        "examples": tally.examples,
-        "outcomes": greedy,
-        "metrics": summary,
-        "settings": {
+    return EvalResult(
+        accuracy=sum(greedy) / total if total else 0.0,
+        correct=sum(greedy),
+        total=total,
+        unscorable=tally.unscorable,
+        truncated_frac=tally.truncated / total if total else 0.0,
+        seconds=time.perf_counter() - t0,
+        examples=tally.examples,
+        outcomes=greedy,
+        metrics=summary,
+        settings={
             "max_new_tokens": max_new_tokens,
             "greedy": True,
             "num_samples": num_samples,
@@ -206,14 +333,12 @@ def evaluate(
             "scorer": name,
             "scorer_timeout_s": scorer_timeout_s,
         },
-    }
-    if sampled:
-        out["sampled_correct"] = [sum(x) for x in sampled]
-        out["maj_outcomes"] = [evalstats.maj_at_k(ans, x) for ans, x in zip(answers, sampled)]
-    return out
+        sampled_correct=[sum(x) for x in sampled] if sampled else None,
+        maj_outcomes=[evalstats.maj_at_k(ans, x) for ans, x in zip(answers, sampled)] if sampled else None,
+    )
 
 
-def measured_little(res: dict[str, Any], *, budget: str) -> list[str]:
+def measured_little(res: Mapping[str, Any], *, budget: str) -> list[str]:
     """What makes an :func:`evaluate` result ``res`` measure less than it seems, one sentence each
     (empty when nothing): at least :data:`grpokit.metrics.TRUNCATED_WARN_FRAC` of the greedy
     completions cut at the token budget (an answer cut off there is scored as it stands, usually
@@ -332,7 +457,7 @@ class HeldOutEval:
         )
         self.tokenizer = tokenizer
 
-    def run(self, engine: RolloutEngine, out: Path, when: str) -> dict[str, Any]:
+    def run(self, engine: RolloutEngine, out: Path, when: str) -> EvalResult:
         """Evaluate the model ``engine`` generates from, now (greedy, and ``eval.num_samples``
         samples at ``rollout.temperature``); writes ``out/eval_<when>.json``, prints the summary and
         returns :func:`grpokit.eval.evaluate.evaluate`'s result with ``dataset``, ``split``, ``when``,
@@ -359,20 +484,20 @@ class HeldOutEval:
             seed=r.train.seed,
             extract_answer=answer_extractor(self.scorer),
         )
-        res.update(dataset=self.dataset, split=e.split, when=when, scorer=self.scorer, held_out=self.note)
+        res.dataset, res.split, res.when, res.scorer, res.held_out = self.dataset, e.split, when, self.scorer, self.note
         # the prompts as the model got them: with the budget and the sampling, what the numbers depend on
-        res["settings"].update(prompt_settings(r.data, self.tokenizer, self.too_long), batch_size=e.batch_size)
+        res.settings.update(prompt_settings(r.data, self.tokenizer, self.too_long), batch_size=e.batch_size)
         save_eval(out, res, when)
         print(
-            f"[grpokit] eval {when}: {dataset_label(self.dataset, e.split)} accuracy {res['accuracy']:.3f} "
-            f"({res['correct']}/{res['total']}, greedy; {self.note}; scorer {self.scorer})\n"
-            f"{format_summary(res['metrics'])}",
+            f"[grpokit] eval {when}: {dataset_label(self.dataset, e.split)} accuracy {res.accuracy:.3f} "
+            f"({res.correct}/{res.total}, greedy; {self.note}; scorer {self.scorer})\n"
+            f"{format_summary(res.metrics or {})}",
             flush=True,
         )
         self._warn(res, when)
         return res
 
-    def _warn(self, res: dict[str, Any], when: str) -> None:
+    def _warn(self, res: EvalResult, when: str) -> None:
         """An evaluation that measured little (most answers cut, rows the scorer could not score)
         says so, as a training step does (``grpokit.metrics.RunWarning``)."""
         from grpokit.metrics import RunWarning
@@ -382,7 +507,11 @@ class HeldOutEval:
             warnings.warn(f"eval {when}: {text}", RunWarning, stacklevel=3)
 
 
-def save_eval(out: Path, res: dict[str, Any], when: str) -> dict[str, Any]:
-    """Write ``out/eval_<when>.json``; returns ``res``."""
-    (Path(out) / f"eval_{when}.json").write_text(json.dumps(res, indent=1))
+def save_eval(out: Path, res: EvalResult, when: str) -> EvalResult:
+    """Write ``out/eval_<when>.json`` (``res.to_dict()`` as JSON, indented by one); returns ``res``.
+
+    Raises:
+        OSError: the file cannot be written.
+    """
+    (Path(out) / f"eval_{when}.json").write_text(json.dumps(res.to_dict(), indent=1))
     return res

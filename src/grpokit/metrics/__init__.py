@@ -70,10 +70,10 @@ def plain_warnings(*, own_output: bool = False) -> Iterator[None]:
     def ours(category: type[Warning]) -> bool:
         return issubclass(category, (RunWarning, MissingExtraWarning))
 
-    def plain(message, category, *a, **k):
+    def plain(message: Warning | str, category: type[Warning], *a: Any, **k: Any) -> str:
         return f"[grpokit] warning: {message}\n" if ours(category) else fmt(message, category, *a, **k)
 
-    def say(message, category, *a, **k):
+    def say(message: Warning | str, category: type[Warning], *a: Any, **k: Any) -> None:
         if ours(category):
             print(plain(message, category), end="", file=sys.stderr, flush=True)
         else:

@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -76,13 +77,15 @@ def _raw_and_smoothed(rows: list[dict], key: str, label: str, smoothed_label: st
     ]
 
 
-def _table(evaluation: dict | None) -> dict[str, dict[str, float]]:
+def _table(evaluation: Mapping[str, Any] | None) -> dict[str, dict[str, float]]:
     """An evaluation's ``{metric: {"value", "lo", "hi"}}`` (the ``metrics.metrics`` table of what
     ``eval_<when>.json`` holds); {} for None."""
     return ((evaluation or {}).get("metrics") or {}).get("metrics") or {}
 
 
-def _eval_points(rows: list[dict], before: dict | None, after: dict | None = None) -> dict[str, dict[str, list]]:
+def _eval_points(
+    rows: list[dict], before: Mapping[str, Any] | None, after: Mapping[str, Any] | None = None
+) -> dict[str, dict[str, list]]:
     """``{metric: {"x", "y", "lo", "hi", "minutes"}}`` from the ``eval/<metric>`` keys, with the
     before-training evaluation (``eval_before.json``) at step 0 and the after-training one
     (``eval_after.json``) at the last step of ``rows`` (0 without rows), unless a periodic
@@ -124,8 +127,8 @@ def curve_panels(
     *,
     beta: float,
     num_iterations: int,
-    before: dict | None = None,
-    after: dict | None = None,
+    before: Mapping[str, Any] | None = None,
+    after: Mapping[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """The panels of ``curves.png`` (module docstring), as data.
 
@@ -197,8 +200,8 @@ def plot_curves(
     *,
     beta: float = 0.0,
     num_iterations: int = 1,
-    before: dict | None = None,
-    after: dict | None = None,
+    before: Mapping[str, Any] | None = None,
+    after: Mapping[str, Any] | None = None,
 ) -> bool:
     """Draw :func:`curve_panels` of ``metrics_path`` into ``out_png`` (two rows of panels);
     ``before``/``after``: the evaluations before and after training, as :func:`curve_panels` takes them.

@@ -125,7 +125,9 @@ def _judge(judge: Callable, prompts: list[Any], texts: list[str], columns: dict[
     return list(out)
 
 
-def _check(prompts: Any, rows: Any, samples_per_problem: Any, rollouts_per_step: Any, threshold: Any, first: Any):
+def _check(
+    prompts: Any, rows: Any, samples_per_problem: Any, rollouts_per_step: Any, threshold: Any, first: Any
+) -> None:
     if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) and p for p in prompts):
         raise ValueError("label_steps: prompts must be a non-empty list of non-empty strings")
     if not isinstance(rows, list) or len(rows) != len(prompts) or not all(isinstance(r, dict) for r in rows):

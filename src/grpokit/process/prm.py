@@ -92,7 +92,14 @@ class StepLayout:
         ValueError: the tag is not in the tokenizer's vocabulary.
     """
 
-    def __init__(self, tokenizer, tag, tag_what: str = "step_tag", step_suffix: str = "\n", format_prompt=None):
+    def __init__(
+        self,
+        tokenizer: Any,
+        tag: str | int,
+        tag_what: str = "step_tag",
+        step_suffix: str = "\n",
+        format_prompt: Callable[[str], str] | None = None,
+    ) -> None:
         self.tokenizer, self.tag = tokenizer, tag
         self.tag_ids = vocab_ids(tokenizer, tag, tag_what)
         self.suffix_ids = tokenizer.encode(step_suffix, add_special_tokens=False) if step_suffix else []
@@ -119,18 +126,18 @@ class _Scorer:
 
     def __init__(
         self,
-        model,
-        tokenizer,
-        tag,
-        tag_what,
-        step_suffix,
-        format_prompt,
-        batch_size,
-        device,
-        dtype,
-        padding_side,
-        max_length,
-    ):
+        model: Any,
+        tokenizer: Any,
+        tag: str | int,
+        tag_what: str,
+        step_suffix: str,
+        format_prompt: Callable[[str], str] | None,
+        batch_size: int,
+        device: str | torch.device,
+        dtype: torch.dtype | None,
+        padding_side: str | None,
+        max_length: int | None,
+    ) -> None:
         self.layout = StepLayout(tokenizer, tag, tag_what, step_suffix, format_prompt)
         pad = tokenizer.pad_token_id
         side = padding_side or getattr(tokenizer, "padding_side", None) or "right"
@@ -149,7 +156,9 @@ class _Scorer:
         """``(ids, tag_positions)`` of one row (:meth:`StepLayout.build`)."""
         return self.layout.build(prompt, steps)
 
-    def score(self, prompts, steps, read: Callable[[torch.Tensor], torch.Tensor]) -> Scores:
+    def score(
+        self, prompts: Sequence[str], steps: Sequence[Sequence[str]], read: Callable[[torch.Tensor], torch.Tensor]
+    ) -> Scores:
         if len(prompts) != len(steps):
             raise ValueError(f"{len(prompts)} prompts but {len(steps)} step lists")
         return self.base.score([self.build(p, s) for p, s in zip(prompts, steps)], read)
@@ -184,8 +193,8 @@ class TokenProbPRM:
 
     def __init__(
         self,
-        model,
-        tokenizer,
+        model: Any,
+        tokenizer: Any,
         step_tag: str | int,
         good_token: str | int,
         bad_token: str | int,
@@ -197,7 +206,7 @@ class TokenProbPRM:
         max_length: int | None = None,
         format_prompt: Callable[[str], str] | None = None,
         step_suffix: str = "\n",
-    ):
+    ) -> None:
         self._scorer = _Scorer(
             model,
             tokenizer,
@@ -277,8 +286,8 @@ class ClassificationPRM:
 
     def __init__(
         self,
-        model,
-        tokenizer,
+        model: Any,
+        tokenizer: Any,
         separator: str | int,
         *,
         positive_label: int = 1,
@@ -289,7 +298,7 @@ class ClassificationPRM:
         max_length: int | None = None,
         format_prompt: Callable[[str], str] | None = None,
         step_suffix: str = "",
-    ):
+    ) -> None:
         if positive_label < 0:
             raise ValueError(f"positive_label must be >= 0, got {positive_label}")
         self._scorer = _Scorer(

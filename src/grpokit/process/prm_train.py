@@ -247,17 +247,19 @@ def evaluate_prm(prm: Any, records: Sequence[StepLabels], threshold: float = 0.5
     return prm_metrics(scores, [r.hard for r in kept], threshold)
 
 
-def _trainer_class():
+def _trainer_class() -> type:
     from transformers import Trainer
 
     class PRMTrainer(Trainer):
         """transformers' Trainer with :func:`prm_loss` as its loss."""
 
-        def __init__(self, *args, candidate_ids: Sequence[int], **kwargs):
+        def __init__(self, *args: Any, candidate_ids: Sequence[int], **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.candidate_ids = list(candidate_ids)
 
-        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        def compute_loss(
+            self, model: Any, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch: Any = None
+        ) -> Any:
             out = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])
             loss = prm_loss(out.logits, inputs["tag_positions"], inputs["targets"], self.candidate_ids)
             return (loss, out) if return_outputs else loss

@@ -166,6 +166,10 @@ def _lex(text: str, markdown: bool = True) -> list[_Tok]:
 
 
 # ---- parser: tokens -> AST; ("num", tok) | ("neg", a) | ("bin", op, a, b) --------------------
+#: An AST node: ``("num", _Tok)``, ``("neg", node)`` or ``("bin", op, node, node)``.
+_Node = tuple[Any, ...]
+
+
 class _Parser:
     def __init__(self, toks: list[_Tok], units: bool = True):
         self.toks, self.i, self.units = toks, 0, units
@@ -173,14 +177,14 @@ class _Parser:
     def peek(self) -> _Tok | None:
         return self.toks[self.i] if self.i < len(self.toks) else None
 
-    def expr(self):
+    def expr(self) -> _Node:
         node = self.term()
         while (t := self.peek()) is not None and t.kind == "OP" and t.text in "+-−":
             self.i += 1
             node = ("bin", "-" if t.text in "-−" else "+", node, self.term())
         return node
 
-    def term(self):
+    def term(self) -> _Node:
         node = self.unary()
         while (t := self.peek()) is not None and (t.kind == "OP" and t.text in _MUL or t.kind == "LP"):
             if t.kind == "OP":
@@ -188,7 +192,7 @@ class _Parser:
             node = ("bin", "/" if t.text in "/÷" else "*", node, self.unary())
         return node
 
-    def unary(self):
+    def unary(self) -> _Node:
         t = self.peek()
         if t is not None and t.kind == "OP" and t.text in "-−":
             self.i += 1
@@ -200,7 +204,7 @@ class _Parser:
             return ("bin", "^", base, self.unary())
         return base
 
-    def primary(self):
+    def primary(self) -> _Node:
         t = self.peek()
         if t is None:
             raise SyntaxError("end")
@@ -221,7 +225,7 @@ class _Parser:
         raise SyntaxError(t.text)
 
 
-def _parse_all(toks: list[_Tok]):
+def _parse_all(toks: list[_Tok]) -> _Node:
     p = _Parser(toks)
     node = p.expr()
     if p.i != len(toks):
@@ -238,7 +242,7 @@ def _check_size(v: Fraction) -> Fraction:
     return v
 
 
-def _eval(node) -> Fraction:
+def _eval(node: _Node) -> Fraction:
     if node[0] == "num":
         if node[1].value is None:
             raise _Unverifiable
@@ -257,14 +261,14 @@ def _eval(node) -> Fraction:
     return x ** int(y)
 
 
-def _literal(node) -> _Tok | None:
+def _literal(node: _Node) -> _Tok | None:
     """The number token of a segment that is a single (possibly negated) number, else None."""
     if node[0] == "neg":
         node = node[1]
     return node[1] if node[0] == "num" else None
 
 
-def _first_value(node) -> Fraction | None:
+def _first_value(node: _Node) -> Fraction | None:
     """Value of the leftmost number of a compound segment (``-7`` in ``-7 + 2``), else None."""
     while node[0] == "bin":
         node = node[2]
@@ -275,11 +279,11 @@ def _first_value(node) -> Fraction | None:
 
 
 class _Seg(NamedTuple):
-    node: Any
+    node: _Node
     text: str
 
 
-def _suffix(toks: list[_Tok], src: str):
+def _suffix(toks: list[_Tok], src: str) -> _Seg | None:
     """Longest suffix of a gap (ending at an "=") that is an arithmetic expression."""
     for j in range(max(0, len(toks) - _MAX_GAP), len(toks)):
         try:
@@ -303,7 +307,7 @@ def _suffix(toks: list[_Tok], src: str):
     return None
 
 
-def _prefix(toks: list[_Tok], src: str, units: bool = True):
+def _prefix(toks: list[_Tok], src: str, units: bool = True) -> _Seg | None:
     """Longest prefix of a gap (starting after an "=") that is an arithmetic expression, or None."""
     if not toks:
         return None
@@ -422,7 +426,7 @@ def _math_correct() -> Callable[..., list[float | None]] | None:
     return math_correct
 
 
-def _outcomes(prompts, completions, answer) -> list[float | None]:
+def _outcomes(prompts: list[str], completions: list[str], answer: list[Any]) -> list[float | None]:
     math_correct = _math_correct()
     rows = [i for i, a in enumerate(answer) if a is not None]
     out: list[float | None] = [None] * len(completions)

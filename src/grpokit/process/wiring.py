@@ -5,10 +5,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from grpokit.rewards.calling import RewardSignatureError, check_signature
 from grpokit.rewards.guard import GuardedReward
 from grpokit.utils.importing import import_object
+
+if TYPE_CHECKING:
+    from grpokit.config import Recipe
 
 __all__ = ["BUILTIN_PROCESS_REWARDS", "PRM_PREFIX", "resolve_process_reward"]
 
@@ -19,7 +23,7 @@ BUILTIN_PROCESS_REWARDS = {"arithmetic": "grpokit.process.verifier:arithmetic_st
 """Built-in ``algo.process_reward`` names -> ``"module:function"`` (imported when resolved)."""
 
 
-def _load_prm(recipe, folder: str) -> Callable:
+def _load_prm(recipe: Recipe, folder: str) -> Callable:
     """The PRM in ``folder`` (:func:`~grpokit.process.prm_train.load_prm`) on ``rewards.rm_device``
     (``auto``: ``model.device``, cuda when that is ``auto`` and a GPU is there) with
     ``rewards.rm_dtype``/``rm_batch_size``/``rm_max_length``."""
@@ -48,7 +52,7 @@ def _load_prm(recipe, folder: str) -> Callable:
     return prm
 
 
-def resolve_process_reward(recipe) -> Callable:
+def resolve_process_reward(recipe: Recipe) -> Callable:
     """``algo.process_reward``: ``arithmetic`` (the rule-based step verifier), ``prm:FOLDER`` (a
     trained PRM, :func:`_load_prm`; run in a thread: the model stays in this process), ``module:function``
     (a module on ``sys.path`` or in the working directory) or ``path/to/file.py:function``

@@ -51,7 +51,7 @@ class RewardTimeout(TimeoutError):
     """A reward call ran past its limit (its worker was killed, or its thread abandoned)."""
 
 
-def _serve(conn, trainer_end, trainer_pid: int, fn: Any) -> None:
+def _serve(conn: Connection, trainer_end: Connection, trainer_pid: int, fn: Any) -> None:
     """The worker's loop: for each ``(op, args, kwargs)`` received, call ``fn(*args, **kwargs)``
     (op ``"call"``) or ``fn.rows(*args, **kwargs)`` (op ``"rows"``); send back ``("ok", result)`` or
     ``("error", exception)``; stop at EOF, ``None``, or when the trainer is gone (it may have been
@@ -189,7 +189,7 @@ class Worker:
             return payload
         raise payload
 
-    def _exitcode(self):
+    def _exitcode(self) -> int | None:
         if self.proc is None:
             return None
         self.proc.join(1.0)
@@ -436,7 +436,7 @@ class GuardedReward:
         if self._worker is not None:
             self._worker.close()
 
-    def __del__(self):
+    def __del__(self) -> None:
         try:
             self.close()
         except Exception:  # noqa: BLE001 - interpreter shutdown

@@ -127,7 +127,9 @@ class PositionScorer:
                 out[i][k] = float(s)
         return out
 
-    def _pad(self, batch, rows) -> tuple[dict[str, Any], list[int], list[int]]:
+    def _pad(
+        self, batch: list[tuple[int, list[int], list[int]]], rows: Sequence[Row]
+    ) -> tuple[dict[str, Any], list[int], list[int]]:
         """Model inputs of one batch, and the (row, column) of every read position in it."""
         width = max(len(ids) for _, ids, _ in batch)
         input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)

@@ -7,12 +7,14 @@ imported only when used (``generate_rollouts``/``build_generation_config`` below
 access).
 """
 
+from typing import Any
+
 from grpokit.rollout.engine import ENGINES, RolloutEngine, SamplingParams, load_engine
 
 __all__ = ["ENGINES", "RolloutEngine", "SamplingParams", "build_generation_config", "generate_rollouts", "load_engine"]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name in ("generate_rollouts", "build_generation_config"):
         from grpokit.rollout import hf
 

@@ -10,10 +10,12 @@ or a plain function, which is taken as ``on_step_end``:
   run to stop: the step's checkpoint is written, the evaluation after training runs, and the summary
   says ``early_stopped_at`` and ``stopped_by``.
 - ``on_evaluate(step, result)``: after each held-out evaluation (before training: step 0), with
-  what ``eval_<when>.json`` holds. Returning ``True`` stops the run as above (not for the evaluation
-  before training, nor the one after it).
+  its :class:`~grpokit.eval.evaluate.EvalResult` (a mapping of what ``eval_<when>.json`` holds).
+  Returning ``True`` stops the run as above (not for the evaluation before training, nor the one
+  after it).
 - ``on_save(step, path)``: after a checkpoint folder is written.
-- ``on_train_end(summary)``: with the run's summary, at the end (a stopped run's too).
+- ``on_train_end(summary)``: with the run's :class:`~grpokit.trainer.summary.RunSummary` (read as a
+  mapping too; its ``stop_reason`` says how it ended), at the end (a stopped run's too).
 
 With several ranks (torchrun) every rank calls ``on_step_end`` and ``on_save`` is called on rank 0
 only, as is ``on_evaluate`` (rank 0 evaluates); a stop asked on any rank stops every rank after the
@@ -26,7 +28,7 @@ naming the callback, the hook and the step; nothing of the run is lost.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 __all__ = ["Callback", "CallbackError", "Callbacks", "callback_name"]
@@ -43,14 +45,14 @@ class Callback:
         """After each step; return ``True`` to stop the run."""
         return None
 
-    def on_evaluate(self, step: int, result: dict[str, Any]) -> bool | None:
+    def on_evaluate(self, step: int, result: Mapping[str, Any]) -> bool | None:
         """After each held-out evaluation; return ``True`` to stop the run."""
         return None
 
     def on_save(self, step: int, path: str) -> None:
         """After each checkpoint folder is written."""
 
-    def on_train_end(self, summary: dict[str, Any]) -> None:
+    def on_train_end(self, summary: Mapping[str, Any]) -> None:
         """At the end of the run, with its summary."""
 
 

@@ -37,14 +37,14 @@ import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from grpokit.config import Recipe
-from grpokit.eval.evaluate import save_eval
+from grpokit.eval.evaluate import EvalResult, save_eval
 from grpokit.experience import Experience
 from grpokit.metrics import NullLogger, RunLogger, sample_lines, warn_if_step_did_nothing
 from grpokit.metrics.curves import plot_curves
@@ -55,6 +55,7 @@ from grpokit.trainer.collect import refill_groups_with_signal, sample_and_score
 from grpokit.trainer.model_card import rewrite_card
 from grpokit.trainer.resume import check_resume_recipe, resume, save_run_checkpoint
 from grpokit.trainer.stopping import StopFlag, nothing_to_do, stop_signal
+from grpokit.trainer.summary import RunSummary, StopReason
 from grpokit.trainer.update import optimize
 from grpokit.utils.distributed import (
     any_rank,
@@ -70,7 +71,7 @@ class LoopMemory:
 
     warned_at: dict[str, int] = field(default_factory=dict)
     """Warning kind -> the step it was last said (:func:`warn_if_step_did_nothing`)."""
-    last_eval: tuple[int, dict[str, Any] | None] | None = None
+    last_eval: tuple[int, EvalResult | None] | None = None
     """``(step, result)`` of the last periodic held-out evaluation (rank 0's result; None elsewhere)."""
     callbacks: Callbacks = field(default_factory=Callbacks)
     """The user's hooks (:mod:`grpokit.trainer.callbacks`)."""
@@ -95,14 +96,17 @@ def train(
     again: str = "run the same command",
     built: Callable[[Run], None] | None = None,
     step_lines: bool = False,
-) -> dict[str, Any]:
-    """Run GRPO as the recipe says; returns a summary (last metrics, eval results, paths).
+) -> RunSummary:
+    """Run GRPO as the recipe says; returns its :class:`~grpokit.trainer.summary.RunSummary` (last
+    metrics, eval results, paths; how it ended: ``summary.stop_reason``, a
+    :class:`~grpokit.trainer.summary.StopReason`), which ``summary.json`` holds as a dict.
 
     ``again``: how the stop line tells the user to continue a stopped run (the CLI's default;
     :meth:`grpokit.Trainer.train` says ``call train() again``).
 
     ``callbacks``: the user's hooks (:mod:`grpokit.trainer.callbacks`); one that asks to stop ends
-    the run after its step with ``early_stopped_at`` and ``stopped_by`` in the summary.
+    the run after its step with ``early_stopped_at`` and ``stopped_by`` in the summary
+    (``StopReason.EARLY_STOP``).
 
     ``run``: parts already built from ``recipe`` (:func:`grpokit.trainer.build.build_run`; tests pass
     their own, and close them), else built here after the checks below and its reward workers
@@ -113,9 +117,10 @@ def train(
     Before anything loads: ``train.output_dir`` must be a folder that can be written or made
     (:func:`grpokit.utils.outputs.check_output_dir`) and ``train.resume`` must resolve. A run whose resume
     checkpoint is already at (or past) ``train.max_steps`` has nothing to do: it says so, writes
-    nothing and returns ``{"nothing_to_do": True, "step": ..., "resumed_from": ...}``.
-    A run stopped by SIGTERM/SIGINT finishes its step, checkpoints it, says where it stopped and
-    returns with ``stopped_at`` (the step) and ``stop_signal`` (the signal's number) in its summary.
+    nothing and returns a summary with ``nothing_to_do``, ``step`` and ``resumed_from``
+    (``StopReason.NOTHING_TO_DO``). A run stopped by SIGTERM/SIGINT finishes its step, checkpoints it,
+    says where it stopped and returns with ``stopped_at`` (the step) and ``stop_signal`` (the signal's
+    number) in its summary (``StopReason.SIGNAL``).
 
     Before the parts are built, torch's CPU thread count is set and said (:func:`_say_threads`).
 
@@ -173,35 +178,33 @@ def _train(
     callbacks: Callbacks,
     again: str = "run the same command",
     step_lines: bool = False,
-) -> dict[str, Any]:
+) -> RunSummary:
     """:func:`train` once the run's parts exist: start (or resume), the steps, the end."""
     recipe, main = run.recipe, run.ranks.is_main  # with several ranks only rank 0 writes files and prints
     logger = (
         RunLogger(run.out, report_to=recipe.train.report_to, config=recipe.to_dict()) if main else NullLogger(run.out)
     )
-    summary: dict[str, Any] = {
-        "output_dir": str(run.out),
-        "rank": run.ranks.rank,
-        "world_size": run.ranks.world_size,
-        "parallel": run.ranks.parallel,
-    }
+    summary = RunSummary(
+        output_dir=str(run.out), rank=run.ranks.rank, world_size=run.ranks.world_size, parallel=run.ranks.parallel
+    )
     memory = LoopMemory(callbacks=callbacks)
     _begin(run, start, changes, logger, memory, summary)
-    summary["last_metrics"] = _steps(run, logger, memory, summary, progress, step_lines)
+    summary.last_metrics = _steps(run, logger, memory, summary, progress, step_lines)
     error = callbacks.error
     if error is not None:
-        summary["callback_error"] = str(error)
-    if "stopped_at" not in summary and error is None:
+        summary.callback_error = str(error)
+    reason = summary.stop_reason
+    if reason in (StopReason.COMPLETED, StopReason.EARLY_STOP):
         _after_training(run, logger, memory, summary)
-    elif main and error is None:
+    elif main and reason is StopReason.SIGNAL:
         _say_stopped(recipe, summary, again)
     logger.close()
     final = run.out / f"checkpoint-{run.state.step}"
     if (final / "trainer_state.json").exists():
-        summary["checkpoint"] = str(final)  # the newest complete checkpoint: the trained model
+        summary.checkpoint = str(final)  # the newest complete checkpoint: the trained model
     if main:
-        (run.out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
-    if "stopped_at" in summary or error is not None:  # a stopped rank exits non-zero and torchrun then ends
+        (run.out / "summary.json").write_text(json.dumps(summary.to_dict(), indent=1, default=str))
+    if reason in (StopReason.SIGNAL, StopReason.ERROR):  # a stopped rank exits non-zero and torchrun then ends
         barrier(run.ranks)  # the others: not before rank 0 has written everything
     callbacks.call("on_train_end", summary, step=run.state.step)
     if error is not None:
@@ -215,20 +218,20 @@ def _begin(
     changes: list[tuple[str, Any, Any]],
     logger: RunLogger | NullLogger,
     memory: LoopMemory,
-    summary: dict[str, Any],
+    summary: RunSummary,
 ) -> None:
     """Resume from ``start``, or begin afresh (replacing an earlier run's metrics in the folder) with
     the held-out evaluation before training when the recipe asks for it; then ``on_train_begin``."""
     if start is not None:
         resume(run, start, changes)
         logger.truncate_after(run.state.step)
-        summary["resumed_from"] = str(start)
+        summary.resumed_from = str(start)
         if run.ranks.is_main:
             print(f"[grpokit] resumed from {start} at step {run.state.step}", flush=True)
     else:
         logger.truncate_after(0)
         if run.evaluator is not None and run.recipe.eval.before:
-            summary["eval_before"] = res = evaluate_on_main(run, "before")
+            summary.eval_before = res = evaluate_on_main(run, "before")
             if res is not None:
                 memory.callbacks.call("on_evaluate", 0, res, step=0)
     memory.callbacks.call("on_train_begin", run.state.step, run.recipe, step=run.state.step)
@@ -238,7 +241,7 @@ def _steps(
     run: Run,
     logger: RunLogger | NullLogger,
     memory: LoopMemory,
-    summary: dict[str, Any],
+    summary: RunSummary,
     progress: bool,
     step_lines: bool = False,
 ) -> dict[str, Any]:
@@ -282,32 +285,34 @@ def _steps(
                 if path is not None:
                     hooks.call("on_save", step, str(path), step=step)
             if signalled:
-                summary["stopped_at"], summary["stop_signal"] = step, stop_signal(stop, run.ranks)
+                summary.stopped_at, summary.stop_signal = step, stop_signal(stop, run.ranks)
                 break
             if asked:
                 hooks.stop_requested = True
                 if hooks.error is None:
-                    summary["early_stopped_at"], summary["stopped_by"] = step, hooks.stopped_by or "another rank"
+                    summary.early_stopped_at, summary.stopped_by = step, hooks.stopped_by or "another rank"
                 break
     bar.close()
     return last
 
 
-def _say_stopped(recipe: Recipe, summary: dict[str, Any], again: str) -> None:
-    t = recipe.train
+def _say_stopped(recipe: Recipe, summary: RunSummary, again: str) -> None:
+    """The line a run stopped by a signal ends with: where, and how to continue."""
+    t, stopped_at = recipe.train, summary.stopped_at
+    assert stopped_at is not None  # StopReason.SIGNAL
     again = (
         f"{again} to continue"
         if t.resume == "auto"
         else f"continue with train.resume=auto (this command has train.resume={t.resume})"
     )
     print(
-        f"[grpokit] stopped at step {summary['stopped_at']} of {t.max_steps}; "
-        + (again if summary["stopped_at"] < t.max_steps else "the evaluation after training was not run"),
+        f"[grpokit] stopped at step {stopped_at} of {t.max_steps}; "
+        + (again if stopped_at < t.max_steps else "the evaluation after training was not run"),
         flush=True,
     )
 
 
-def _after_training(run: Run, logger: RunLogger | NullLogger, memory: LoopMemory, summary: dict[str, Any]) -> None:
+def _after_training(run: Run, logger: RunLogger | NullLogger, memory: LoopMemory, summary: RunSummary) -> None:
     """The held-out evaluation after training (the last step's periodic one when it is that step's),
     its result in the last checkpoint's model card, and ``curves.png``."""
     recipe, main = run.recipe, run.ranks.is_main
@@ -315,15 +320,15 @@ def _after_training(run: Run, logger: RunLogger | NullLogger, memory: LoopMemory
         done = memory.last_eval
         if done is not None and done[0] == run.state.step:
             res = done[1]  # rank 0's result (None on the other ranks)
-            summary["eval_after"] = (
-                save_eval(run.out, dict(res, when="after"), "after") if main and res is not None else None
+            summary.eval_after = (
+                save_eval(run.out, replace(res, when="after"), "after") if main and res is not None else None
             )
         else:
-            summary["eval_after"] = evaluate_on_main(run, "after")
-            if summary["eval_after"] is not None:
-                memory.callbacks.call("on_evaluate", run.state.step, summary["eval_after"], step=run.state.step)
+            summary.eval_after = evaluate_on_main(run, "after")
+            if summary.eval_after is not None:
+                memory.callbacks.call("on_evaluate", run.state.step, summary.eval_after, step=run.state.step)
     ckpt = run.out / f"checkpoint-{run.state.step}"
-    if main and summary.get("eval_after") and (ckpt / "trainer_state.json").exists():
+    if main and summary.eval_after and (ckpt / "trainer_state.json").exists():
         # the last checkpoint's model card, written before this evaluation, gets its result
         rewrite_card(ckpt, run.recipe.to_dict(), run.state.step, num_prompts=len(run.data.prompts))
     if main and logger.metrics_path.exists():
@@ -334,7 +339,7 @@ def _after_training(run: Run, logger: RunLogger | NullLogger, memory: LoopMemory
             beta=recipe.algo.beta,
             num_iterations=recipe.train.num_iterations,
             before=json.loads(before.read_text()) if before.exists() else None,
-            after=summary.get("eval_after"),
+            after=summary.eval_after,
         )
         logger.log_image("curves", run.out / "curves.png")  # to the trackers (nothing when it was not drawn)
 
@@ -372,7 +377,7 @@ def run_step(run: Run, logger: RunLogger | NullLogger, memory: LoopMemory) -> St
     run.state.step = step
     # 7. metrics, evaluation, warnings, samples
     step_s = time.perf_counter() - t_start
-    run.state.extra["train_s"] = run.state.extra.get("train_s", 0.0) + step_s  # checkpointed: resumes count on
+    run.state.train_s += step_s  # checkpointed: resumes count on
     metrics = _step_metrics(run, batch, update, step_s=step_s, train_s=train_s)
     metrics.update(refreshed)
     if run.evaluator is not None and recipe.eval.every_steps and step % recipe.eval.every_steps == 0:
@@ -422,7 +427,7 @@ def _step_metrics(run: Run, batch: Any, update: dict[str, Any], *, step_s: float
         "train_s": train_s,
         "tokens_per_s": float(lengths.sum()) / step_s,
         "threads": torch.get_num_threads(),  # intra-op threads (grpokit.utils.threads): they set a sum's order
-        "train_minutes": run.state.extra["train_s"] / 60,  # training wall-clock so far, evaluations excluded
+        "train_minutes": run.state.train_s / 60,  # training wall-clock so far, evaluations excluded
     }
 
 
@@ -434,12 +439,12 @@ def _periodic_eval(run: Run, step: int, memory: LoopMemory) -> dict[str, float]:
     if res is not None:
         memory.callbacks.call("on_evaluate", step, res, step=step, can_stop=True)
     out = {}
-    for name, m in ((res or {}).get("metrics") or {}).get("metrics", {}).items():
+    for name, m in (res.metric_intervals if res is not None else {}).items():
         out.update({f"eval/{name}": m["value"], f"eval/{name}_lo": m["lo"], f"eval/{name}_hi": m["hi"]})
     return out
 
 
-def evaluate_on_main(run: Run, when: str) -> dict[str, Any] | None:
+def evaluate_on_main(run: Run, when: str) -> EvalResult | None:
     """Held-out evaluation ``when`` (``before``, ``after``, ``step<k>``) on rank 0, written to the
     run folder; the other ranks return None (under FSDP2 they take part in gathering the model
     first, then wait at their next collective)."""

@@ -20,11 +20,16 @@ Memory: 2 bytes/parameter for each moment, plus float32 temporaries of one chunk
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from grpokit.utils.importing import require
+
+if TYPE_CHECKING:
+    from grpokit.config import TrainConfig
 
 _CHUNK = 1 << 18
 _LOW16 = -65536  # int32 mask 0xFFFF0000: the bits a bf16 keeps of a float32
@@ -60,12 +65,12 @@ class AdamWStochasticRounding(torch.optim.Optimizer):
 
     def __init__(
         self,
-        params,
+        params: Iterable[Any],
         lr: float = 1e-3,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 0.0,
-    ):
+    ) -> None:
         if lr < 0 or eps <= 0 or weight_decay < 0 or not all(0 <= b < 1 for b in betas):
             raise ValueError(
                 f"AdamWStochasticRounding: invalid lr={lr}, betas={betas}, eps={eps} or weight_decay={weight_decay}"
@@ -73,7 +78,7 @@ class AdamWStochasticRounding(torch.optim.Optimizer):
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
 
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -100,7 +105,15 @@ class AdamWStochasticRounding(torch.optim.Optimizer):
         return loss
 
     @staticmethod
-    def _update(p, grad, exp_avg, exp_avg_sq, step: int, group, rng: np.random.Generator | None) -> None:
+    def _update(
+        p: torch.Tensor,
+        grad: torch.Tensor,
+        exp_avg: torch.Tensor,
+        exp_avg_sq: torch.Tensor,
+        step: int,
+        group: dict[str, Any],
+        rng: np.random.Generator | None,
+    ) -> None:
         lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
         bc1, bc2 = 1 - b1**step, 1 - b2**step
         sr = p.dtype == torch.bfloat16
@@ -134,7 +147,9 @@ def _noise(n: int, device: torch.device, rng: np.random.Generator) -> torch.Tens
     return raw.view(torch.uint16)[:n].to(torch.int32)
 
 
-def make_optimizer(model: torch.nn.Module, t) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+def make_optimizer(
+    model: torch.nn.Module, t: TrainConfig
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """The optimizer ``t.optimizer`` over ``model``'s trainable parameters, and its schedule.
 
     ``t`` is the recipe's ``train`` section (``grpokit.config.TrainConfig``): ``learning_rate``,
@@ -156,7 +171,7 @@ def make_optimizer(model: torch.nn.Module, t) -> tuple[torch.optim.Optimizer, to
     constant 1, linear to 0, or cosine to 0 over the remaining optimizer steps.
     """
     params = [p for p in model.parameters() if p.requires_grad]
-    kw = dict(lr=t.learning_rate, betas=tuple(t.adam_betas), weight_decay=t.weight_decay)
+    kw: dict[str, Any] = dict(lr=t.learning_rate, betas=tuple(t.adam_betas), weight_decay=t.weight_decay)
     opt: torch.optim.Optimizer
     if t.optimizer == "adamw":
         opt = torch.optim.AdamW(params, **kw, fused=True)

@@ -52,13 +52,7 @@ def save_run_checkpoint(run: Run, recipe: Recipe) -> Path | None:
         tokenizer=run.tokenizer,
         optimizer=run.optimizer,
         scheduler=run.scheduler,
-        trainer_state={
-            "epoch": st.epoch,
-            "position": st.position,
-            "consecutive_skips": st.consecutive_skips,
-            "extra": st.extra,
-            "world_size": ranks.world_size,
-        },
+        trainer_state={**st.to_checkpoint(), "world_size": ranks.world_size},
         recipe=recipe.to_dict(),
         keep=recipe.train.save_total_limit,
         algorithm_state=algorithm_state,
@@ -81,8 +75,8 @@ def resume(run: Run, ckpt: Path, changes: Sequence[tuple[str, Any, Any]] = ()) -
     recipe that changed them runs at its own values from the next step (docs/resume.md).
     ``changes``: the recipe's changed keys as ``(key, old, new)``, from :func:`check_resume_recipe`
     (which :func:`train` calls before anything loads); each is said on rank 0 and appended to
-    ``run.state.extra["recipe_changes"]`` (``{"step", "key", "old", "new"}``, saved with every
-    later checkpoint).
+    ``run.state.recipe_changes`` (``{"step", "key", "old", "new"}``, saved with every later
+    checkpoint as ``trainer_state.json``'s ``extra.recipe_changes``).
 
     Raises:
         ValueError: a damaged checkpoint, or one that does not fit the run's model (names the file).
@@ -111,15 +105,9 @@ def resume(run: Run, ckpt: Path, changes: Sequence[tuple[str, Any, Any]] = ()) -
         refresh.load_state_dict(blob.get("prm_refresh", {}), run.ref_model)
     per_rank = blob.get("rng_ranks")
     set_rng_state(per_rank[run.ranks.rank] if per_rank and len(per_rank) == run.ranks.world_size else blob["rng"])
-    run.state = TrainState(
-        step=state["step"],
-        epoch=state["epoch"],
-        position=state["position"],
-        consecutive_skips=state.get("consecutive_skips", 0),
-        extra=state.get("extra", {}),
-    )
+    run.state = TrainState.from_checkpoint(state)  # an old checkpoint's extra.train_s/recipe_changes too
     if changes:
-        run.state.extra["recipe_changes"] = list(run.state.extra.get("recipe_changes", [])) + [
+        run.state.recipe_changes += [
             {"step": run.state.step, "key": k, "old": old, "new": new} for k, old, new in changes
         ]
         if run.ranks.is_main:

@@ -14,9 +14,11 @@ import json
 import os
 import signal
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from grpokit.config import Recipe
+from grpokit.trainer.summary import RunSummary
 from grpokit.utils.distributed import Ranks, gather_objects
 from grpokit.utils.textio import read_utf8
 
@@ -27,7 +29,7 @@ class StopNow(KeyboardInterrupt):
     """A second SIGTERM/SIGINT during a run: it stops at once (the step under way is not saved);
     ``signum``: that signal's number."""
 
-    def __init__(self, signum: int):
+    def __init__(self, signum: int) -> None:
         super().__init__(f"second signal {signum}: aborting")
         self.signum = int(signum)
 
@@ -38,12 +40,12 @@ class StopFlag:
     ``signum``: the first signal received (None: none), which sets the exit status of
     ``grpokit train`` (128 + signum: 130 for SIGINT, 143 for SIGTERM)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.requested = False
         self.signum: int | None = None
-        self._old = {}
+        self._old: dict[signal.Signals, Any] = {}
 
-    def __enter__(self):
+    def __enter__(self) -> StopFlag:
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
                 self._old[sig] = signal.signal(sig, self._handle)
@@ -51,7 +53,7 @@ class StopFlag:
                 pass
         return self
 
-    def _handle(self, signum, frame):
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.requested:
             raise StopNow(signum)
         self.requested, self.signum = True, int(signum)
@@ -59,19 +61,20 @@ class StopFlag:
             f"\n[grpokit] signal {signum}: stopping after this step (checkpoint first); send again to abort", flush=True
         )
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         for sig, old in self._old.items():
             signal.signal(sig, old)
 
 
-def nothing_to_do(recipe: Recipe, start: Path | None) -> dict[str, Any] | None:
+def nothing_to_do(recipe: Recipe, start: Path | None) -> RunSummary | None:
     """The summary of a run already done: its resume checkpoint ``start`` is at or past
     ``train.max_steps`` (said on rank 0's stdout); None when there are steps left (or no checkpoint,
     or a ``trainer_state.json`` that cannot be read: resuming reports that). The summary is the one
-    the finished run wrote (``summary.json``: ``last_metrics``, ``eval_after``, ...) with
-    ``nothing_to_do``, ``step``, ``resumed_from``, ``checkpoint`` (``start``) and ``recipe_changes``
-    (``[key, the run's value, this recipe's]`` for each key this recipe changes, none of them used)
-    set; the line said names those changes."""
+    the finished run wrote (``summary.json``: ``last_metrics``, ``eval_after``, ...; its keys in
+    their order, :meth:`RunSummary.from_dict`) with ``output_dir``, ``rank``, ``nothing_to_do``,
+    ``step``, ``resumed_from``, ``checkpoint`` (``start``) and ``recipe_changes`` (``[key, the run's
+    value, this recipe's]`` for each key this recipe changes, none of them used) set; its
+    ``stop_reason`` is ``StopReason.NOTHING_TO_DO``. The line said names those changes."""
     if start is None:
         return None
     try:
@@ -100,16 +103,11 @@ def nothing_to_do(recipe: Recipe, start: Path | None) -> dict[str, Any] | None:
         pass
     if not isinstance(done, dict):
         done = {}
-    return {
-        **done,
-        "output_dir": str(recipe.train.output_dir),
-        "rank": rank,
-        "nothing_to_do": True,
-        "step": step,
-        "resumed_from": str(start),
-        "checkpoint": str(start),
-        "recipe_changes": [list(c) for c in changes],
-    }
+    summary = RunSummary.from_dict(done)  # an earlier key keeps its place, as in {**done, ...}
+    summary.output_dir, summary.rank, summary.nothing_to_do = str(recipe.train.output_dir), rank, True
+    summary.step, summary.resumed_from, summary.checkpoint = step, str(start), str(start)
+    summary.recipe_changes = [list(c) for c in changes]
+    return summary
 
 
 def said_changes(changes: list, most: int = 4) -> str:

@@ -16,7 +16,7 @@ from functools import lru_cache
 
 
 @lru_cache(maxsize=1)
-def _libc():
+def _libc() -> ctypes.CDLL | None:
     if not sys.platform.startswith("linux"):
         return None
     try:

@@ -109,7 +109,9 @@ class CpuBackend(Backend):
             )
         return logits_to_logprobs(out, batch, temperature, with_entropy=with_entropy, entropy_grad=entropy_grad)
 
-    def generation(self, model: torch.nn.Module, rows: int, *, packed_weights: bool):
+    def generation(
+        self, model: torch.nn.Module, rows: int, *, packed_weights: bool
+    ) -> contextlib.AbstractContextManager[int]:
         """Linear layers on weights packed once for oneDNN (``packed_weights``; CPU weights only)."""
         if not packed_weights:
             return contextlib.nullcontext(0)

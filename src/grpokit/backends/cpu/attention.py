@@ -22,6 +22,8 @@ transformers' own ``sdpa_attention_forward`` unchanged.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -37,7 +39,7 @@ def grpokit_sdpa_attention(
     dropout: float = 0.0,
     scaling: float | None = None,
     is_causal: bool | None = None,
-    **kwargs,
+    **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """Scaled dot-product attention (Vaswani et al. 2017, eq. 1) over grouped KV heads.
 
@@ -84,7 +86,13 @@ def acts_on(query: torch.Tensor) -> bool:
     return query.device.type == "cpu"
 
 
-def _decode_attention(query, key, value, attention_mask, scaling):
+def _decode_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None,
+) -> torch.Tensor:
     """One query token per row: ``softmax(q·Kᵀ·scale + mask) · V`` with the query heads of each KV
     head folded into one small matmul (``(B, H_kv, H/H_kv, d) @ (B, H_kv, d, k)``), softmax in
     float32. ``(B, 1, H, d)`` out."""

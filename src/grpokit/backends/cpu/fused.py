@@ -52,15 +52,16 @@ def _plain(x: torch.Tensor) -> bool:
     return not torch.is_grad_enabled() or x.device.type != "cpu" or torch.is_autocast_enabled(x.device.type)
 
 
-def _norm_eps(m: torch.nn.Module):
-    """The norm's epsilon: transformers' ``variance_epsilon`` or ``torch.nn.RMSNorm``'s ``eps``."""
+def _norm_eps(m: torch.nn.Module) -> Any:
+    """The norm's epsilon: transformers' ``variance_epsilon`` or ``torch.nn.RMSNorm``'s ``eps``
+    (whatever the attribute holds, None without one: :func:`eligible_norm` checks it is a float)."""
     return getattr(m, "variance_epsilon", getattr(m, "eps", None))
 
 
-def _norm_forward(self, hidden_states):
+def _norm_forward(self: torch.nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
     if _plain(hidden_states):
         return type(self).forward(self, hidden_states)
-    return rms_norm(hidden_states, self.weight, _norm_eps(self))
+    return rms_norm(hidden_states, cast(torch.Tensor, self.weight), _norm_eps(self))
 
 
 def _plain_projections(m: torch.nn.Module) -> bool:
@@ -73,15 +74,19 @@ def _plain_projections(m: torch.nn.Module) -> bool:
     return True
 
 
-def _mlp_forward(self, x):
+def _mlp_forward(self: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     if _plain(x) or not _plain_projections(self):  # checked per call: a wrapper may come later
         return type(self).forward(self, x)
     return swiglu_mlp(
-        x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight, recompute=getattr(self, _RECOMPUTE, True)
+        x,
+        cast(torch.nn.Linear, self.gate_proj).weight,  # exactly nn.Linear: _plain_projections
+        cast(torch.nn.Linear, self.up_proj).weight,
+        cast(torch.nn.Linear, self.down_proj).weight,
+        recompute=getattr(self, _RECOMPUTE, True),
     )
 
 
-def _embedding_forward(self, input):
+def _embedding_forward(self: torch.nn.Embedding, input: torch.Tensor) -> torch.Tensor:
     if _plain(input):
         return type(self).forward(self, input)
     weight = self.weight
@@ -123,7 +128,7 @@ def _switch_embedding(model: torch.nn.Module) -> int:
     return 1
 
 
-def _is_silu(act) -> bool:
+def _is_silu(act: object) -> bool:
     if isinstance(act, torch.nn.SiLU):
         return True
     try:
@@ -155,7 +160,9 @@ def eligible_norm(m: torch.nn.Module) -> bool:
     )
 
 
-def _same_as_original(m: torch.nn.Module, new_forward, width: int) -> bool:
+def _same_as_original(
+    m: torch.nn.Module, new_forward: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor], width: int
+) -> bool:
     """Both forwards on one random ``(2, 3, width)`` input, with gradient recording on (False if
     either raises: a module of that shape with another signature)."""
     p = next(m.parameters())
@@ -196,6 +203,7 @@ def apply_fused_ops(model: torch.nn.Module, *, recompute_mlp: bool = True) -> di
     """
     counts = {"rms_norm": 0, "mlp": 0, "head": 0, "attention": 0, "embedding": 0}
     checked: dict[type, bool] = {}  # per class (two classes may share a name)
+    new: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]
     for m in model.modules():
         if "forward" in vars(m):  # already switched (or replaced by someone else): leave it
             continue
@@ -228,7 +236,7 @@ def apply_fused_ops(model: torch.nn.Module, *, recompute_mlp: bool = True) -> di
     return counts
 
 
-def fused_head(model: torch.nn.Module, *, mark_required: bool = True):
+def fused_head(model: torch.nn.Module, *, mark_required: bool = True) -> tuple[torch.nn.Module, torch.Tensor] | None:
     """``(decoder, head_weight)`` if ``model``'s log-probs may be taken with
     :func:`.ops.linear_token_logprobs` (a marked model of a listed type whose head is exactly a
     bias-free ``torch.nn.Linear``), else None. Checked at every call: a head wrapped later (LoRA)

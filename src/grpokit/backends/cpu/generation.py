@@ -59,7 +59,9 @@ def prefix_cache(
             return None
         if not shared:
             return out  # generate prefills it like any cache
-    prefix_kv = dynamic_prefix_cache(model)
+    # a DynamicCache of DynamicLayers (checked above for this model), filled below; Any: transformers
+    # types its layers as a union of layer kinds and their keys/values as Optional
+    prefix_kv: Any = dynamic_prefix_cache(model)
     attn = mask[first, :cols].long()
     position_ids = (attn.cumsum(1) - 1).clamp(min=0)  # as generate numbers left-padded rows
     model(

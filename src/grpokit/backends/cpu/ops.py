@@ -27,6 +27,8 @@ log-probs renormalize over, block by block).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -45,13 +47,13 @@ def _f32(t: torch.Tensor) -> torch.Tensor:
 
 class _RMSNorm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, eps):
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         rstd = torch.rsqrt(_f32(x).pow(2).mean(-1, keepdim=True) + eps)  # (..., 1) float32
         ctx.save_for_backward(x, weight, rstd)
         return weight * (_f32(x) * rstd).to(x.dtype)
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:
         x, weight, rstd = ctx.saved_tensors
         xhat = _f32(x) * rstd  # (..., H) float32, recomputed
         grad_w = None
@@ -86,7 +88,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 class _SwiGLU(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, w_gate, w_up, w_down, recompute):
+    def forward(
+        ctx: Any, x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, recompute: bool
+    ) -> torch.Tensor:
         gate, up = F.linear(x, w_gate), F.linear(x, w_up)
         ctx.recompute = recompute
         if recompute:
@@ -96,7 +100,9 @@ class _SwiGLU(torch.autograd.Function):
         return F.linear(F.silu(gate) * up, w_down)
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(
+        ctx: Any, grad_out: torch.Tensor
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, None]:
         if ctx.recompute:
             x, w_gate, w_up, w_down = ctx.saved_tensors
             gate, up = F.linear(x, w_gate), F.linear(x, w_up)  # (..., I), recomputed
@@ -144,13 +150,13 @@ def swiglu_mlp(
 
 class _Embedding(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, token_ids, weight, padding_idx):
+    def forward(ctx: Any, token_ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None) -> torch.Tensor:
         ctx.save_for_backward(token_ids)
         ctx.weight_shape, ctx.padding_idx = weight.shape, padding_idx
         return F.embedding(token_ids, weight, padding_idx)
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[None, torch.Tensor | None, None]:
         if not ctx.needs_input_grad[1]:
             return None, None, None
         (token_ids,) = ctx.saved_tensors
@@ -217,7 +223,16 @@ class _LinearTokenLogprobs(torch.autograd.Function):
     of its set (its running maximum then stays ``-inf`` and the block adds 0)."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, token_ids, temperature, with_entropy, entropy_grad=False, support=None):
+    def forward(
+        ctx: Any,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        token_ids: torch.Tensor,
+        temperature: float,
+        with_entropy: bool,
+        entropy_grad: bool = False,
+        support: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         h2, ids = hidden.reshape(-1, hidden.shape[-1]), token_ids.reshape(-1)
         m, vocab = h2.shape[0], weight.shape[0]
         s2 = None if support is None else support.reshape(m, support.shape[-1])
@@ -266,7 +281,7 @@ class _LinearTokenLogprobs(torch.autograd.Function):
         log_s = torch.log1p((ties - 1.0) + tail)  # log S, precise when S = 1 + a small tail
         entropy = (log_s - eu / (ties + tail)) if with_entropy else eu
         ctx.entropy_grad = bool(with_entropy and entropy_grad)
-        saved = (entropy,) if ctx.entropy_grad else ()
+        saved: tuple[torch.Tensor, ...] = (entropy,) if ctx.entropy_grad else ()
         ctx.has_support = s2 is not None
         saved += (s2,) if s2 is not None else ()
         ctx.save_for_backward(hidden, weight, token_ids, run_max, log_s, *saved)  # the backward's softmax, same form
@@ -280,7 +295,9 @@ class _LinearTokenLogprobs(torch.autograd.Function):
         return (picked_u - log_s).view(token_ids.shape), entropy
 
     @staticmethod
-    def backward(ctx, grad_logp, grad_entropy):
+    def backward(
+        ctx: Any, grad_logp: torch.Tensor, grad_entropy: torch.Tensor | None
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None, None, None]:
         hidden, weight, token_ids, run_max, log_s, *saved = ctx.saved_tensors
         s2 = saved.pop() if ctx.has_support else None
         cut = None if s2 is None else restricted(s2)

@@ -18,7 +18,8 @@ behind autograd's back, past the hooks through which DDP/FSDP reduce gradients: 
 from __future__ import annotations
 
 import functools
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -31,8 +32,11 @@ from grpokit.backends.base import (
     last_positions,
 )
 
+if TYPE_CHECKING:
+    from transformers import DynamicCache
 
-def dynamic_prefix_cache(model: torch.nn.Module):
+
+def dynamic_prefix_cache(model: torch.nn.Module) -> DynamicCache | None:
     """An empty ``DynamicCache`` for ``model`` if every layer is a plain growing KV layer, else None
     (sliding-window, static or recurrent layers do not keep a reusable full prefix)."""
     try:
@@ -105,7 +109,7 @@ def shared_prompt_forward(
         )  # (N, T, ·): row position P-1+t predicts completion token t
 
 
-def _with_own_grad_leaves(net: torch.nn.Module):
+def _with_own_grad_leaves(net: torch.nn.Module) -> Callable[..., Any]:
     """``net`` itself without gradient recording; else a callable that runs ``net`` with each
     trainable parameter replaced by its :func:`grad_alias` (see the module docstring)."""
     if not torch.is_grad_enabled():
