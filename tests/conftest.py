@@ -61,6 +61,7 @@ _CLOCK: tiers.TierClock | None = None
 def pytest_configure(config):
     for line in tiers.MARKERS:
         config.addinivalue_line("markers", line)
+    config.addinivalue_line("markers", f"curves: {CURVES_MARKER}")
     global _CLOCK
     _CLOCK = tiers.TierClock()
 
@@ -89,6 +90,21 @@ def pytest_terminal_summary(terminalreporter, config):
     wall = start.elapsed().seconds if start is not None else None
     for line in _CLOCK.lines(workers, wall) if _CLOCK is not None else ():
         terminalreporter.write_line(line)
+
+
+CURVES_MARKER = (
+    "its runs draw curves.png at the end of training; the other tests' runs skip matplotlib "
+    "(0.4 s a run, on every tiny run of the suite)"
+)
+
+
+@pytest.fixture(autouse=True)
+def _curves_only_where_read(request, monkeypatch):
+    """The training loop's ``plot_curves`` is a no-op (it returns False: "not drawn", as without
+    matplotlib) unless the test is marked ``curves``; the tests of the drawing itself call
+    :func:`grpokit.metrics.curves.plot_curves` directly and are not affected."""
+    if request.node.get_closest_marker("curves") is None:
+        monkeypatch.setattr("grpokit.trainer.loop.plot_curves", lambda *args, **kwargs: False)
 
 
 SMOLLM2_VOCAB = 49152

@@ -262,6 +262,7 @@ def test_run_logger_without_tensorboard_writes_jsonl_and_says_so_once(monkeypatc
         RunLogger(tmp_path / "off", tensorboard=False).close()  # not asked for: nothing to say
 
 
+@pytest.mark.curves
 @pytest.mark.slow
 def test_run_without_plots_and_tensorboard_finishes_with_metrics(tiny_model_dir, tmp_path, monkeypatch):
     import grpokit.trainer.build

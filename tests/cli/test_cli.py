@@ -10,6 +10,7 @@ from grpokit.metrics import read_metrics
 from support.helpers import tiny_recipe_dict, write_recipe
 
 
+@pytest.mark.curves
 def test_train_writes_outputs(tiny_model_dir, tmp_path, capsys):
     out = tmp_path / "run"
     recipe = write_recipe(tmp_path / "r.yaml", tiny_recipe_dict(tiny_model_dir, out))

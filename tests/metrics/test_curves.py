@@ -142,6 +142,7 @@ def test_plot_writes_a_png(tmp_path):
     assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.curves
 @pytest.mark.slow
 @pytest.mark.parametrize("every", [2, 0])
 def test_a_run_with_evaluations_draws_them(tiny_model_dir, tmp_path, monkeypatch, every):

@@ -34,6 +34,7 @@ def _initial_state(model_dir):
     return {k: v.clone() for k, v in AutoModelForCausalLM.from_pretrained(model_dir).state_dict().items()}
 
 
+@pytest.mark.curves
 @pytest.mark.slow
 @pytest.mark.parametrize("beta", [0.04, 0.0])
 def test_two_steps_train_log_and_checkpoint(tiny_model_dir, tmp_path, monkeypatch, beta):

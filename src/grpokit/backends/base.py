@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -57,6 +57,21 @@ def autocast_context(enabled: bool, device: torch.device | str = "cpu") -> conte
     return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
 
 
+class ForwardBatch(Protocol):
+    """What a backend's forward reads of a batch: an :class:`~grpokit.experience.Experience` (or its
+    micro-batch rows), or any object with these ``(N, P)``/``(N, T)`` tensors. ``completion_attention``
+    and ``sampler_support`` are read when present (:func:`attended`, :func:`sampler_support`)."""
+
+    @property
+    def prompt_ids(self) -> torch.Tensor: ...  # (N, P) long, left-padded
+    @property
+    def prompt_mask(self) -> torch.Tensor: ...  # (N, P) bool/long: 1 on prompt tokens
+    @property
+    def completion_ids(self) -> torch.Tensor: ...  # (N, T) long, right-padded
+    @property
+    def completion_mask(self) -> torch.Tensor: ...  # (N, T) bool: the completion tokens scored
+
+
 def last_positions(net: Callable[..., Any], keep: int, hidden_states: bool, **kw: Any) -> torch.Tensor:
     """The last ``keep`` positions (all if 0) of ``net``'s output: logits ``(N, keep, V)`` for a
     causal LM, or hidden states ``(N, keep, H)`` when ``net`` is its decoder (the cpu backend's
@@ -67,7 +82,9 @@ def last_positions(net: Callable[..., Any], keep: int, hidden_states: bool, **kw
     return hidden[:, -keep:] if keep else hidden
 
 
-def plain_forward(model: torch.nn.Module, net: torch.nn.Module, batch: Any, autocast_bf16: bool) -> torch.Tensor:
+def plain_forward(
+    model: torch.nn.Module, net: torch.nn.Module, batch: ForwardBatch, autocast_bf16: bool
+) -> torch.Tensor:
     """``(N, T, ·)`` outputs (logits, or hidden states when ``net`` is ``model``'s decoder) at the
     positions predicting each completion token, from one ``[prompt ; completion]`` pass.
 
@@ -86,7 +103,7 @@ def plain_forward(model: torch.nn.Module, net: torch.nn.Module, batch: Any, auto
 
 def logits_to_logprobs(
     logits: torch.Tensor,
-    batch: Any,
+    batch: ForwardBatch,
     temperature: float,
     *,
     with_entropy: bool,
@@ -103,7 +120,7 @@ def logits_to_logprobs(
     return logp, token_entropy(logits, temperature=temperature, differentiable=entropy_grad, support=support)
 
 
-def attended(batch: Any) -> torch.Tensor:
+def attended(batch: ForwardBatch) -> torch.Tensor:
     """``(N, T)`` bool: the completion tokens of ``batch`` the forward attends to: its
     ``completion_attention`` (an :class:`~grpokit.experience.Experience`: the model's tokens and a
     multi-turn row's environment tokens), else its ``completion_mask``."""
@@ -111,7 +128,7 @@ def attended(batch: Any) -> torch.Tensor:
     return batch.completion_mask if mask is None else mask
 
 
-def sampler_support(batch: Any) -> torch.Tensor | None:
+def sampler_support(batch: ForwardBatch) -> torch.Tensor | None:
     """``(N, T, W)``: the tokens a truncating sampler drew each completion token from
     (``batch.sampler_support``, :mod:`grpokit.algo.support`), which every log-prob and entropy of
     ``batch`` is renormalized over (sampling replay), or None (no truncation: the full vocabulary)."""
@@ -182,7 +199,7 @@ class Backend:
     def logprobs(
         self,
         model: torch.nn.Module,
-        batch: Any,
+        batch: ForwardBatch,
         *,
         temperature: float,
         with_entropy: bool,

@@ -19,11 +19,10 @@ FSDP2's hooks gather the shards.
 from __future__ import annotations
 
 import copy
-from typing import Any
 
 import torch
 
-from grpokit.backends.base import plain_forward
+from grpokit.backends.base import ForwardBatch, plain_forward
 from grpokit.models.lora import is_peft_model, merged_copy
 from grpokit.utils.distributed import is_sharded, load_full_parameters, plain_model
 from grpokit.utils.lora_shards import merged_full_parameters
@@ -76,12 +75,12 @@ class ValueModel(torch.nn.Module):
         backbone.requires_grad_(True)
         return cls(backbone, hidden).eval()
 
-    def values(self, batch: Any, *, autocast_bf16: bool = False) -> torch.Tensor:
+    def values(self, batch: ForwardBatch, *, autocast_bf16: bool = False) -> torch.Tensor:
         """``(N, T)`` float32 values of ``batch``'s completion tokens (an Experience or a
         micro-batch of one: ids and masks are read). Gradients flow unless called under no_grad."""
         return self(batch, autocast_bf16=autocast_bf16)  # through __call__: FSDP2's hooks
 
-    def forward(self, batch: Any, autocast_bf16: bool = False) -> torch.Tensor:  # noqa: D401 - nn.Module protocol
+    def forward(self, batch: ForwardBatch, autocast_bf16: bool = False) -> torch.Tensor:  # noqa: D401 - nn.Module protocol
         hidden = plain_forward(self, self.backbone, batch, autocast_bf16)  # (N, T, H)
         return self.head(hidden.to(self.head.weight.dtype)).squeeze(-1).float()
 

@@ -51,7 +51,7 @@ from grpokit.metrics.curves import plot_curves
 from grpokit.trainer.build import Run, build_run
 from grpokit.trainer.callbacks import CallbackError, Callbacks
 from grpokit.trainer.checkpoint import find_resume_checkpoint
-from grpokit.trainer.collect import refill_groups_with_signal, sample_and_score
+from grpokit.trainer.collect import Collected, refill_groups_with_signal, sample_and_score
 from grpokit.trainer.model_card import rewrite_card
 from grpokit.trainer.resume import check_resume_recipe, resume, save_run_checkpoint
 from grpokit.trainer.stopping import StopFlag, nothing_to_do, stop_signal
@@ -407,20 +407,23 @@ def step_line(metrics: dict[str, Any], max_steps: int) -> str:
     return f"step {metrics['step']}/{max_steps}  reward {r}  loss {lo}  {metrics['step_s']:.1f} s"
 
 
-def _step_metrics(run: Run, batch: Any, update: dict[str, Any], *, step_s: float, train_s: float) -> dict[str, Any]:
+def _step_metrics(
+    run: Run, batch: Collected, update: dict[str, Any], *, step_s: float, train_s: float
+) -> dict[str, Any]:
     """The step's metrics line: the reward metrics, the update's, lengths and the phases' seconds."""
     exp = batch.experience
     lengths = exp.completion_mask.sum(1).float()
-    overlong = (
-        {"overlong_filtered_frac": float(exp.truncated.float().mean())} if run.recipe.algo.overlong_filter else {}
-    )
+    if exp.truncated is None:  # every RolloutEngine sets it (grpokit.rollout.engine)
+        raise ValueError("step metrics: the rollout's Experience has no `truncated` flags")
+    truncated = float(exp.truncated.float().mean())
+    overlong = {"overlong_filtered_frac": truncated} if run.recipe.algo.overlong_filter else {}
     return {
         "step": run.state.step,
         **batch.metrics,
         **overlong,
         **update,
         "completion_len_mean": float(lengths.mean()),
-        "truncated_frac": float(exp.truncated.float().mean()),
+        "truncated_frac": truncated,
         "step_s": step_s,
         "gen_s": exp.gen_s,
         "reward_s": batch.reward_s,

@@ -30,6 +30,7 @@ import torch
 
 from grpokit.backends.base import (
     Backend,
+    ForwardBatch,
     grads_reduced_after_backward,
     logits_to_logprobs,
     plain_forward,
@@ -57,7 +58,7 @@ class CpuBackend(Backend):
     def logprobs(
         self,
         model: torch.nn.Module,
-        batch: Any,
+        batch: ForwardBatch,
         *,
         temperature: float,
         with_entropy: bool,

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from grpokit.backends.base import (
+    ForwardBatch,
     attended,
     autocast_context,
     cache_kwarg,
@@ -57,7 +58,7 @@ def dynamic_prefix_cache(model: torch.nn.Module) -> DynamicCache | None:
 
 
 def shared_prompt_forward(
-    model: torch.nn.Module, net: torch.nn.Module, batch: Any, autocast_bf16: bool
+    model: torch.nn.Module, net: torch.nn.Module, batch: ForwardBatch, autocast_bf16: bool
 ) -> torch.Tensor | None:
     """The same outputs as :func:`grpokit.backends.base.plain_forward` (run by ``net``: ``model``
     or its decoder), with each distinct prompt run once.
