@@ -141,3 +141,11 @@ def test_views_with_one_start_and_empty_weights():
         assert n == 2 and not hasattr(e, "_grpokit_packed")
         assert a(x).shape == (5, 48) and b(x).shape == (5, 16) and e(x).shape == (5, 0)
         torch.testing.assert_close(b(x), x @ base[:16].T)
+
+
+def test_the_first_check_under_autocast_still_finds_float32_packing(monkeypatch):
+    """The once-per-dtype check runs outside the caller's autocast: first asked under CPU bf16
+    autocast (F.linear then computes in bf16) it still finds float32 packing exact."""
+    monkeypatch.setattr(packed_mod, "_checked", {})
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert packing_works(torch.float32)

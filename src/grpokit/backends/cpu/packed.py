@@ -49,10 +49,10 @@ def packing_works(dtype: torch.dtype) -> bool:
     if dtype not in _checked:
         g = torch.Generator().manual_seed(0)
         x, w, b = (torch.randn(*s, generator=g).to(dtype) for s in ((5, 40), (24, 40), (24,)))
-        try:
-            with torch.no_grad():
+        try:  # outside any autocast of the caller's: under CPU bf16 autocast F.linear computes in bf16
+            with torch.no_grad(), torch.autocast("cpu", enabled=False):
                 got = _packed_linear(x, _pack(w, 5), b)
-            want = torch.nn.functional.linear(x, w, b)
+                want = torch.nn.functional.linear(x, w, b)
             tol = 1e-5 if dtype == torch.float32 else 1e-2
             _checked[dtype] = got.shape == want.shape and torch.allclose(got.float(), want.float(), rtol=tol, atol=tol)
         except (RuntimeError, AttributeError):  # op not built into this torch
