@@ -17,7 +17,7 @@ long: $(STAMP)
 	$(BIN)/grpokit train recipes/long.yaml
 	$(BIN)/grpokit eval smollm2-135m-instruct --against $(LONG_LAST) --heldout-of recipes/long.yaml --output runs/long/eval_base_vs_last.json
 
-# Tools (docs/tools.md, "Measured"): the call-format warm-up (the recipe's sft section; skipped when
+# Tools (experiments/tools.md): the call-format warm-up (the recipe's sft section; skipped when
 # runs/tools-sft exists), then per seed GRPO with the calculator from it and GRPO without a tool
 # from the packaged model, the same problems and steps; then the table (experiments/scripts/paired_evals.py).
 TOOLS_SFT := runs/tools-sft
@@ -37,7 +37,7 @@ tools: $(STAMP)
 	  $(foreach s,$(TOOLS_SEEDS),--pair tool_s$(s):notool_s$(s) --pair tool_s$(s):warmup --pair notool_s$(s):base_s$(s)) \
 	  --pair warmup:warmup_no_tool --json $(TOOLS_OUT)/table.json
 
-# Word problems with the calculator (docs/tools.md): make long's warm-up (skipped when runs/long-sft
+# Word problems with the calculator (experiments/tools.md): make long's warm-up (skipped when runs/long-sft
 # exists), then per seed GRPO on MAWPS with the calculator in the "expression =" call format.
 MAWPS_OUT := runs/tools-mawps
 tools-mawps: $(STAMP)
@@ -54,7 +54,7 @@ tools-mawps: $(STAMP)
 	    --pair s20_s$(s):before_s$(s)) \
 	  --pair before_s0:warmup_no_tool $(foreach s,$(TOOLS_SEEDS),--pair after_s$(s):warmup_no_tool) --json $(MAWPS_OUT)/table.json
 
-# The feedback environment on the arithmetic recipe (docs/tools.md): per seed (each its own held-out
+# The feedback environment on the arithmetic recipe (experiments/tools.md): per seed (each its own held-out
 # set, --heldout-of with train.seed), GRPO with the feedback environment (its eval_before and
 # eval_after are the base's and the trained model's last answers, 3 turns), then the first answers
 # of both (rollout.max_turns=1), and the paired table.
@@ -76,7 +76,7 @@ feedback: $(STAMP)
 	    --pair trained_first_s$(s):base_first_s$(s) --pair trained_last_s$(s):base_last_s$(s)) \
 	  --json $(FEEDBACK_OUT)/paired.json
 
-# The loss and advantage variants (docs/loss_variants.md, "Measured"): each 30 steps of recipes/arith.yaml,
+# The loss and advantage variants (experiments/loss_variants.md): each 30 steps of recipes/arith.yaml,
 # seed 0, then the table (held-out greedy at step 30 paired with plain GRPO) and the entropy/length plot.
 # VARIANTS="plain gspo" runs some; runs/variants/<name> that hold eval_after.json are not run again.
 VARIANTS ?=

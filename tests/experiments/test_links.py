@@ -3,7 +3,9 @@
 The pages quote the raw results in ``experiments/results/`` and link each other; a moved file (the
 results left ``docs/results/`` for ``experiments/results/``, issue #60) must not leave a link behind.
 A link is ``[text](target)``, ``![alt](target)`` or a reference definition ``[name]: target``
-outside code; its ``#anchor`` is not checked, nor are links with a scheme (``https:``, ``mailto:``).
+outside code; links with a scheme (``https:``, ``mailto:``) are not checked. A ``#anchor`` into a
+markdown page must name one of its headings as GitHub slugs them (sections move between pages: the
+measured halves of docs/tools.md and docs/loss_variants.md went to experiments/, issue #60).
 """
 
 from __future__ import annotations
@@ -39,14 +41,42 @@ def links(text: str) -> list[str]:
     return [target.strip("<>") for target in found]
 
 
+HEADING = re.compile(r"^[ \t]*#{1,6}\s+(.*?)\s*#*\s*$", re.M)  # in a list item too
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation but ``-`` and ``_`` dropped, spaces to ``-``.
+
+    >>> slug("(a) GRPO with the calculator (`make tools`)")
+    'a-grpo-with-the-calculator-make-tools'
+    """
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    """The anchors of ``page``'s headings (code blocks left out; a repeated heading's ``-1``, ``-2``...)."""
+    out: set[str] = set()
+    for heading in HEADING.findall(FENCE.sub("", page.read_text())):
+        base = slug(heading)
+        name, n = base, 0
+        while name in out:
+            n += 1
+            name = f"{base}-{n}"
+        out.add(name)
+    return out
+
+
 def broken(page: Path) -> list[str]:
-    """The relative targets of ``page`` that name no file or folder (anchors and schemes ignored)."""
+    """The relative targets of ``page`` that name no file or folder, or a heading its markdown page
+    lacks (schemes ignored)."""
     out = []
     for target in links(page.read_text()):
-        path = unquote(target.split("#", 1)[0])
-        if not path or SCHEME.match(path):
+        path, _, anchor = target.partition("#")
+        path = unquote(path)
+        if SCHEME.match(path):
             continue
-        if not (page.parent / path).exists():
+        dest = page.parent / path if path else page
+        if not dest.exists() or (anchor and dest.suffix == ".md" and unquote(anchor) not in anchors(dest)):
             out.append(target)
     return out
 
@@ -60,11 +90,15 @@ def test_the_link_parser_finds_links_and_skips_code():
     assert links(text) == ["x.md", "../img/p.png", "y.md#part", "https://e.org", "#here", "with space.md", "ref.md"]
 
 
-def test_a_missing_target_is_reported(tmp_path):
-    (tmp_path / "there.md").write_text("")
+def test_a_missing_target_or_heading_is_reported(tmp_path):
+    there = "# A\n\n## (b) The `b` part\n\n- item\n\n  ### In it\n\n```\n# not a heading\n```\n"
+    (tmp_path / "there.md").write_text(there)
     page = tmp_path / "page.md"
-    page.write_text("[ok](there.md#a) [web](https://x.org) [top](#t) [gone](results/gone.json#k)\n")
-    assert broken(page) == ["results/gone.json#k"]
+    page.write_text(
+        "# T\n[ok](there.md#a) [ok](there.md#b-the-b-part) [ok](there.md#in-it) [web](https://x.org) [top](#t)"
+        " [gone](results/gone.json#k) [no](there.md#c) [code](there.md#not-a-heading) [self](#nowhere)\n"
+    )
+    assert broken(page) == ["results/gone.json#k", "there.md#c", "there.md#not-a-heading", "#nowhere"]
 
 
 def test_the_pages_are_found():
