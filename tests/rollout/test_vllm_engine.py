@@ -4,7 +4,7 @@ import error naming the extra, and the engine's own logic (when it pushes weight
 what it returns) against ``fake_vllm.FakeLLM``, a stand-in for the few vLLM calls the engine makes that
 samples with a torch copy of the model holding only the weights pushed to it.
 
-vLLM itself is exercised by ``make vllm-check`` (bench/vllm_check.py) in its own environment.
+vLLM itself is exercised by ``make vllm-check`` (experiments/scripts/vllm_check.py) in its own environment.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Llama, the real SmolLM2 tokenizer and ``fake_envs.StopAtE`` (stop string "e"):
 the transcripts are the hf multi-turn engine's (greedy), each turn continues from the row's token ids,
 ``sampler_logprobs`` are the trainer's on the model's tokens, a row's turns depend on its seed alone,
-and a run trains with it. vLLM itself: ``make vllm-check`` (bench/vllm_check.py, part ``multiturn``)."""
+and a run trains with it. vLLM itself: ``make vllm-check`` (experiments/scripts/vllm_check.py, part ``multiturn``)."""
 
 from __future__ import annotations
 

@@ -26,14 +26,15 @@ training), timed apart too; then both engines' greedy rows on 8 of the prompts, 
 ``--dtype bf16`` samples from bf16 weights in both engines (the ``model.autocast_bf16`` setting).
 
 ``multiturn`` -- multi-turn rollouts (grpokit.rollout.vllm_multiturn) against the hf multi-turn
-engine on the tiny Llama: greedy transcripts, log-probs, seeds (bench/vllm_check_multiturn.py).
+engine on the tiny Llama: greedy transcripts, log-probs, seeds (experiments/scripts/vllm_check_multiturn.py).
 
 ``ranks`` -- a 3-step run with the vllm engine on 2 torchrun ranks (one engine per rank) against one
 process: the same completions at every step (after each weight push) and the same weights
-(bench/vllm_check_ranks.py). Not in ``all`` (it runs two trainings); ask for it by name.
+(experiments/scripts/vllm_check_ranks.py). Not in ``all`` (it runs two trainings); ask for it by name.
 
-Usage: ``python bench/vllm_check.py [--part agreement|multiturn|throughput|ranks|all] [--engines hf,vllm] [--steps 5]
-[--dtype fp32|bf16]``; the JSON result goes to ``bench/results/vllm_check_<part>[_<dtype>].json``.
+Usage: ``python experiments/scripts/vllm_check.py [--part agreement|multiturn|throughput|ranks|all]
+[--engines hf,vllm] [--steps 5] [--dtype fp32|bf16]``; the JSON result goes to
+``runs/vllm_check/vllm_check_<part>[_<dtype>].json`` (the committed copies: ``experiments/results/``).
 Exit status 1 if a layout, weight or seed check fails; agreement rates are reported, not required.
 """
 
@@ -48,7 +49,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -419,12 +420,12 @@ def main() -> int:
     if a.part == "agreement":
         ok = agreement(out)
     elif a.part == "multiturn":
-        sys.path.insert(0, str(ROOT / "bench"))
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
         from vllm_check_multiturn import multiturn
 
         ok = multiturn(out, _tiny_folder, RAW_PROMPTS, row_agreement)
     elif a.part == "ranks":
-        sys.path.insert(0, str(ROOT / "bench"))
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
         from vllm_check_ranks import ranks
 
         ok = ranks(out, _tiny_folder)
@@ -432,7 +433,7 @@ def main() -> int:
         ok = throughput(out, a.engines.split(","), a.steps, a.dtype) or True
     out["ok"] = bool(ok)
     part = a.part + (f"_{a.dtype}" if a.part == "throughput" else "")
-    res = ROOT / "bench" / "results" / f"vllm_check_{part}{a.tag}.json"
+    res = ROOT / "runs" / "vllm_check" / f"vllm_check_{part}{a.tag}.json"
     res.parent.mkdir(parents=True, exist_ok=True)
     res.write_text(json.dumps(out, indent=1, default=str))
     print(json.dumps(out, indent=1, default=str))

@@ -1,4 +1,4 @@
-"""Part ``ranks`` of bench/vllm_check.py: the vllm engine on 2 torchrun ranks (one vLLM-CPU engine
+"""Part ``ranks`` of experiments/scripts/vllm_check.py: the vllm engine on 2 torchrun ranks (one vLLM-CPU engine
 per rank: external launcher, data parallel size 2), under ddp and under fsdp2 (the weights pushed
 from the shards a layer at a time), against one process with the vllm engine; and LoRA under fsdp2
 (the adapters folded into the weights from the shards) against one process with LoRA.

@@ -1,4 +1,4 @@
-"""Part ``multiturn`` of bench/vllm_check.py: multi-turn rollouts on real vLLM
+"""Part ``multiturn`` of experiments/scripts/vllm_check.py: multi-turn rollouts on real vLLM
 (grpokit.rollout.vllm_multiturn) against the hf multi-turn engine, on the check's tiny random Llama.
 
 The environment pauses a turn at the first "e" (a random model writes one within a few tokens) and
