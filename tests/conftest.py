@@ -66,6 +66,7 @@ def pytest_configure(config):
     _CLOCK = tiers.TierClock()
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker hook reads the xdist_group marks into the node ids
 def pytest_collection_modifyitems(config, items):
     tiers.order_and_group(items, group=config.pluginmanager.hasplugin("xdist"))
 
