@@ -192,7 +192,7 @@ def build_run(recipe: Recipe) -> Run:
     from grpokit.trainer.prm_refresh import build_prm_refresh
     from grpokit.trainer.state import TrainState, seed_everything
 
-    m, d, r = recipe.model, recipe.data, recipe.rollout
+    m, r = recipe.model, recipe.rollout
     seed_everything(recipe.train.seed)
     # 1. what can be checked without the tokenizer or the model: output folder, rewards, step rule, data, device
     check_output_dir(recipe.train.output_dir, "train.output_dir")
@@ -202,15 +202,7 @@ def build_run(recipe: Recipe) -> Run:
     rewards = build_rewards(recipe, device)
     prm_refresh = build_prm_refresh(recipe, rewards, Path(recipe.train.output_dir), parallel=ranks.active)
     algorithm = load_algorithm(recipe.algo, r.max_new_tokens)
-    if recipe.train.optimizer == "adamw_8bit":  # an optional package: say so before the model loads
-        from grpokit.utils.importing import require
-
-        require("torchao.optim", extra="torchao", why="train.optimizer=adamw_8bit")
-    check_trackers(recipe.train.report_to)  # wandb, mlflow, trackio named but not installed: say so now
-    if m.lora is not None:
-        from grpokit.models.lora import require_peft
-
-        require_peft()
+    _require_optional_packages(recipe)
     rows = section_rows(recipe, "data")
     rewards.check_columns(sorted({k for row in rows for k in row} - {"prompt"}))  # signatures vs the data's columns
     evaluator = None
@@ -221,15 +213,9 @@ def build_run(recipe: Recipe) -> Run:
     # 2. tokenizer, prompts (training and held-out: both must fit the context)
     tokenizer = load_tokenizer(m.name_or_path, trust_remote_code=m.trust_remote_code)
     max_positions = model_max_positions(m.name_or_path, trust_remote_code=m.trust_remote_code)
-    rows, prompts, skipped = training_prompts(recipe, tokenizer, rows, max_positions)
+    data = _training_data(recipe, tokenizer, rows, max_positions)
     if evaluator is not None:
         evaluator.prepare(tokenizer, max_positions)
-    if len(rows) < recipe.train.prompts_per_step:
-        print(
-            f"[grpokit] note: {len(rows)} prompts < train.prompts_per_step; prompts repeat within a step",
-            file=sys.stderr,
-        )
-    data = TrainData(rows, prompts, sorted({k for row in rows for k in row} - {"prompt"}), skipped)
     if rewards.step_scorer is not None:
         rewards.step_scorer.tokenizer = tokenizer
     # 3. models, engine, optimizer
@@ -257,14 +243,7 @@ def build_run(recipe: Recipe) -> Run:
     out = Path(recipe.train.output_dir)
     if ranks.is_main:
         out.mkdir(parents=True, exist_ok=True)
-        n = ranks.world_size
-        where = f" on {n} rank{'s' if n > 1 else ''} ({ranks.parallel})" if ranks.active else ""
-        print(
-            f"[grpokit] {len(rows)} prompts ({skipped} skipped as too long) from "
-            f"{dataset_label(d.dataset, d.split)}; "
-            f"model {m.name_or_path} on {device}{where}; β={recipe.algo.beta}; G={r.group_size}",
-            flush=True,
-        )
+        _announce(recipe, data, device, ranks)
     barrier(ranks)
     return Run(
         model=model,
@@ -287,6 +266,47 @@ def build_run(recipe: Recipe) -> Run:
         logprobs=logprobs,
         ranks=ranks,
         prm_refresh=prm_refresh,
+    )
+
+
+def _require_optional_packages(recipe: Recipe) -> None:
+    """Say now, before the model loads, when an optional package the recipe needs is missing:
+    torchao (``train.optimizer=adamw_8bit``), a tracker (``train.report_to``), peft (``model.lora``).
+    Raises what :func:`grpokit.utils.importing.require` raises (ImportError naming the extra)."""
+    if recipe.train.optimizer == "adamw_8bit":
+        from grpokit.utils.importing import require
+
+        require("torchao.optim", extra="torchao", why="train.optimizer=adamw_8bit")
+    check_trackers(recipe.train.report_to)
+    if recipe.model.lora is not None:
+        from grpokit.models.lora import require_peft
+
+        require_peft()
+
+
+def _training_data(recipe: Recipe, tokenizer: Any, rows: list[dict], max_positions: int | None) -> TrainData:
+    """The training rows whose prompts fit beside ``rollout.max_new_tokens`` within ``max_positions``
+    (:func:`grpokit.data.rows.training_prompts`, which raises naming the key), their prompts and
+    columns; a note when there are fewer than ``train.prompts_per_step``."""
+    rows, prompts, skipped = training_prompts(recipe, tokenizer, rows, max_positions)
+    if len(rows) < recipe.train.prompts_per_step:
+        print(
+            f"[grpokit] note: {len(rows)} prompts < train.prompts_per_step; prompts repeat within a step",
+            file=sys.stderr,
+        )
+    return TrainData(rows, prompts, sorted({k for row in rows for k in row} - {"prompt"}), skipped)
+
+
+def _announce(recipe: Recipe, data: TrainData, device: torch.device | str, ranks: Ranks) -> None:
+    """The run's one line on rank 0: prompts (and those skipped), data, model, device, ranks, β, G."""
+    m, d = recipe.model, recipe.data
+    n = ranks.world_size
+    where = f" on {n} rank{'s' if n > 1 else ''} ({ranks.parallel})" if ranks.active else ""
+    print(
+        f"[grpokit] {len(data.rows)} prompts ({data.skipped} skipped as too long) from "
+        f"{dataset_label(d.dataset, d.split)}; "
+        f"model {m.name_or_path} on {device}{where}; β={recipe.algo.beta}; G={recipe.rollout.group_size}",
+        flush=True,
     )
 
 
