@@ -28,6 +28,7 @@ _API = {
     "RunSummary": "grpokit.trainer.summary",
     "StopReason": "grpokit.trainer.summary",
     "EvalResult": "grpokit.eval.evaluate",
+    "StepMetrics": "grpokit.metrics.step",
     "Recipe": "grpokit.config",
     "RecipeError": "grpokit.config",
     "load_recipe": "grpokit.config",

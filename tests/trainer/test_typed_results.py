@@ -17,6 +17,7 @@ import signal
 import pytest
 
 from grpokit.eval.evaluate import EvalResult, save_eval
+from grpokit.metrics.step import StepMetrics
 from grpokit.trainer.callbacks import Callbacks
 from grpokit.trainer.state import TrainState
 from grpokit.trainer.summary import RunSummary, StopReason
@@ -122,7 +123,8 @@ def test_a_tiny_runs_files_keep_their_keys_and_order(tiny_model_dir, tmp_path):
 
     ev = {"dataset": "mawps", "split": "singleop", "limit": 2, "max_new_tokens": 2, "every_steps": 1, "num_samples": 2}
     recipe = tiny_recipe(tiny_model_dir, tmp_path, eval=ev, data={"skip": 2})
-    summary = train(recipe, progress=False)
+    seen: list = []
+    summary = train(recipe, progress=False, callbacks=Callbacks([lambda step, m: seen.append(m)]))
     assert summary.stop_reason is StopReason.COMPLETED
 
     keys = [*LEAD, "eval_before", "last_metrics", "eval_after", "checkpoint"]
@@ -132,6 +134,18 @@ def test_a_tiny_runs_files_keep_their_keys_and_order(tiny_model_dir, tmp_path):
     assert list(written["last_metrics"]) == METRICS_KEYS + EVAL_METRICS_KEYS
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [list(m) for m in lines] == [METRICS_KEYS + EVAL_METRICS_KEYS] * 2
+    # what the callbacks got: each line, typed (StepMetrics), its views reading the line's values
+    assert [type(m) for m in seen] == [StepMetrics] * 2 and seen == json.loads(json.dumps(lines))
+    for m, line in zip(seen, lines, strict=True):
+        assert (m.step, m.loss, m.kl, m.grad_norm, m.reward_mean) == (
+            line["step"],
+            line["loss"],
+            line["kl"],
+            line["grad_norm"],
+            line["reward_mean"],
+        )
+        assert m.rewards == {k.split("/", 1)[1]: v for k, v in line.items() if k.startswith("rewards/")} != {}
+        assert m.evaluation == {k.split("/", 1)[1]: v for k, v in line.items() if k.startswith("eval/")} != {}
     for when in ("before", "step1", "step2", "after"):
         e = _read_json(tmp_path / f"eval_{when}.json")
         _eval_structure(e)

@@ -42,7 +42,9 @@ class Callback:
         """Once the run's parts are built; ``step`` is 0 or the resumed step."""
 
     def on_step_end(self, step: int, metrics: dict[str, Any]) -> bool | None:
-        """After each step; return ``True`` to stop the run."""
+        """After each step; return ``True`` to stop the run. ``metrics``: the step's ``metrics.jsonl``
+        line, a :class:`grpokit.metrics.step.StepMetrics` (a dict with typed views: ``metrics.loss``,
+        ``metrics.rewards``)."""
         return None
 
     def on_evaluate(self, step: int, result: Mapping[str, Any]) -> bool | None:

@@ -48,6 +48,7 @@ from grpokit.eval.evaluate import EvalResult, save_eval
 from grpokit.experience import Experience
 from grpokit.metrics import NullLogger, RunLogger, sample_lines, warn_if_step_did_nothing
 from grpokit.metrics.curves import plot_curves
+from grpokit.metrics.step import StepMetrics
 from grpokit.trainer.build import Run, build_run
 from grpokit.trainer.callbacks import CallbackError, Callbacks
 from grpokit.trainer.checkpoint import find_resume_checkpoint
@@ -82,7 +83,7 @@ class StepResult:
     """What :func:`run_step` returns: the step's metrics line, and the rows and experience (the
     whole batch, advantages set) it trained on."""
 
-    metrics: dict[str, Any]
+    metrics: StepMetrics
     rows: list[dict]
     experience: Experience
 
@@ -407,9 +408,7 @@ def step_line(metrics: dict[str, Any], max_steps: int) -> str:
     return f"step {metrics['step']}/{max_steps}  reward {r}  loss {lo}  {metrics['step_s']:.1f} s"
 
 
-def _step_metrics(
-    run: Run, batch: Collected, update: dict[str, Any], *, step_s: float, train_s: float
-) -> dict[str, Any]:
+def _step_metrics(run: Run, batch: Collected, update: dict[str, Any], *, step_s: float, train_s: float) -> StepMetrics:
     """The step's metrics line: the reward metrics, the update's, lengths and the phases' seconds."""
     exp = batch.experience
     lengths = exp.completion_mask.sum(1).float()
@@ -417,21 +416,23 @@ def _step_metrics(
         raise ValueError("step metrics: the rollout's Experience has no `truncated` flags")
     truncated = float(exp.truncated.float().mean())
     overlong = {"overlong_filtered_frac": truncated} if run.recipe.algo.overlong_filter else {}
-    return {
-        "step": run.state.step,
-        **batch.metrics,
-        **overlong,
-        **update,
-        "completion_len_mean": float(lengths.mean()),
-        "truncated_frac": truncated,
-        "step_s": step_s,
-        "gen_s": exp.gen_s,
-        "reward_s": batch.reward_s,
-        "train_s": train_s,
-        "tokens_per_s": float(lengths.sum()) / step_s,
-        "threads": torch.get_num_threads(),  # intra-op threads (grpokit.utils.threads): they set a sum's order
-        "train_minutes": run.state.train_s / 60,  # training wall-clock so far, evaluations excluded
-    }
+    return StepMetrics(
+        {
+            "step": run.state.step,
+            **batch.metrics,
+            **overlong,
+            **update,
+            "completion_len_mean": float(lengths.mean()),
+            "truncated_frac": truncated,
+            "step_s": step_s,
+            "gen_s": exp.gen_s,
+            "reward_s": batch.reward_s,
+            "train_s": train_s,
+            "tokens_per_s": float(lengths.sum()) / step_s,
+            "threads": torch.get_num_threads(),  # intra-op threads (grpokit.utils.threads): they set a sum's order
+            "train_minutes": run.state.train_s / 60,  # training wall-clock so far, evaluations excluded
+        }
+    )
 
 
 def _periodic_eval(run: Run, step: int, memory: LoopMemory) -> dict[str, float]:
