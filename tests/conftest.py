@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from collections.abc import Callable
 
 import pytest
@@ -66,6 +67,11 @@ def pytest_configure(config):
     _CLOCK = tiers.TierClock()
 
 
+def pytest_sessionstart(session):
+    if _CLOCK is not None:
+        _CLOCK.start = time.perf_counter()  # the wall time counts from here, as pytest's own summary
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's worker hook reads the xdist_group marks into the node ids
 def pytest_collection_modifyitems(config, items):
     tiers.order_and_group(items, group=config.pluginmanager.hasplugin("xdist"))
@@ -87,9 +93,7 @@ def pytest_terminal_summary(terminalreporter, config):
         return
     terminalreporter.write_sep("-", "time per tier (tests/support/tiers.py)")
     workers = getattr(config.option, "numprocesses", None) or 1
-    start = getattr(terminalreporter, "_session_start", None)  # pytest's own clock, from the session start
-    wall = start.elapsed().seconds if start is not None else None
-    for line in _CLOCK.lines(workers, wall) if _CLOCK is not None else ():
+    for line in _CLOCK.lines(workers) if _CLOCK is not None else ():  # wall: since pytest_sessionstart
         terminalreporter.write_line(line)
 
 
