@@ -23,13 +23,14 @@ from __future__ import annotations
 import json
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from grpokit.data import dataset_label
 from grpokit.rollout.engine import RolloutEngine, SamplingParams, rows_for
+from grpokit.utils.records import KeyedRecord
 
 if TYPE_CHECKING:
     from grpokit.config import Recipe
@@ -137,7 +138,7 @@ _HELD_OUT_KEYS = ("dataset", "split", "when", "scorer", "held_out")
 
 
 @dataclass(eq=False)
-class EvalResult(Mapping[str, Any]):
+class EvalResult(KeyedRecord):
     """What :func:`evaluate` returns (and :meth:`HeldOutEval.run`, with the held-out fields set).
 
     Read as a mapping of its keys too (``res["accuracy"]``, ``"maj_outcomes" in res``, ``dict(res)``):
@@ -192,7 +193,7 @@ class EvalResult(Mapping[str, Any]):
         ``pass@j``, ``maj@k``): ``metrics["metrics"]``, {} when there is none."""
         return dict((self.metrics or {}).get("metrics") or {})
 
-    def _keys(self) -> list[str]:
+    def _present(self) -> list[str]:
         keys = list(_CORE_KEYS)
         if self.sampled_correct is not None:
             keys.append("sampled_correct")
@@ -205,18 +206,7 @@ class EvalResult(Mapping[str, Any]):
     def to_dict(self) -> dict[str, Any]:
         """The keys present (the class docstring), in order, with their values: what
         ``eval_<when>.json`` holds (``json.dumps(..., indent=1)``)."""
-        return {k: getattr(self, k) for k in self._keys()}
-
-    def __getitem__(self, key: str) -> Any:
-        if key not in self._keys():
-            raise KeyError(key)
-        return getattr(self, key)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._keys())
-
-    def __len__(self) -> int:
-        return len(self._keys())
+        return super().to_dict()
 
 
 def evaluate(

@@ -4,17 +4,19 @@ declared field for each thing it can say, and :class:`StopReason`, how the run e
 A summary is also read as a mapping of the keys set so far, in the order they were set
 (``summary["resumed_from"]``, ``"stopped_at" in summary``, ``summary.get("eval_after")``,
 ``dict(summary)``), so code written for the summary dict keeps working; :meth:`RunSummary.to_dict`
-is what ``summary.json`` holds. Imports only the standard library (and, for its types,
-:class:`grpokit.eval.evaluate.EvalResult`).
+is what ``summary.json`` holds (:class:`grpokit.utils.records.KeyedRecord`). Imports only the standard
+library and that base (and, for its types, :class:`grpokit.eval.evaluate.EvalResult`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from grpokit.utils.records import KeyedRecord
 
 if TYPE_CHECKING:
     from grpokit.eval.evaluate import EvalResult
@@ -47,14 +49,8 @@ class _Unset:
 _UNSET = _Unset()
 
 
-def _plain(value: Any) -> Any:
-    """``value`` as ``summary.json`` holds it: a typed result (an object with ``to_dict``) as its dict."""
-    to_dict = getattr(value, "to_dict", None)
-    return to_dict() if callable(to_dict) and not isinstance(value, type) else value
-
-
 @dataclass(eq=False)
-class RunSummary(Mapping[str, Any]):
+class RunSummary(KeyedRecord):
     """A run's summary: what :func:`grpokit.trainer.loop.train` returns and ``summary.json`` holds.
 
     A key is present once its field is assigned (the constructor's ``output_dir`` and ``rank`` always,
@@ -165,21 +161,13 @@ class RunSummary(Mapping[str, Any]):
     def to_dict(self) -> dict[str, Any]:
         """The keys present, in the order they were set, with their values (an evaluation result as
         its own ``to_dict()``): what ``summary.json`` holds (``json.dumps(..., indent=1, default=str)``)."""
-        return {k: _plain(self[k]) for k in self._keys}
+        return super().to_dict()
 
-    def __getitem__(self, key: str) -> Any:
-        if key not in self._keys:
-            raise KeyError(key)
+    def _present(self) -> list[str]:
+        return self._keys
+
+    def _value(self, key: str) -> Any:
         return getattr(self, key) if key in _FIELDS else self.other[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(list(self._keys))
-
-    def __len__(self) -> int:
-        return len(self._keys)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._keys
 
 
 #: the declared keys of a summary, in the fields' order (every field but ``other`` and the key order)
