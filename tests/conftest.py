@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-import time
 from collections.abc import Callable
 
 import pytest
@@ -63,13 +62,11 @@ def pytest_configure(config):
     for line in tiers.MARKERS:
         config.addinivalue_line("markers", line)
     config.addinivalue_line("markers", f"curves: {CURVES_MARKER}")
-    global _CLOCK
-    _CLOCK = tiers.TierClock()
 
 
 def pytest_sessionstart(session):
-    if _CLOCK is not None:
-        _CLOCK.start = time.perf_counter()  # the wall time counts from here, as pytest's own summary
+    global _CLOCK
+    _CLOCK = tiers.TierClock()  # its wall time counts from here, as pytest's own summary
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's worker hook reads the xdist_group marks into the node ids

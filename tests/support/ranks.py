@@ -67,6 +67,16 @@ class Launch:
             self.returncodes = list(self.forker._parse(line)["returncodes"])
         return self.returncodes
 
+    def wait_for_file(self, path: Path, timeout: float = 180.0) -> bool:
+        """Poll every 5 ms until ``path`` exists (True), or until every rank has ended or ``timeout``
+        seconds have passed (then whether it exists)."""
+        t0 = time.monotonic()
+        while not path.exists():
+            if self.poll() is not None or time.monotonic() - t0 > timeout:
+                return path.exists()
+            time.sleep(0.005)
+        return True
+
     def kill(self, sig: int = signal.SIGKILL) -> None:
         """``sig`` to every rank and what it started (each rank leads its own process group)."""
         for pid in self.pids:

@@ -222,7 +222,7 @@ class Ranks:
             assert proc.returncode == -signal.SIGKILL, log[-3000:]
         else:
             launch = self.start(recipe, *every, env={"FAKE_REWARD_SLEEP_S": "1"}, path=path)
-            _wait_for_file(out / "checkpoint-1", lambda: launch.returncodes is not None)
+            launch.wait_for_file(out / "checkpoint-1")
             launch.kill()
             assert launch.wait(60) == [-signal.SIGKILL] * 2, launch.log[-3000:]
         assert (out / "checkpoint-1").exists() and not (out / "checkpoint-2").exists()
@@ -234,12 +234,6 @@ class Ranks:
 @pytest.fixture
 def ranks(rank_forker, tmp_path) -> Ranks:
     return Ranks(rank_forker, tmp_path / "logs")
-
-
-def _wait_for_file(path: Path, ended, timeout: float = 180.0) -> None:
-    t0 = time.monotonic()
-    while not path.exists() and not ended() and time.monotonic() - t0 < timeout:
-        time.sleep(0.005)
 
 
 def _run1(model_dir: str, out: Path, **sections) -> None:

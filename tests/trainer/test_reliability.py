@@ -39,22 +39,17 @@ def _argv(recipe_path: Path, *overrides: str) -> list[str]:
 
 
 def _wait_for(path: Path, launch, timeout: float = 120.0) -> None:
-    """Poll every 5 ms until ``path`` exists; fail if the run ends first or ``timeout`` passes."""
-    t0 = time.monotonic()
-    while not path.exists():
+    """Wait until ``path`` exists; fail if the run ends first or ``timeout`` passes."""
+    if not launch.wait_for_file(path, timeout):
         if launch.poll() is not None:
             pytest.fail(f"run ended (rc {launch.returncodes}) before {path.name} appeared:\n{launch.log}")
-        if time.monotonic() - t0 > timeout:
-            launch.kill()
-            pytest.fail(f"{path} did not appear within {timeout} s")
-        time.sleep(0.005)
+        launch.kill()
+        pytest.fail(f"{path} did not appear within {timeout} s")
 
 
 def _kill_when(path: Path, launch, timeout: float = 180.0) -> None:
     """SIGKILL the forked run as soon as ``path`` exists (polled every 5 ms)."""
-    t0 = time.monotonic()
-    while not path.exists() and launch.poll() is None and time.monotonic() - t0 < timeout:
-        time.sleep(0.005)
+    launch.wait_for_file(path, timeout)
     launch.kill()
 
 
